@@ -1,0 +1,166 @@
+//! Assembly: `App::build` connects, migrates, publishes agents and binds the listener;
+//! `App::run_until_stopped` serves HTTP and runs the workers and the outbox until the
+//! shutdown token fires. `main` and the tests start exactly the same thing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::channels::Channels;
+use crate::config::Config;
+use crate::llm::OpenAiClient;
+use crate::store::{Store, TASK_NOTIFY_CHANNEL};
+
+/// Everything a request handler, worker or sender needs. Shared behind an `Arc`.
+pub struct Services {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub channels: Channels,
+    pub llm: OpenAiClient,
+    pub instance_id: String,
+    pub admin_token: String,
+    /// Rung after a task becomes claimable (intake commit, task finished).
+    pub task_wake: Notify,
+    /// Rung when a worker frees a slot.
+    pub task_done: Notify,
+    /// Rung after a reply is committed to the outbox.
+    pub reply_wake: Notify,
+}
+
+pub struct App {
+    services: Arc<Services>,
+    listener: TcpListener,
+}
+
+impl App {
+    pub async fn build(config: Config) -> anyhow::Result<App> {
+        let store = Store::connect(&config.database).await.map_err(|e| {
+            anyhow::anyhow!("cannot open database.url {}: {e}", redact_url(&config.database.url))
+        })?;
+        store.migrate().await?;
+        crate::agents::publish_configured_agents(&store, &config).await?;
+        let admin_token = if config.admin.token.is_empty() {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            tracing::warn!(
+                token = %token,
+                "admin.token is not set; generated one for this run (set ASSISTD_ADMIN__TOKEN to keep one)"
+            );
+            token
+        } else {
+            config.admin.token.clone()
+        };
+        let generic = &config.channels.generic;
+        if generic.enabled && generic.secret.is_empty() {
+            tracing::warn!(
+                "channels.generic.secret is not set: POST /webhooks/generic answers 404 \
+                 (set ASSISTD_CHANNELS__GENERIC__SECRET)"
+            );
+        }
+        let listener = TcpListener::bind(&config.server.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on server.listen {}: {e}", config.server.listen))?;
+        let services = Arc::new(Services {
+            channels: Channels::from_config(&config)?,
+            llm: OpenAiClient::new(&config.llm)?,
+            instance_id: config.instance_id(),
+            admin_token,
+            store,
+            config: Arc::new(config),
+            task_wake: Notify::new(),
+            task_done: Notify::new(),
+            reply_wake: Notify::new(),
+        });
+        Ok(App { services, listener })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        // A bound TcpListener always has a local address.
+        self.listener.local_addr().expect("bound listener has an address")
+    }
+
+    pub fn services(&self) -> Arc<Services> {
+        self.services.clone()
+    }
+
+    /// Serves until `shutdown` is cancelled, then stops accepting, lets work in flight finish
+    /// within the grace period, and returns.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let svc = self.services;
+        tracing::info!(
+            addr = %self.listener.local_addr()?,
+            instance = %svc.instance_id,
+            database = ?svc.store.dialect(),
+            model_endpoint = %svc.llm.endpoint(),
+            "assistd listening"
+        );
+        let mut background = tokio::task::JoinSet::new();
+        background.spawn(crate::engine::run_workers(svc.clone(), shutdown.clone()));
+        background.spawn(crate::outbox::run_outbox(svc.clone(), shutdown.clone()));
+        if let Store::Postgres(pool) = &svc.store {
+            background.spawn(listen_for_tasks(svc.clone(), pool.clone(), shutdown.clone()));
+        }
+        let router = crate::http::router(svc.clone());
+        let server_shutdown = shutdown.clone();
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
+            .await?;
+        while background.join_next().await.is_some() {}
+        svc.store.close().await;
+        tracing::info!("assistd stopped");
+        Ok(())
+    }
+}
+
+/// Wakes the workers on PostgreSQL `NOTIFY` from any instance's intake. Polling remains the
+/// fallback, so a dropped listener connection only delays work.
+async fn listen_for_tasks(svc: Arc<Services>, pool: sqlx::PgPool, shutdown: CancellationToken) {
+    loop {
+        let listener = async {
+            let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            l.listen(TASK_NOTIFY_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        let mut listener = tokio::select! {
+            l = listener => match l {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "LISTEN failed; polling until it works");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        loop {
+            tokio::select! {
+                n = listener.try_recv() => match n {
+                    Ok(Some(_)) => svc.task_wake.notify_one(),
+                    // Connection lost and re-established: notifications may have been missed.
+                    Ok(None) => svc.task_wake.notify_one(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN connection failed");
+                        break;
+                    }
+                },
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// The URL without its password, for messages.
+pub fn redact_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}

@@ -1,0 +1,230 @@
+//! The signed generic webhook for an in-house IM (contract in README.md).
+//!
+//! Inbound and outbound bodies are signed the same way: `X-Assistd-Timestamp: <unix secs>`
+//! and `X-Assistd-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<raw body>")>`.
+//! Verification runs on the raw bytes before anything is parsed.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use serde_json::{Map, Value, json};
+use sha2::Sha256;
+
+use super::{Delivered, DeliveryError};
+use crate::config::{GenericChannelConfig, OutboxConfig};
+use crate::store::intake::NewMessage;
+use crate::store::outbox::ReplyRow;
+
+pub const CHANNEL: &str = "generic";
+pub const TIMESTAMP_HEADER: &str = "x-assistd-timestamp";
+pub const SIGNATURE_HEADER: &str = "x-assistd-signature";
+const SIGNATURE_VERSION: &str = "v1=";
+
+/// Longest accepted id field (event, message, conversation, sender), in bytes.
+const MAX_ID_LEN: usize = 256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// `v1=<hex>` for `body` sent at `timestamp` (unix seconds).
+pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
+    format!("{SIGNATURE_VERSION}{}", hex::encode(mac(secret, timestamp, body).finalize().into_bytes()))
+}
+
+fn mac(secret: &str, timestamp: i64, body: &[u8]) -> HmacSha256 {
+    // HMAC accepts keys of any length, so `new_from_slice` cannot fail.
+    let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac
+}
+
+/// Checks a request's timestamp and signature headers against the raw body.
+pub fn verify(
+    secret: &str,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    body: &[u8],
+    now_secs: i64,
+    tolerance_secs: u64,
+) -> Result<(), String> {
+    let timestamp = timestamp.ok_or("missing X-Assistd-Timestamp header")?;
+    let timestamp: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| "X-Assistd-Timestamp is not unix seconds")?;
+    if now_secs.abs_diff(timestamp) > tolerance_secs {
+        return Err(format!(
+            "X-Assistd-Timestamp is more than {tolerance_secs} s from now"
+        ));
+    }
+    let signature = signature.ok_or("missing X-Assistd-Signature header")?;
+    let hex_sig = signature
+        .trim()
+        .strip_prefix(SIGNATURE_VERSION)
+        .ok_or("X-Assistd-Signature must start with v1=")?;
+    let given = hex::decode(hex_sig).map_err(|_| "X-Assistd-Signature is not hex")?;
+    // `verify_slice` compares in constant time.
+    mac(secret, timestamp, body)
+        .verify_slice(&given)
+        .map_err(|_| "signature does not match".to_string())
+}
+
+/// Parses a verified body into a message; the error names the offending field.
+pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    let Value::Object(object) = value else {
+        return Err("body must be a JSON object".into());
+    };
+    let text = required(&object, "text", usize::MAX)?;
+    if text.trim().is_empty() {
+        return Err("field `text` must not be empty".into());
+    }
+    let sender_name = match object.get("sender_name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() <= MAX_ID_LEN => Some(s.clone()),
+        Some(Value::String(_)) => {
+            return Err(format!("field `sender_name` is longer than {MAX_ID_LEN} bytes"));
+        }
+        Some(_) => return Err("field `sender_name` must be a string".into()),
+    };
+    Ok(NewMessage {
+        channel: CHANNEL.to_string(),
+        event_id: required(&object, "event_id", MAX_ID_LEN)?,
+        message_id: required(&object, "message_id", MAX_ID_LEN)?,
+        conversation_id: required(&object, "conversation_id", MAX_ID_LEN)?,
+        sender_id: required(&object, "sender_id", MAX_ID_LEN)?,
+        sender_name,
+        text,
+    })
+}
+
+fn required(object: &Map<String, Value>, field: &str, max_len: usize) -> Result<String, String> {
+    match object.get(field) {
+        None | Some(Value::Null) => Err(format!("missing field `{field}`")),
+        Some(Value::String(s)) if s.is_empty() => Err(format!("field `{field}` must not be empty")),
+        Some(Value::String(s)) if s.len() > max_len => {
+            Err(format!("field `{field}` is longer than {max_len} bytes"))
+        }
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(format!("field `{field}` must be a string")),
+    }
+}
+
+/// Sends replies to the IM's reply URL.
+#[derive(Clone)]
+pub struct GenericChannel {
+    http: reqwest::Client,
+    secret: String,
+    reply_url: String,
+}
+
+impl GenericChannel {
+    pub fn new(config: &GenericChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+        Ok(GenericChannel {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(outbox.timeout_secs))
+                .build()?,
+            secret: config.secret.clone(),
+            reply_url: config.reply_url.clone(),
+        })
+    }
+
+    /// POSTs the reply, signed, with `Idempotency-Key: agent-task-<id>` (the same on every
+    /// try, so the IM can drop a repeat of a send whose answer was lost).
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        if self.reply_url.is_empty() {
+            return Err(DeliveryError {
+                message: "channels.generic.reply_url is not set".into(),
+                retry_after: None,
+            });
+        }
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let mut body = json!({
+            "task_id": reply.task_id,
+            "conversation_id": reply.conversation_id,
+            "in_reply_to": reply.in_reply_to,
+            "type": reply.reply_type.as_str(),
+        });
+        for field in ["text", "card"] {
+            if let Some(v) = content.get(field).filter(|v| !v.is_null()) {
+                body[field] = v.clone();
+            }
+        }
+        let bytes = serde_json::to_vec(&body).map_err(|e| DeliveryError {
+            message: format!("cannot encode reply: {e}"),
+            retry_after: None,
+        })?;
+        let timestamp = crate::domain::now_ms() / 1000;
+        let response = self
+            .http
+            .post(&self.reply_url)
+            .header("content-type", "application/json")
+            .header("idempotency-key", &reply.idempotency_key)
+            .header(TIMESTAMP_HEADER, timestamp.to_string())
+            .header(SIGNATURE_HEADER, sign(&self.secret, timestamp, &bytes))
+            .body(bytes)
+            .send()
+            .await
+            .map_err(|e| DeliveryError {
+                message: format!("reply POST failed: {e}"),
+                retry_after: None,
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(Delivered {
+                platform_message_id: None,
+            });
+        }
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        Err(DeliveryError {
+            message: format!("reply receiver answered HTTP {}", status.as_u16()),
+            retry_after,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_known_answer() {
+        // printf '%s' '1700000000.{"a":1}' | openssl dgst -sha256 -hmac secret
+        assert_eq!(
+            sign("secret", 1_700_000_000, br#"{"a":1}"#),
+            "v1=49f24e537407743fa4a0242bb63b94b9a47ee99cbbe071ccd8a22550ae411686"
+        );
+    }
+
+    #[test]
+    fn verify_accepts_own_signature_and_rejects_others() {
+        let body = br#"{"x":"y"}"#;
+        let sig = sign("s3cret", 1000, body);
+        assert!(verify("s3cret", Some("1000"), Some(&sig), body, 1100, 300).is_ok());
+        assert!(verify("other", Some("1000"), Some(&sig), body, 1100, 300).is_err());
+        assert!(verify("s3cret", Some("1000"), Some(&sig), b"{}", 1100, 300).is_err());
+        let stale = verify("s3cret", Some("1000"), Some(&sig), body, 1301, 300).unwrap_err();
+        assert!(stale.contains("300"), "{stale}");
+        assert!(verify("s3cret", None, Some(&sig), body, 1000, 300).is_err());
+        assert!(verify("s3cret", Some("1000"), Some("v1=zz"), body, 1000, 300).is_err());
+    }
+
+    #[test]
+    fn parse_names_the_field() {
+        let e = parse(br#"{"event_id":"e","message_id":"m","conversation_id":"c","sender_id":"s"}"#)
+            .unwrap_err();
+        assert!(e.contains("`text`"), "{e}");
+        let e = parse(br#"{"event_id":"e","message_id":7,"conversation_id":"c","sender_id":"s","text":"t"}"#)
+            .unwrap_err();
+        assert!(e.contains("`message_id`"), "{e}");
+        assert!(parse(b"not json").unwrap_err().contains("JSON"));
+    }
+}

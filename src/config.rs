@@ -1,0 +1,459 @@
+//! Typed configuration: `config/default.toml` (compiled in) < `--config FILE` < `ASSISTD_*`
+//! environment variables. Owns parsing and validation; every error names the offending key,
+//! and nothing here touches the network or the database.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Value;
+
+/// The defaults, with one comment per key. Shipped inside the binary so it runs from anywhere.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+const ENV_PREFIX: &str = "ASSISTD_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: String, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub database: DatabaseConfig,
+    pub llm: LlmConfig,
+    pub worker: WorkerConfig,
+    pub outbox: OutboxConfig,
+    pub admin: AdminConfig,
+    pub replies: RepliesConfig,
+    pub log: LogConfig,
+    pub channels: ChannelsConfig,
+    pub agents: BTreeMap<String, AgentConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub body_limit_bytes: usize,
+    pub request_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    pub url: String,
+    pub max_connections: u32,
+    pub sqlite_busy_timeout_ms: u64,
+    pub acquire_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    pub base_url: String,
+    pub api_key: String,
+    pub model: String,
+    pub timeout_secs: u64,
+    pub max_attempts: u32,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+    pub retry_after_max_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub instance_id: String,
+    pub concurrency: usize,
+    pub lease_secs: u64,
+    pub poll_interval_ms: u64,
+    pub claim_batch: usize,
+    pub shutdown_grace_secs: u64,
+}
+
+impl WorkerConfig {
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_secs)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    pub timeout_secs: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+    pub max_attempts: u32,
+    pub lease_secs: u64,
+    pub batch: usize,
+    pub poll_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepliesConfig {
+    pub failure_notice: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelsConfig {
+    pub generic: GenericChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenericChannelConfig {
+    pub enabled: bool,
+    pub secret: String,
+    pub reply_url: String,
+    pub agent: String,
+    pub timestamp_tolerance_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentMode {
+    SingleTurn,
+    Workflow,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    pub mode: AgentMode,
+    pub system_prompt: String,
+    pub model: String,
+    pub temperature: f64,
+    pub max_tokens: u32,
+    pub history_messages: u32,
+}
+
+impl Config {
+    /// Defaults, then `file` if given, then the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_with_env(file, std::env::vars())
+    }
+
+    /// As [`Config::load`], with the environment given explicitly (tests).
+    pub fn load_with_env(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut merged = parse_toml(DEFAULT_TOML, "config/default.toml")?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let overlay = parse_toml(&text, &path.display().to_string())?;
+            merge(&mut merged, overlay);
+        }
+        let mut vars: Vec<(String, String)> = env.into_iter().collect();
+        vars.sort();
+        for (var, raw) in vars {
+            apply_env(&mut merged, &var, &raw)?;
+        }
+        let config: Config = serde_path_to_error::deserialize(merged).map_err(|e| {
+            let key = e.path().to_string();
+            invalid(&key, e.into_inner().to_string())
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "server.listen",
+                format!("`{}` is not an address like 127.0.0.1:8787", self.server.listen),
+            ));
+        }
+        positive("server.body_limit_bytes", self.server.body_limit_bytes as u64)?;
+        positive("server.request_timeout_secs", self.server.request_timeout_secs)?;
+        let url = &self.database.url;
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            return Err(invalid(
+                "database.url",
+                "must start with sqlite:, postgres:// or postgresql://",
+            ));
+        }
+        positive("database.max_connections", self.database.max_connections as u64)?;
+        http_url("llm.base_url", &self.llm.base_url)?;
+        if self.llm.model.trim().is_empty() {
+            return Err(invalid("llm.model", "must not be empty"));
+        }
+        positive("llm.timeout_secs", self.llm.timeout_secs)?;
+        positive("llm.max_attempts", self.llm.max_attempts as u64)?;
+        positive("worker.concurrency", self.worker.concurrency as u64)?;
+        if self.worker.lease_secs < 3 {
+            return Err(invalid("worker.lease_secs", "must be at least 3"));
+        }
+        positive("worker.poll_interval_ms", self.worker.poll_interval_ms)?;
+        positive("worker.claim_batch", self.worker.claim_batch as u64)?;
+        positive("outbox.timeout_secs", self.outbox.timeout_secs)?;
+        positive("outbox.batch", self.outbox.batch as u64)?;
+        positive("outbox.poll_interval_ms", self.outbox.poll_interval_ms)?;
+        if self.outbox.lease_secs <= self.outbox.timeout_secs {
+            return Err(invalid(
+                "outbox.lease_secs",
+                "must be longer than outbox.timeout_secs",
+            ));
+        }
+        let generic = &self.channels.generic;
+        if !generic.reply_url.is_empty() {
+            http_url("channels.generic.reply_url", &generic.reply_url)?;
+        }
+        if generic.enabled && !self.agents.contains_key(&generic.agent) {
+            return Err(invalid(
+                "channels.generic.agent",
+                format!("no agent named `{}` under [agents]", generic.agent),
+            ));
+        }
+        for (name, agent) in &self.agents {
+            if name.is_empty() || name.len() > 64 {
+                return Err(invalid("agents", "agent names are 1 to 64 characters"));
+            }
+            if !(0.0..=2.0).contains(&agent.temperature) {
+                return Err(invalid(
+                    &format!("agents.{name}.temperature"),
+                    "must be between 0 and 2",
+                ));
+            }
+            if agent.mode == AgentMode::Workflow {
+                return Err(invalid(
+                    &format!("agents.{name}.mode"),
+                    "workflow agents are not supported yet; use single_turn",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The instance id: configured, else the host name, else a random one.
+    pub fn instance_id(&self) -> String {
+        if !self.worker.instance_id.trim().is_empty() {
+            return self.worker.instance_id.trim().to_string();
+        }
+        std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .unwrap_or_else(|| format!("assistd-{}", uuid::Uuid::new_v4().simple()))
+    }
+}
+
+fn positive(key: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(invalid(key, "must be greater than 0"));
+    }
+    Ok(())
+}
+
+fn http_url(key: &str, value: &str) -> Result<(), ConfigError> {
+    match reqwest::Url::parse(value) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(()),
+        _ => Err(invalid(key, format!("`{value}` is not an http(s) URL"))),
+    }
+}
+
+fn parse_toml(text: &str, origin: &str) -> Result<Value, ConfigError> {
+    text.parse::<toml::Table>()
+        .map(Value::Table)
+        .map_err(|e| ConfigError::Syntax {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })
+}
+
+fn merge(base: &mut Value, overlay: Value) {
+    match (base, overlay) {
+        (Value::Table(base), Value::Table(overlay)) => {
+            for (key, value) in overlay {
+                match base.get_mut(&key) {
+                    Some(existing) => merge(existing, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (base, overlay) => *base = overlay,
+    }
+}
+
+/// Applies one `ASSISTD_SECTION__KEY=value`. The value is read as the type the key already
+/// has (so a numeric secret stays a string); variables without `__` (such as
+/// `ASSISTD_TEST_POSTGRES_URL`) are not configuration and are ignored.
+fn apply_env(root: &mut Value, var: &str, raw: &str) -> Result<(), ConfigError> {
+    let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+        return Ok(());
+    };
+    if !rest.contains("__") {
+        return Ok(());
+    }
+    let path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+    if path.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::Env {
+            var: var.to_string(),
+            message: "empty key segment".into(),
+        });
+    }
+    let mut node = root;
+    for (i, segment) in path.iter().enumerate() {
+        let Value::Table(table) = node else {
+            return Err(ConfigError::Env {
+                var: var.to_string(),
+                message: format!("`{}` is not a section", path[..i].join(".")),
+            });
+        };
+        if i + 1 == path.len() {
+            let value = match table.get(segment) {
+                Some(existing) => typed_like(existing, raw).map_err(|message| ConfigError::Env {
+                    var: var.to_string(),
+                    message,
+                })?,
+                None => Value::String(raw.to_string()),
+            };
+            table.insert(segment.clone(), value);
+            return Ok(());
+        }
+        node = table
+            .entry(segment.clone())
+            .or_insert_with(|| Value::Table(toml::Table::new()));
+    }
+    Ok(())
+}
+
+fn typed_like(existing: &Value, raw: &str) -> Result<Value, String> {
+    let raw_t = raw.trim();
+    match existing {
+        Value::Integer(_) => raw_t
+            .parse::<i64>()
+            .map(Value::Integer)
+            .map_err(|_| format!("`{raw}` is not an integer")),
+        Value::Float(_) => raw_t
+            .parse::<f64>()
+            .map(Value::Float)
+            .map_err(|_| format!("`{raw}` is not a number")),
+        Value::Boolean(_) => match raw_t.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(Value::Boolean(true)),
+            "false" | "0" | "no" | "off" => Ok(Value::Boolean(false)),
+            _ => Err(format!("`{raw}` is not true or false")),
+        },
+        Value::Table(_) | Value::Array(_) => {
+            Err("a section cannot be set from one variable; set its keys".into())
+        }
+        _ => Ok(Value::String(raw.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_load_and_env_overrides_keep_types() {
+        let c = Config::load_with_env(
+            None,
+            env(&[
+                ("ASSISTD_WORKER__CONCURRENCY", "8"),
+                ("ASSISTD_CHANNELS__GENERIC__SECRET", "12345"),
+                ("ASSISTD_TEST_POSTGRES_URL", "postgres://ignored"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.worker.concurrency, 8);
+        assert_eq!(c.channels.generic.secret, "12345");
+        assert_eq!(c.server.listen, "127.0.0.1:8787");
+        assert_eq!(c.llm.base_url, "http://127.0.0.1:11434/v1");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = Config::load_with_env(None, env(&[("ASSISTD_WORKER__CONCURRENCY", "lots")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ASSISTD_WORKER__CONCURRENCY"), "{e}");
+        let e = Config::load_with_env(None, env(&[("ASSISTD_WORKER__CONCURRENCY", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("worker.concurrency"), "{e}");
+        let e = Config::load_with_env(None, env(&[("ASSISTD_LLM__BASE_URL", "nope")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("llm.base_url"), "{e}");
+        let e = Config::load_with_env(None, env(&[("ASSISTD_SERVER__LISTNE", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listne"), "{e}");
+    }
+
+    #[test]
+    fn file_overlays_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[llm]\nmodel = \"qwen\"\n[log]\nformat = \"json\"\n").unwrap();
+        let c = Config::load_with_env(Some(&path), Vec::new()).unwrap();
+        assert_eq!(c.llm.model, "qwen");
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.llm.timeout_secs, 60);
+        std::fs::write(&path, "[log]\nformat = \"xml\"\n").unwrap();
+        let e = Config::load_with_env(Some(&path), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("log.format"), "{e}");
+    }
+}

@@ -1,0 +1,150 @@
+//! The worker pool: claims tasks, runs each under a heartbeat-renewed lease, and never holds a
+//! database connection or transaction while a model call is in flight. Bounded by a
+//! semaphore, so thousands of tasks waiting on a model cost memory, not threads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::app::Services;
+use crate::domain::now_ms;
+use crate::store::tasks::{ClaimedTask, Fence};
+use crate::store::StoreError;
+
+pub mod backoff;
+pub mod reply;
+pub mod single_turn;
+
+/// Why a task run stopped before finishing the task.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("lost ownership of the task (lease expired or taken over)")]
+    LostLease,
+    #[error("shutting down")]
+    Shutdown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+/// Claims and runs tasks until `shutdown` fires, then waits up to the grace period for the
+/// tasks in flight.
+pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
+    let worker = &svc.config.worker;
+    let permits = Arc::new(Semaphore::new(worker.concurrency));
+    let poll = Duration::from_millis(worker.poll_interval_ms);
+    tracing::info!(instance = %svc.instance_id, concurrency = worker.concurrency, "workers started");
+    loop {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let free = permits.available_permits();
+        if free == 0 {
+            tokio::select! {
+                _ = svc.task_done.notified() => continue,
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        let want = free.min(worker.claim_batch);
+        let now = now_ms();
+        let lease_until = now + worker.lease().as_millis() as i64;
+        let claimed = match svc.store.claim_tasks(&svc.instance_id, want, lease_until, now).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming tasks failed; will retry");
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => continue,
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        };
+        let got = claimed.len();
+        for task in claimed {
+            // Safe: at most `free` tasks were claimed and only this loop takes permits.
+            let permit = permits.clone().try_acquire_owned().expect("permit reserved by claim size");
+            let svc = svc.clone();
+            let shutdown = shutdown.clone();
+            let span = tracing::info_span!("task", task_id = task.id);
+            tokio::spawn(
+                async move {
+                    run_claimed(svc.clone(), task, shutdown).await;
+                    drop(permit);
+                    // A finished task may unblock the next message of its conversation.
+                    svc.task_wake.notify_one();
+                    svc.task_done.notify_one();
+                }
+                .instrument(span),
+            );
+        }
+        if got < want {
+            tokio::select! {
+                _ = svc.task_wake.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+    }
+    let grace = Duration::from_secs(worker.shutdown_grace_secs);
+    let all = worker.concurrency as u32;
+    if tokio::time::timeout(grace, permits.acquire_many(all)).await.is_err() {
+        tracing::warn!(
+            in_flight = worker.concurrency - permits.available_permits(),
+            "shutdown grace period over; unfinished tasks will be resumed after their lease"
+        );
+    }
+    tracing::info!("workers stopped");
+}
+
+async fn run_claimed(svc: Arc<Services>, task: ClaimedTask, shutdown: CancellationToken) {
+    let fence = Fence {
+        task_id: task.id,
+        owner: svc.instance_id.clone(),
+        version: task.version,
+    };
+    // Independent of `shutdown`: on shutdown a task in flight may still finish within the
+    // grace period; only a lost lease stops it early.
+    let lost = CancellationToken::new();
+    let heartbeat = tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone()));
+    let result = single_turn::run(&svc, &fence, &lost).await;
+    heartbeat.abort();
+    match result {
+        Ok(()) => {}
+        Err(RunError::LostLease) => {
+            tracing::warn!("stopped: lost the lease on this task; another instance owns it now")
+        }
+        Err(RunError::Shutdown) => {
+            tracing::info!("interrupted by shutdown; the task resumes after restart")
+        }
+        Err(e) if shutdown.is_cancelled() => {
+            tracing::info!(error = %e, "interrupted during shutdown; the task resumes after restart")
+        }
+        Err(e) => tracing::error!(error = %e, "task run aborted; it resumes when its lease expires"),
+    }
+}
+
+/// Renews the task's lease every third of its length; cancels `lost` when the task is no
+/// longer ours so the runner stops before its next side effect.
+async fn heartbeat(svc: Arc<Services>, fence: Fence, lost: CancellationToken) {
+    let lease = svc.config.worker.lease();
+    let every = lease / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = lost.cancelled() => return,
+        }
+        let now = now_ms();
+        match svc.store.renew_lease(&fence, now + lease.as_millis() as i64, now).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(task_id = fence.task_id, "lease renewal refused: ownership lost");
+                lost.cancel();
+                return;
+            }
+            Err(e) => tracing::warn!(task_id = fence.task_id, error = %e, "lease renewal failed"),
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The single-turn path: one journalled model call with the agent's system prompt and the
+//! conversation's recent history, retried on transient failures, then the task's terminal
+//! status and its one reply in one transaction.
+
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{RunError, backoff, reply};
+use crate::agents::AgentDefinition;
+use crate::app::Services;
+use crate::domain::{
+    ReplyType, StepStatus, StepType, TaskStatus, now_ms, step_key,
+};
+use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError};
+use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, TaskOutcome};
+
+const STEP_NO: i64 = 1;
+const TOOL: &str = "chat";
+
+pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Result<(), RunError> {
+    let task = svc
+        .store
+        .task(fence.task_id)
+        .await?
+        .ok_or_else(|| RunError::Corrupt("claimed task vanished".into()))?;
+    let message = svc
+        .store
+        .message(task.message_id)
+        .await?
+        .ok_or_else(|| RunError::Corrupt(format!("message {} missing", task.message_id)))?;
+    let snapshot = task
+        .workflow_snapshot
+        .as_deref()
+        .ok_or_else(|| RunError::Corrupt("task has no agent snapshot".into()))?;
+    let agent: AgentDefinition = serde_json::from_str(snapshot)
+        .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
+
+    let history = svc
+        .store
+        .conversation_history(
+            &task.channel,
+            &task.conversation_id,
+            message.id,
+            i64::from(agent.history_messages) + 1,
+        )
+        .await?;
+    let mut messages = vec![ChatMessage::new("system", agent.system_prompt.clone())];
+    for entry in &history {
+        messages.push(ChatMessage::new("user", entry.text.clone()));
+        if entry.message_id == message.id {
+            break;
+        }
+        if let Some(answer) = &entry.answer {
+            messages.push(ChatMessage::new("assistant", answer.clone()));
+        }
+    }
+    let request = ChatRequest {
+        model: if agent.model.is_empty() {
+            svc.config.llm.model.clone()
+        } else {
+            agent.model.clone()
+        },
+        messages,
+        temperature: agent.temperature,
+        max_tokens: agent.max_tokens,
+    };
+    let input = serde_json::to_string(&request).unwrap_or_default();
+    let key = step_key(fence.task_id, STEP_NO, TOOL);
+    let step = svc
+        .store
+        .begin_step(
+            fence,
+            &NewStep {
+                step_no: STEP_NO,
+                step_type: StepType::Llm,
+                tool_name: TOOL,
+                idempotency_key: &key,
+                input: &input,
+            },
+            now_ms(),
+        )
+        .await?
+        .ok_or(RunError::LostLease)?;
+
+    let started = Instant::now();
+    let (outcome, attempts) = if step.status == StepStatus::Succeeded {
+        // Resumed after the call finished: reuse its journalled output, never call again.
+        let output: ChatResponse = serde_json::from_str(step.output.as_deref().unwrap_or(""))
+            .map_err(|e| RunError::Corrupt(format!("journalled output unreadable: {e}")))?;
+        tracing::info!(step = step.step_no, "reusing the journalled model answer");
+        (Ok(output), step.attempt)
+    } else {
+        call_with_retries(svc, fence, step.id, step.attempt, &request, lost).await?
+    };
+    let duration_ms = started.elapsed().as_millis() as i64;
+    let retries = (attempts - 1).max(0);
+
+    let in_reply_to = message.external_message_id.clone();
+    let outcome = match outcome {
+        Ok(answer) => {
+            let (reply_type, content) = reply::compose_answer(&answer.content);
+            TaskOutcome {
+                status: TaskStatus::Succeeded,
+                result: Some(answer.content.clone()),
+                failure_type: None,
+                error: None,
+                retries,
+                step: Some(StepResult {
+                    step_id: step.id,
+                    status: StepStatus::Succeeded,
+                    output: Some(serde_json::to_string(&answer).unwrap_or_default()),
+                    error: None,
+                    tokens_in: answer.prompt_tokens,
+                    tokens_out: answer.completion_tokens,
+                    duration_ms,
+                }),
+                reply: NewReply {
+                    channel: task.channel.clone(),
+                    conversation_id: task.conversation_id.clone(),
+                    in_reply_to,
+                    reply_type,
+                    content: content.to_string(),
+                },
+                audit_summary: format!(
+                    "answered by {} after {} attempt(s) ({})",
+                    request.model,
+                    attempts,
+                    reply_type.as_str()
+                ),
+            }
+        }
+        Err(err) => {
+            tracing::warn!(failure_type = %err.failure_type, error = %err.message, "task failed");
+            let notice = reply::failure_notice(
+                &svc.config.replies.failure_notice,
+                fence.task_id,
+                err.failure_type,
+            );
+            TaskOutcome {
+                status: TaskStatus::Failed,
+                result: None,
+                failure_type: Some(err.failure_type),
+                error: Some(crate::domain::truncate(&err.message, 2000)),
+                retries,
+                step: Some(StepResult {
+                    step_id: step.id,
+                    status: StepStatus::Failed,
+                    output: None,
+                    error: Some(crate::domain::truncate(&err.message, 2000)),
+                    tokens_in: None,
+                    tokens_out: None,
+                    duration_ms,
+                }),
+                reply: NewReply {
+                    channel: task.channel.clone(),
+                    conversation_id: task.conversation_id.clone(),
+                    in_reply_to,
+                    reply_type: ReplyType::Text,
+                    content: notice.to_string(),
+                },
+                audit_summary: format!(
+                    "{} after {} attempt(s): {}",
+                    err.failure_type,
+                    attempts,
+                    crate::domain::truncate(&err.message, 300)
+                ),
+            }
+        }
+    };
+    if !svc.store.finish_task(fence, &outcome, now_ms()).await? {
+        return Err(RunError::LostLease);
+    }
+    tracing::info!(status = %outcome.status, "task finished");
+    svc.reply_wake.notify_one();
+    Ok(())
+}
+
+/// Calls the model until it answers, a permanent failure occurs, or the tries run out.
+/// Returns the outcome and the number of tries made so far (journalled on the step).
+async fn call_with_retries(
+    svc: &Services,
+    fence: &Fence,
+    step_id: i64,
+    tries_before: i64,
+    request: &ChatRequest,
+    lost: &CancellationToken,
+) -> Result<(Result<ChatResponse, LlmError>, i64), RunError> {
+    let llm = &svc.config.llm;
+    let mut attempt = tries_before;
+    loop {
+        attempt += 1;
+        if !svc.store.record_step_attempt(fence, step_id, attempt).await? {
+            return Err(RunError::LostLease);
+        }
+        let result = tokio::select! {
+            r = svc.llm.chat(request) => r,
+            _ = lost.cancelled() => return Err(RunError::LostLease),
+        };
+        match result {
+            Ok(answer) => return Ok((Ok(answer), attempt)),
+            Err(err)
+                if err.failure_type.is_transient() && attempt < i64::from(llm.max_attempts) =>
+            {
+                let wait = backoff::delay(
+                    attempt as u32,
+                    llm.backoff_base_ms,
+                    llm.backoff_max_ms,
+                    err.retry_after,
+                    std::time::Duration::from_secs(llm.retry_after_max_secs),
+                );
+                tracing::warn!(
+                    attempt,
+                    failure_type = %err.failure_type,
+                    wait_ms = wait.as_millis() as u64,
+                    error = %err.message,
+                    "model call failed; retrying"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = lost.cancelled() => return Err(RunError::LostLease),
+                }
+            }
+            Err(err) => return Ok((Err(err), attempt)),
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Liveness and readiness.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use super::ApiError;
+use crate::app::Services;
+
+pub fn router() -> Router<Arc<Services>> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(svc): State<Arc<Services>>) -> Result<Json<Value>, ApiError> {
+    svc.store
+        .ping()
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("database not reachable: {e}")))?;
+    Ok(Json(json!({ "status": "ready" })))
+}

@@ -1,0 +1,19 @@
+//! assistd: durable AI assistant replies for chat platforms.
+//!
+//! A webhook commits a message and its task; a worker answers it with a journalled model
+//! call; the outbox posts exactly one reply. See README.md and docs/.
+
+pub mod agents;
+pub mod app;
+pub mod channels;
+pub mod config;
+pub mod domain;
+pub mod engine;
+pub mod http;
+pub mod intake;
+pub mod llm;
+pub mod outbox;
+pub mod store;
+
+pub use app::App;
+pub use config::Config;

@@ -1,0 +1,107 @@
+//! The `assistd` command line: `serve` (default) and `migrate`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use assistd::config::{Config, LogFormat};
+
+#[derive(Parser)]
+#[command(name = "assistd", version, about = "Durable AI assistant backend for chat platforms")]
+struct Cli {
+    /// TOML file laid over config/default.toml (environment variables still win).
+    #[arg(long, global = true, env = "ASSISTD_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP server, workers and reply outbox (the default).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("assistd: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&config);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("assistd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command.unwrap_or(Command::Serve) {
+            Command::Serve => serve(config).await,
+            Command::Migrate => migrate(config).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("assistd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let app = assistd::App::build(config).await?;
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown signal received; finishing work in flight");
+        trigger.cancel();
+    });
+    app.run_until_stopped(shutdown).await
+}
+
+async fn migrate(config: Config) -> anyhow::Result<()> {
+    let store = assistd::store::Store::connect(&config.database).await?;
+    store.migrate().await?;
+    store.close().await;
+    tracing::info!("migrations applied");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&config.log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Pretty => builder.init(),
+    }
+}

@@ -1,0 +1,193 @@
+//! The database: the only module that holds SQL. One portable statement where SQLite and
+//! PostgreSQL agree (both take `$N` parameters), a dialect branch only where they do not
+//! (claim with `SKIP LOCKED`, `NOTIFY`). Every write transaction on SQLite starts with
+//! `BEGIN IMMEDIATE`, and no network call ever happens while a transaction is open.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+
+use crate::config::DatabaseConfig;
+
+pub mod agents;
+pub mod intake;
+pub mod outbox;
+pub mod tasks;
+
+/// The channel PostgreSQL `NOTIFY`s when a task becomes claimable.
+pub const TASK_NOTIFY_CHANNEL: &str = "assistd_task";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database is busy (another writer held the lock too long)")]
+    Busy,
+    #[error("unique constraint violated: {0}")]
+    UniqueViolation(String),
+    #[error("not found")]
+    NotFound,
+    #[error("database error: {0}")]
+    Database(sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e {
+            if db.is_unique_violation() {
+                return StoreError::UniqueViolation(db.message().to_string());
+            }
+            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+            if let Some(code) = db.code() {
+                if let Ok(n) = code.parse::<i64>() {
+                    if matches!(n & 0xff, 5 | 6) {
+                        return StoreError::Busy;
+                    }
+                }
+            }
+        }
+        StoreError::Database(e)
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Which database this store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A pool for one of the two dialects. Cheap to clone.
+#[derive(Clone, Debug)]
+pub enum Store {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to the concrete pool; the body is compiled once per
+/// dialect, so the same statement text serves both.
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match $store {
+            $crate::store::Store::Sqlite($pool) => $body,
+            $crate::store::Store::Postgres($pool) => $body,
+        }
+    };
+}
+
+/// Runs `$body` inside a write transaction bound to `$tx` and commits it; an early `return`
+/// or `?` inside the body rolls the transaction back. SQLite takes the write lock up front
+/// (`BEGIN IMMEDIATE`) so the transaction never fails half-way on lock upgrade.
+macro_rules! write_tx {
+    ($store:expr, $tx:ident => $body:expr) => {
+        match $store {
+            $crate::store::Store::Sqlite(pool) => {
+                let mut $tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                let out = $body;
+                $tx.commit().await?;
+                out
+            }
+            $crate::store::Store::Postgres(pool) => {
+                let mut $tx = pool.begin().await?;
+                let out = $body;
+                $tx.commit().await?;
+                out
+            }
+        }
+    };
+}
+
+pub(crate) use {on_pool, write_tx};
+
+impl Store {
+    /// Connects (creating a SQLite file and its folder if missing); does not migrate.
+    pub async fn connect(config: &DatabaseConfig) -> anyhow::Result<Store> {
+        let url = config.url.as_str();
+        let acquire = Duration::from_secs(config.acquire_timeout_secs.max(1));
+        if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_millis(config.sqlite_busy_timeout_ms))
+                .foreign_keys(true)
+                .pragma("temp_store", "memory");
+            if let Some(parent) = options.get_filename().parent() {
+                if !parent.as_os_str().is_empty() {
+                    std::fs::create_dir_all(parent).map_err(|e| {
+                        anyhow::anyhow!("cannot create database folder {}: {e}", parent.display())
+                    })?;
+                }
+            }
+            let pool = SqlitePoolOptions::new()
+                .max_connections(config.max_connections)
+                .acquire_timeout(acquire)
+                .connect_with(options)
+                .await?;
+            Ok(Store::Sqlite(pool))
+        } else {
+            let options = PgConnectOptions::from_str(url)?;
+            let pool = PgPoolOptions::new()
+                .max_connections(config.max_connections)
+                .acquire_timeout(acquire)
+                .connect_with(options)
+                .await?;
+            Ok(Store::Postgres(pool))
+        }
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Store::Sqlite(_) => Dialect::Sqlite,
+            Store::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// Applies the dialect's migrations (idempotent; safe from several instances at once on
+    /// PostgreSQL, where sqlx takes an advisory lock).
+    pub async fn migrate(&self) -> StoreResult<()> {
+        match self {
+            Store::Sqlite(pool) => {
+                sqlx::migrate!("migrations/sqlite").run(pool).await?;
+                sqlx::query("PRAGMA optimize").execute(pool).await?;
+            }
+            Store::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
+        }
+        Ok(())
+    }
+
+    /// A cheap round trip, for readiness checks.
+    pub async fn ping(&self) -> StoreResult<()> {
+        on_pool!(self, pool => {
+            sqlx::query("SELECT 1").execute(pool).await?;
+        });
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        on_pool!(self, pool => pool.close().await)
+    }
+
+    /// The query plan of `sql` as text lines, for tests that prove hot statements use indexes.
+    pub async fn explain(&self, sql: &str) -> StoreResult<Vec<String>> {
+        use sqlx::Row;
+        match self {
+            Store::Sqlite(pool) => {
+                let text = format!("EXPLAIN QUERY PLAN {sql}");
+                let rows = sqlx::query(&text).fetch_all(pool)
+                    .await?;
+                Ok(rows.iter().map(|r| r.get::<String, _>("detail")).collect())
+            }
+            Store::Postgres(pool) => {
+                let text = format!("EXPLAIN {sql}");
+                let rows = sqlx::query(&text).fetch_all(pool)
+                    .await?;
+                Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The reply outbox. A reply row is created with its task's terminal status (see
+//! `finish_task`); delivery claims it under a short lease so only one instance sends it at a
+//! time, and every send carries the row's one idempotency key.
+
+use super::tasks::insert_audit;
+use super::{Store, StoreResult, on_pool, write_tx};
+use crate::domain::{AuditEvent, ReplyStatus, ReplyType};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ReplyRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub idempotency_key: String,
+    pub channel: String,
+    pub conversation_id: String,
+    pub in_reply_to: String,
+    pub reply_type: ReplyType,
+    pub content: String,
+    pub status: ReplyStatus,
+    pub platform_message_id: Option<String>,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub sent_at: Option<i64>,
+}
+
+const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
+     reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \
+     created_at, sent_at";
+
+impl Store {
+    /// Takes up to `limit` due PENDING replies for `owner` until `lease_until`, counting the
+    /// attempt. A reply whose lease lapsed (its sender died) is due again.
+    pub async fn claim_due_replies(
+        &self,
+        owner: &str,
+        limit: usize,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<Vec<ReplyRow>> {
+        let lock = match self {
+            Store::Sqlite(_) => "",
+            Store::Postgres(_) => " FOR UPDATE SKIP LOCKED",
+        };
+        let sql = format!(
+            "UPDATE outbound_reply SET locked_by = $1, locked_until = $2, attempts = attempts + 1 \
+             WHERE id IN (SELECT id FROM outbound_reply WHERE status = 'PENDING' \
+                 AND next_attempt_at <= $3 AND (locked_until IS NULL OR locked_until < $3) \
+                 ORDER BY next_attempt_at LIMIT $4{lock}) \
+             RETURNING {REPLY_COLUMNS}"
+        );
+        let mut rows = write_tx!(self, tx => {
+            sqlx::query_as::<_, ReplyRow>(&sql)
+                .bind(owner)
+                .bind(lease_until)
+                .bind(now)
+                .bind(limit as i64)
+                .fetch_all(&mut *tx)
+                .await?
+        });
+        rows.sort_by_key(|r| r.id);
+        Ok(rows)
+    }
+
+    /// Marks a reply delivered; false when another instance holds it now.
+    pub async fn mark_reply_sent(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        platform_message_id: Option<&str>,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            let n = sqlx::query(
+                "UPDATE outbound_reply SET status = $1, platform_message_id = $2, sent_at = $3, \
+                 locked_by = NULL, locked_until = NULL, last_error = NULL \
+                 WHERE id = $4 AND locked_by = $5 AND status = 'PENDING'",
+            )
+            .bind(ReplyStatus::Sent)
+            .bind(platform_message_id)
+            .bind(now)
+            .bind(reply.id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                let summary = format!(
+                    "reply {} delivered after {} attempt(s)",
+                    reply.idempotency_key, reply.attempts
+                );
+                insert_audit!(&mut *tx, Some(reply.task_id), AuditEvent::ReplySent, owner, &summary, false, now)?;
+            }
+            n == 1
+        });
+        Ok(done)
+    }
+
+    /// Puts a reply back for another try at `next_attempt_at`, noting why this one failed.
+    pub async fn reschedule_reply(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        next_attempt_at: i64,
+        error: &str,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE outbound_reply SET next_attempt_at = $1, last_error = $2, \
+                 locked_by = NULL, locked_until = NULL \
+                 WHERE id = $3 AND locked_by = $4 AND status = 'PENDING'",
+            )
+            .bind(next_attempt_at)
+            .bind(crate::domain::truncate(error, 1000))
+            .bind(reply.id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
+    /// Gives a reply up for good (status `status`: FAILED, or UNKNOWN when it may have
+    /// reached the chat), with a risk-flagged audit event.
+    pub async fn give_up_reply(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        status: ReplyStatus,
+        error: &str,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            let n = sqlx::query(
+                "UPDATE outbound_reply SET status = $1, last_error = $2, locked_by = NULL, \
+                 locked_until = NULL WHERE id = $3 AND locked_by = $4 AND status = 'PENDING'",
+            )
+            .bind(status)
+            .bind(crate::domain::truncate(error, 1000))
+            .bind(reply.id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                let summary = format!(
+                    "reply {} {} after {} attempt(s): {}",
+                    reply.idempotency_key, status, reply.attempts, error
+                );
+                insert_audit!(&mut *tx, Some(reply.task_id), AuditEvent::ReplyFailed, owner, &summary, true, now)?;
+            }
+            n == 1
+        });
+        Ok(done)
+    }
+
+    pub async fn task_reply(&self, task_id: i64) -> StoreResult<Option<ReplyRow>> {
+        let sql = format!("SELECT {REPLY_COLUMNS} FROM outbound_reply WHERE task_id = $1");
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, ReplyRow>(&sql).bind(task_id).fetch_optional(pool).await?
+        }))
+    }
+}

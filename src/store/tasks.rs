@@ -1,0 +1,471 @@
+//! Tasks and their step journal. Every write a worker makes for a task it runs is fenced:
+//! it only lands while `owner` and `version` are still the worker's, so a worker that lost
+//! its lease cannot overwrite the work of the instance that took the task over.
+
+use super::{Store, StoreResult, on_pool, write_tx};
+use crate::domain::{
+    AuditEvent, FailureType, ReplyStatus, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
+    reply_key,
+};
+
+/// Appends one audit event inside the caller's transaction (`$tx`). A macro rather than a
+/// generic function: generic executors make the futures that call them not `Send`.
+macro_rules! insert_audit {
+    ($tx:expr, $task_id:expr, $event:expr, $actor:expr, $summary:expr, $risk:expr, $now:expr $(,)?) => {
+        sqlx::query(
+            "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind($task_id)
+        .bind($event)
+        .bind($actor)
+        .bind($crate::domain::truncate($summary, 2000))
+        .bind($risk)
+        .bind($now)
+        .execute($tx)
+        .await
+    };
+}
+pub(crate) use insert_audit;
+
+/// Proof of ownership of a running task: the claim's owner and version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub task_id: i64,
+    pub owner: String,
+    pub version: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ClaimedTask {
+    pub id: i64,
+    pub version: i64,
+    pub claim_count: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskRow {
+    pub id: i64,
+    pub agent_id: i64,
+    pub agent_version_id: i64,
+    pub task_type: TaskType,
+    pub channel: String,
+    pub conversation_id: String,
+    pub message_id: i64,
+    pub trigger_user: String,
+    pub status: TaskStatus,
+    pub current_step: i64,
+    pub workflow_snapshot: Option<String>,
+    pub result: Option<String>,
+    pub failure_type: Option<FailureType>,
+    pub error_msg: Option<String>,
+    pub retry_count: i64,
+    pub claim_count: i64,
+    pub version: i64,
+    pub owner: Option<String>,
+    pub lease_expire: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+}
+
+const TASK_COLUMNS: &str = "id, agent_id, agent_version_id, task_type, channel, conversation_id, \
+     message_id, trigger_user, status, current_step, workflow_snapshot, result, failure_type, \
+     error_msg, retry_count, claim_count, version, owner, lease_expire, created_at, updated_at, \
+     started_at, finished_at";
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MessageRow {
+    pub id: i64,
+    pub channel: String,
+    pub external_event_id: String,
+    pub external_message_id: String,
+    pub conversation_id: String,
+    pub sender_id: String,
+    pub sender_name: Option<String>,
+    pub text: String,
+    pub received_at: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StepRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub step_no: i64,
+    pub step_type: StepType,
+    pub tool_name: String,
+    pub idempotency_key: String,
+    pub input: Option<String>,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub status: StepStatus,
+    pub tokens_in: Option<i64>,
+    pub tokens_out: Option<i64>,
+    pub duration_ms: Option<i64>,
+    pub attempt: i64,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+const STEP_COLUMNS: &str = "id, task_id, step_no, step_type, tool_name, idempotency_key, input, \
+     output, error, status, tokens_in, tokens_out, duration_ms, attempt, created_at, finished_at";
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AuditRow {
+    pub id: i64,
+    pub task_id: Option<i64>,
+    pub event: AuditEvent,
+    pub actor: String,
+    pub summary: String,
+    pub risk_flag: bool,
+    pub created_at: i64,
+}
+
+/// A step to journal before its call is made.
+#[derive(Debug, Clone)]
+pub struct NewStep<'a> {
+    pub step_no: i64,
+    pub step_type: StepType,
+    pub tool_name: &'a str,
+    pub idempotency_key: &'a str,
+    pub input: &'a str,
+}
+
+/// How a step ended.
+#[derive(Debug, Clone)]
+pub struct StepResult {
+    pub step_id: i64,
+    pub status: StepStatus,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub tokens_in: Option<i64>,
+    pub tokens_out: Option<i64>,
+    pub duration_ms: i64,
+}
+
+/// The reply a finished task owes the chat.
+#[derive(Debug, Clone)]
+pub struct NewReply {
+    pub channel: String,
+    pub conversation_id: String,
+    pub in_reply_to: String,
+    pub reply_type: ReplyType,
+    /// JSON: `{"text": ..., "card": ...}`.
+    pub content: String,
+}
+
+/// A terminal outcome, written with its step, its reply and its audit event in one transaction.
+#[derive(Debug, Clone)]
+pub struct TaskOutcome {
+    pub status: TaskStatus,
+    pub result: Option<String>,
+    pub failure_type: Option<FailureType>,
+    pub error: Option<String>,
+    pub retries: i64,
+    pub step: Option<StepResult>,
+    pub reply: NewReply,
+    pub audit_summary: String,
+}
+
+impl Store {
+    /// Atomically takes up to `limit` claimable tasks for `owner`: PENDING ones that are due
+    /// and RUNNING ones whose lease has expired, but only the oldest active task of each
+    /// conversation. Copies the agent version's definition into the task (snapshot) and
+    /// writes TASK_RUNNING for each.
+    pub async fn claim_tasks(
+        &self,
+        owner: &str,
+        limit: usize,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<Vec<ClaimedTask>> {
+        const PICK: &str = "SELECT t.id FROM agent_task t \
+             WHERE ((t.status = 'PENDING' AND t.run_after <= $3) \
+                 OR (t.status = 'RUNNING' AND t.lease_expire < $3)) \
+             AND NOT EXISTS (SELECT 1 FROM agent_task o WHERE o.channel = t.channel \
+                 AND o.conversation_id = t.conversation_id \
+                 AND o.status IN ('PENDING', 'RUNNING') AND o.id < t.id) \
+             ORDER BY t.id LIMIT $4";
+        let lock = match self {
+            Store::Sqlite(_) => "",
+            Store::Postgres(_) => " FOR UPDATE OF t SKIP LOCKED",
+        };
+        let sql = format!(
+            "UPDATE agent_task SET status = 'RUNNING', owner = $1, lease_expire = $2, \
+             version = version + 1, claim_count = claim_count + 1, \
+             started_at = COALESCE(started_at, $3), updated_at = $3, \
+             workflow_snapshot = COALESCE(workflow_snapshot, (SELECT v.definition \
+                 FROM agent_version v WHERE v.id = agent_task.agent_version_id)) \
+             WHERE id IN ({PICK}{lock}) RETURNING id, version, claim_count"
+        );
+        let claimed = write_tx!(self, tx => {
+            let mut claimed: Vec<ClaimedTask> = sqlx::query_as(&sql)
+                .bind(owner)
+                .bind(lease_until)
+                .bind(now)
+                .bind(limit as i64)
+                .fetch_all(&mut *tx)
+                .await?;
+            claimed.sort_by_key(|c| c.id);
+            for task in &claimed {
+                let summary = if task.claim_count > 1 {
+                    format!("claimed by {owner} (claim {}, resumed)", task.claim_count)
+                } else {
+                    format!("claimed by {owner}")
+                };
+                insert_audit!(&mut *tx, Some(task.id), AuditEvent::TaskRunning, owner, &summary, false, now)?;
+            }
+            claimed
+        });
+        Ok(claimed)
+    }
+
+    /// Extends the lease of a task this worker still owns; false = ownership lost.
+    pub async fn renew_lease(&self, fence: &Fence, lease_until: i64, now: i64) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE agent_task SET lease_expire = $1, updated_at = $2 \
+                 WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
+            )
+            .bind(lease_until)
+            .bind(now)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
+    pub async fn task(&self, id: i64) -> StoreResult<Option<TaskRow>> {
+        let sql = format!("SELECT {TASK_COLUMNS} FROM agent_task WHERE id = $1");
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, TaskRow>(&sql).bind(id).fetch_optional(pool).await?
+        }))
+    }
+
+    /// Tasks of one conversation, oldest first.
+    pub async fn conversation_tasks(
+        &self,
+        channel: &str,
+        conversation_id: &str,
+    ) -> StoreResult<Vec<TaskRow>> {
+        let sql = format!(
+            "SELECT {TASK_COLUMNS} FROM agent_task WHERE channel = $1 AND conversation_id = $2 \
+             ORDER BY id"
+        );
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, TaskRow>(&sql)
+                .bind(channel)
+                .bind(conversation_id)
+                .fetch_all(pool)
+                .await?
+        }))
+    }
+
+    pub async fn message(&self, id: i64) -> StoreResult<Option<MessageRow>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, MessageRow>(
+                "SELECT id, channel, external_event_id, external_message_id, conversation_id, \
+                 sender_id, sender_name, text, received_at FROM im_message WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+        }))
+    }
+
+    /// Journals a step as PENDING before its call (or finds it, on resume). `None` when the
+    /// worker no longer owns the task.
+    pub async fn begin_step(
+        &self,
+        fence: &Fence,
+        step: &NewStep<'_>,
+        now: i64,
+    ) -> StoreResult<Option<StepRow>> {
+        let select = format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1");
+        let row = write_tx!(self, tx => {
+            // Taking the task row first both checks the fence and, on PostgreSQL, locks the
+            // row so no claim can slip in before this transaction commits.
+            let owned = sqlx::query(
+                "UPDATE agent_task SET current_step = $1, updated_at = $2 \
+                 WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
+            )
+            .bind(step.step_no)
+            .bind(now)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if owned != 1 {
+                return Ok(None);
+            }
+            sqlx::query(
+                "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
+                 idempotency_key, input, status, attempt, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
+                 ON CONFLICT (idempotency_key) DO NOTHING",
+            )
+            .bind(fence.task_id)
+            .bind(step.step_no)
+            .bind(step.step_type)
+            .bind(step.tool_name)
+            .bind(step.idempotency_key)
+            .bind(step.input)
+            .bind(StepStatus::Pending)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query_as::<_, StepRow>(&select)
+                .bind(step.idempotency_key)
+                .fetch_one(&mut *tx)
+                .await?
+        });
+        Ok(Some(row))
+    }
+
+    /// Records that try number `attempt` of a step is starting; false = ownership lost.
+    pub async fn record_step_attempt(
+        &self,
+        fence: &Fence,
+        step_id: i64,
+        attempt: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE agent_step SET attempt = $1 WHERE id = $2 AND EXISTS (SELECT 1 FROM \
+                 agent_task t WHERE t.id = $3 AND t.owner = $4 AND t.version = $5 \
+                 AND t.status = 'RUNNING')",
+            )
+            .bind(attempt)
+            .bind(step_id)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
+    /// Ends a task: terminal status, its last step, its one outbox reply and its audit event,
+    /// in one transaction fenced on ownership. Returns false (and writes nothing) when the
+    /// worker no longer owns the task.
+    pub async fn finish_task(
+        &self,
+        fence: &Fence,
+        outcome: &TaskOutcome,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let event = match outcome.status {
+            TaskStatus::Succeeded => AuditEvent::TaskSucceeded,
+            TaskStatus::Cancelled => AuditEvent::TaskCancelled,
+            _ => AuditEvent::TaskFailed,
+        };
+        let finished = write_tx!(self, tx => {
+            let owned = sqlx::query(
+                "UPDATE agent_task SET status = $1, result = $2, failure_type = $3, \
+                 error_msg = $4, retry_count = retry_count + $5, version = version + 1, \
+                 lease_expire = NULL, finished_at = $6, updated_at = $6 \
+                 WHERE id = $7 AND owner = $8 AND version = $9 AND status = 'RUNNING'",
+            )
+            .bind(outcome.status)
+            .bind(&outcome.result)
+            .bind(outcome.failure_type)
+            .bind(&outcome.error)
+            .bind(outcome.retries)
+            .bind(now)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if owned != 1 {
+                return Ok(false);
+            }
+            if let Some(step) = &outcome.step {
+                sqlx::query(
+                    "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
+                     tokens_out = $5, duration_ms = $6, finished_at = $7 WHERE id = $8",
+                )
+                .bind(step.status)
+                .bind(&step.output)
+                .bind(&step.error)
+                .bind(step.tokens_in)
+                .bind(step.tokens_out)
+                .bind(step.duration_ms)
+                .bind(now)
+                .bind(step.step_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let reply = &outcome.reply;
+            sqlx::query(
+                "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
+                 in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $9) \
+                 ON CONFLICT (task_id) DO NOTHING",
+            )
+            .bind(fence.task_id)
+            .bind(reply_key(fence.task_id))
+            .bind(&reply.channel)
+            .bind(&reply.conversation_id)
+            .bind(&reply.in_reply_to)
+            .bind(reply.reply_type)
+            .bind(&reply.content)
+            .bind(ReplyStatus::Pending)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            insert_audit!(
+                &mut *tx,
+                Some(fence.task_id),
+                event,
+                &fence.owner,
+                &outcome.audit_summary,
+                false,
+                now,
+            )?;
+            true
+        });
+        Ok(finished)
+    }
+
+    pub async fn task_steps(&self, task_id: i64) -> StoreResult<Vec<StepRow>> {
+        let sql = format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE task_id = $1 ORDER BY step_no");
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, StepRow>(&sql).bind(task_id).fetch_all(pool).await?
+        }))
+    }
+
+    pub async fn task_audit(&self, task_id: i64) -> StoreResult<Vec<AuditRow>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, AuditRow>(
+                "SELECT id, task_id, event, actor, summary, risk_flag, created_at FROM audit_log \
+                 WHERE task_id = $1 ORDER BY id",
+            )
+            .bind(task_id)
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    /// Row counts of the tables intake writes, for tests that prove bad input wrote nothing.
+    pub async fn intake_row_counts(&self) -> StoreResult<(i64, i64, i64)> {
+        Ok(on_pool!(self, pool => {
+            let (m,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM im_message").fetch_one(pool).await?;
+            let (t,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM agent_task").fetch_one(pool).await?;
+            let (a,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM audit_log WHERE task_id IS NOT NULL")
+                .fetch_one(pool)
+                .await?;
+            (m, t, a)
+        }))
+    }
+}
