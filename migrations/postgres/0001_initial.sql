@@ -68,7 +68,7 @@ CREATE UNIQUE INDEX agent_task_one_running_per_conversation
     ON agent_task (channel, conversation_id) WHERE status = 'RUNNING';
 -- Claim paths only ever touch claimable rows.
 CREATE INDEX agent_task_pending ON agent_task (id) WHERE status = 'PENDING';
-CREATE INDEX agent_task_running_lease ON agent_task (lease_expire) WHERE status = 'RUNNING';
+CREATE INDEX agent_task_running ON agent_task (id, lease_expire) WHERE status = 'RUNNING';
 CREATE INDEX agent_task_active_conversation
     ON agent_task (channel, conversation_id, id) WHERE status IN ('PENDING', 'RUNNING');
 CREATE INDEX agent_task_created ON agent_task (created_at);

@@ -2,7 +2,7 @@
 //! it only lands while `owner` and `version` are still the worker's, so a worker that lost
 //! its lease cannot overwrite the work of the instance that took the task over.
 
-use super::{Store, StoreResult, on_pool, write_tx};
+use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{
     AuditEvent, FailureType, ReplyStatus, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
     reply_key,
@@ -168,6 +168,34 @@ pub struct TaskOutcome {
     pub audit_summary: String,
 }
 
+/// The claim's choice of tasks (parameters: `$3` now, `$4` limit). Each branch is backed by a
+/// partial index, so claiming never reads finished history. SQLite cannot use partial
+/// indexes under `OR`, hence the `UNION ALL`; PostgreSQL locks what it picks and skips rows
+/// another instance is claiming.
+pub fn claim_pick_sql(dialect: Dialect) -> String {
+    const OLDEST_IN_CONVERSATION: &str = "NOT EXISTS (SELECT 1 FROM agent_task o \
+         WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
+         AND o.status IN ('PENDING', 'RUNNING') AND o.id < t.id)";
+    match dialect {
+        Dialect::Sqlite => format!(
+            "SELECT id FROM (\
+             SELECT t.id FROM agent_task t WHERE t.status = 'PENDING' AND t.run_after <= $3 \
+                 AND {OLDEST_IN_CONVERSATION} \
+             UNION ALL \
+             SELECT t.id FROM agent_task t WHERE t.status = 'RUNNING' AND t.lease_expire < $3 \
+                 AND {OLDEST_IN_CONVERSATION}) \
+             ORDER BY id LIMIT $4"
+        ),
+        Dialect::Postgres => format!(
+            "SELECT t.id FROM agent_task t \
+             WHERE ((t.status = 'PENDING' AND t.run_after <= $3) \
+                 OR (t.status = 'RUNNING' AND t.lease_expire < $3)) \
+             AND {OLDEST_IN_CONVERSATION} \
+             ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED"
+        ),
+    }
+}
+
 impl Store {
     /// Atomically takes up to `limit` claimable tasks for `owner`: PENDING ones that are due
     /// and RUNNING ones whose lease has expired, but only the oldest active task of each
@@ -180,24 +208,14 @@ impl Store {
         lease_until: i64,
         now: i64,
     ) -> StoreResult<Vec<ClaimedTask>> {
-        const PICK: &str = "SELECT t.id FROM agent_task t \
-             WHERE ((t.status = 'PENDING' AND t.run_after <= $3) \
-                 OR (t.status = 'RUNNING' AND t.lease_expire < $3)) \
-             AND NOT EXISTS (SELECT 1 FROM agent_task o WHERE o.channel = t.channel \
-                 AND o.conversation_id = t.conversation_id \
-                 AND o.status IN ('PENDING', 'RUNNING') AND o.id < t.id) \
-             ORDER BY t.id LIMIT $4";
-        let lock = match self {
-            Store::Sqlite(_) => "",
-            Store::Postgres(_) => " FOR UPDATE OF t SKIP LOCKED",
-        };
+        let pick = claim_pick_sql(self.dialect());
         let sql = format!(
             "UPDATE agent_task SET status = 'RUNNING', owner = $1, lease_expire = $2, \
              version = version + 1, claim_count = claim_count + 1, \
              started_at = COALESCE(started_at, $3), updated_at = $3, \
              workflow_snapshot = COALESCE(workflow_snapshot, (SELECT v.definition \
                  FROM agent_version v WHERE v.id = agent_task.agent_version_id)) \
-             WHERE id IN ({PICK}{lock}) RETURNING id, version, claim_count"
+             WHERE id IN ({pick}) RETURNING id, version, claim_count"
         );
         let claimed = write_tx!(self, tx => {
             let mut claimed: Vec<ClaimedTask> = sqlx::query_as(&sql)

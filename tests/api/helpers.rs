@@ -1,0 +1,322 @@
+//! Test harness: the real app on a random 127.0.0.1 port, a fresh database (SQLite file, or
+//! a new PostgreSQL database when ASSISTD_TEST_POSTGRES_URL is set), a mock OpenAI-compatible
+//! model and a mock reply receiver.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use assistd::app::Services;
+use assistd::channels::generic;
+use assistd::config::Config;
+use assistd::store::Store;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+pub const SECRET: &str = "test-secret";
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// A fresh, empty database for one test.
+pub struct TestDb {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+    pg_admin: Option<(String, String)>,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        match std::env::var("ASSISTD_TEST_POSTGRES_URL") {
+            Ok(admin_url) if !admin_url.is_empty() => {
+                use sqlx::Connection;
+                let name = format!("assistd_t_{}", uuid::Uuid::new_v4().simple());
+                let mut conn = sqlx::PgConnection::connect(&admin_url)
+                    .await
+                    .expect("connect to ASSISTD_TEST_POSTGRES_URL");
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create test database");
+                conn.close().await.ok();
+                let mut url = reqwest::Url::parse(&admin_url).expect("postgres url");
+                url.set_path(&format!("/{name}"));
+                TestDb {
+                    url: url.to_string(),
+                    _dir: None,
+                    pg_admin: Some((admin_url, name)),
+                }
+            }
+            _ => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let url = format!("sqlite://{}/assistd.db", dir.path().display());
+                TestDb {
+                    url,
+                    _dir: Some(dir),
+                    pg_admin: None,
+                }
+            }
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        self.pg_admin.is_some()
+    }
+
+    /// Drops a PostgreSQL test database (SQLite files go with the temp dir).
+    pub async fn drop_db(&self) {
+        if let Some((admin, name)) = &self.pg_admin {
+            use sqlx::Connection;
+            if let Ok(mut conn) = sqlx::PgConnection::connect(admin).await {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut conn)
+                    .await;
+                conn.close().await.ok();
+            }
+        }
+    }
+}
+
+/// Test configuration: defaults, fast polling and backoff, mocks wired in.
+pub fn test_config(db_url: &str, model_url: &str, reply_url: &str) -> Config {
+    let mut c = Config::load_with_env(None, Vec::new()).expect("default config loads");
+    c.server.listen = "127.0.0.1:0".into();
+    c.database.url = db_url.into();
+    c.database.max_connections = 8;
+    c.llm.base_url = format!("{model_url}/v1");
+    c.llm.model = "test-model".into();
+    c.llm.timeout_secs = 5;
+    c.llm.backoff_base_ms = 50;
+    c.llm.backoff_max_ms = 200;
+    c.worker.instance_id = "test-instance".into();
+    c.worker.poll_interval_ms = 100;
+    c.worker.shutdown_grace_secs = 2;
+    c.outbox.backoff_base_ms = 50;
+    c.outbox.backoff_max_ms = 300;
+    c.outbox.poll_interval_ms = 100;
+    c.admin.token = ADMIN_TOKEN.into();
+    c.channels.generic.secret = SECRET.into();
+    c.channels.generic.reply_url = reply_url.into();
+    c
+}
+
+pub struct TestApp {
+    pub addr: String,
+    pub db: TestDb,
+    pub model: MockServer,
+    pub receiver: MockServer,
+    pub services: Arc<Services>,
+    pub http: reqwest::Client,
+    shutdown: CancellationToken,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Answers every chat completion with `answer to: <last user message>`.
+pub struct EchoModel;
+
+impl Respond for EchoModel {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+            .to_string();
+        ResponseTemplate::new(200).set_body_json(completion(&format!("answer to: {last}")))
+    }
+}
+
+pub fn completion(content: &str) -> Value {
+    json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    })
+}
+
+pub fn chat_path() -> wiremock::matchers::PathExactMatcher {
+    path("/v1/chat/completions")
+}
+
+/// A mock receiver that accepts every reply.
+pub async fn accepting_receiver() -> MockServer {
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&receiver)
+        .await;
+    receiver
+}
+
+impl TestApp {
+    /// Starts the app with an echoing model and an accepting receiver.
+    pub async fn spawn() -> TestApp {
+        let model = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(chat_path())
+            .respond_with(EchoModel)
+            .mount(&model)
+            .await;
+        Self::spawn_with(model, accepting_receiver().await, |_| {}).await
+    }
+
+    /// Starts the app against the given mocks; `tweak` adjusts the config first.
+    pub async fn spawn_with(
+        model: MockServer,
+        receiver: MockServer,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestApp {
+        let db = TestDb::new().await;
+        let reply_url = format!("{}/reply", receiver.uri());
+        let mut config = test_config(&db.url, &model.uri(), &reply_url);
+        tweak(&mut config);
+        Self::spawn_config(db, model, receiver, config).await
+    }
+
+    pub async fn spawn_config(
+        db: TestDb,
+        model: MockServer,
+        receiver: MockServer,
+        config: Config,
+    ) -> TestApp {
+        let app = assistd::App::build(config).await.expect("app builds");
+        let addr = format!("http://{}", app.local_addr());
+        let services = app.services();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+        TestApp {
+            addr,
+            db,
+            model,
+            receiver,
+            services,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+            shutdown,
+            handle,
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.services.store
+    }
+
+    /// Stops the app and drops its database.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;
+        self.db.drop_db().await;
+    }
+
+    /// Posts `body` to the generic webhook, signed with the test secret, timestamp now.
+    pub async fn post_message(&self, body: &Value) -> reqwest::Response {
+        let raw = serde_json::to_vec(body).unwrap();
+        let ts = assistd::domain::now_ms() / 1000;
+        let sig = generic::sign(SECRET, ts, &raw);
+        self.post_raw(raw, Some(ts.to_string()), Some(sig)).await
+    }
+
+    pub async fn post_raw(
+        &self,
+        raw: Vec<u8>,
+        timestamp: Option<String>,
+        signature: Option<String>,
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}/webhooks/generic", self.addr))
+            .header("content-type", "application/json")
+            .body(raw);
+        if let Some(ts) = timestamp {
+            req = req.header("X-Assistd-Timestamp", ts);
+        }
+        if let Some(sig) = signature {
+            req = req.header("X-Assistd-Signature", sig);
+        }
+        req.send().await.expect("webhook request")
+    }
+
+    pub async fn get_task(&self, id: i64) -> Value {
+        let resp = self
+            .http
+            .get(format!("{}/api/tasks/{id}", self.addr))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("task request");
+        assert_eq!(resp.status(), 200, "GET /api/tasks/{id}");
+        resp.json().await.unwrap()
+    }
+
+    /// Polls the task API until `pred` holds, or panics after `timeout`.
+    pub async fn wait_task(&self, id: i64, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let task = self.get_task(id).await;
+            if pred(&task) {
+                return task;
+            }
+            if Instant::now() > deadline {
+                panic!("task {id} did not reach the expected state in {timeout:?}: {task:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the task is terminal and its reply SENT.
+    pub async fn wait_replied(&self, id: i64, timeout: Duration) -> Value {
+        self.wait_task(id, timeout, |t| {
+            t["reply"]["status"] == "SENT"
+                && matches!(t["status"].as_str(), Some("SUCCEEDED" | "FAILED" | "CANCELLED"))
+        })
+        .await
+    }
+
+    /// The replies the receiver got, as JSON bodies with their idempotency keys.
+    pub async fn replies(&self) -> Vec<(String, Value)> {
+        received_replies(&self.receiver).await
+    }
+}
+
+pub async fn received_replies(receiver: &MockServer) -> Vec<(String, Value)> {
+    receiver
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.url.path() == "/reply")
+        .map(|r| {
+            let key = r
+                .headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            (key, serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+        })
+        .collect()
+}
+
+/// A webhook body for message `n` of `conversation`.
+pub fn message(conversation: &str, n: u32, text: &str) -> Value {
+    json!({
+        "event_id": format!("evt-{conversation}-{n}"),
+        "message_id": format!("msg-{conversation}-{n}"),
+        "conversation_id": conversation,
+        "sender_id": "user-1",
+        "sender_name": "Ada",
+        "text": text,
+    })
+}
+
+pub async fn task_id_of(resp: reqwest::Response) -> i64 {
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    body["task_id"].as_i64().expect("task_id")
+}
+
+pub const WAIT: Duration = Duration::from_secs(20);

@@ -1,0 +1,10 @@
+//! Integration tests: the real HTTP app against a real database (SQLite, or PostgreSQL when
+//! ASSISTD_TEST_POSTGRES_URL is set), with mock model and reply receiver.
+
+mod helpers;
+
+mod conformance;
+mod model_failures;
+mod pipeline;
+mod reply_delivery;
+mod webhook_errors;

@@ -1,0 +1,193 @@
+//! Message in → exactly one answer out.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_gets_exactly_one_reply() {
+    let app = TestApp::spawn().await;
+    let resp = app.post_message(&message("conv-a", 1, "What is the capital of France?")).await;
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["duplicate"], false);
+    let id = body["task_id"].as_i64().unwrap();
+
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED");
+    assert_eq!(task["agent"]["name"], "default");
+    assert_eq!(task["agent"]["version"], 1);
+    assert_eq!(task["result"], "answer to: What is the capital of France?");
+    let steps = task["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0]["status"], "SUCCEEDED");
+    assert_eq!(steps[0]["idempotency_key"], format!("{id}:1:chat"));
+    assert_eq!(steps[0]["tokens_in"], 11);
+    let events: Vec<&str> = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["TASK_CREATED", "TASK_RUNNING", "TASK_SUCCEEDED", "REPLY_SENT"]);
+    assert_eq!(task["reply"]["idempotency_key"], format!("agent-task-{id}"));
+
+    // Give a duplicate send the time to show up before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let replies = app.replies().await;
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    let (key, reply) = &replies[0];
+    assert_eq!(key, &format!("agent-task-{id}"));
+    assert_eq!(reply["task_id"], id);
+    assert_eq!(reply["conversation_id"], "conv-a");
+    assert_eq!(reply["in_reply_to"], "msg-conv-a-1");
+    assert_eq!(reply["type"], "text");
+    assert_eq!(reply["text"], "answer to: What is the capital of France?");
+
+    // The model got the agent's system prompt and the question.
+    let calls = app.model.received_requests().await.unwrap();
+    assert_eq!(calls.len(), 1);
+    let sent: Value = serde_json::from_slice(&calls[0].body).unwrap();
+    assert_eq!(sent["model"], "test-model");
+    assert_eq!(sent["messages"][0]["role"], "system");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_are_signed_like_inbound_webhooks() {
+    let app = TestApp::spawn().await;
+    let id = task_id_of(app.post_message(&message("conv-sig", 1, "hi")).await).await;
+    app.wait_replied(id, WAIT).await;
+    let req = &app.receiver.received_requests().await.unwrap()[0];
+    let ts = req.headers.get("x-assistd-timestamp").unwrap().to_str().unwrap();
+    let sig = req.headers.get("x-assistd-signature").unwrap().to_str().unwrap();
+    let now = assistd::domain::now_ms() / 1000;
+    assistd::channels::generic::verify(SECRET, Some(ts), Some(sig), &req.body, now, 300)
+        .expect("reply signature verifies with the shared secret");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn card_answers_go_out_as_cards() {
+    let model = MockServer::start().await;
+    let card = r#"{"card_type":"knowledge_answer","title":"Paris","answer":"Paris is the capital."}"#;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(ResponseTemplate::new(200).set_body_json(completion(card)))
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
+    let id = task_id_of(app.post_message(&message("conv-card", 1, "capital?")).await).await;
+    app.wait_replied(id, WAIT).await;
+    let replies = app.replies().await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].1["type"], "card");
+    assert_eq!(replies[0].1["card"]["card_type"], "knowledge_answer");
+    assert_eq!(replies[0].1["text"], "Paris is the capital.");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_concurrent_deliveries_make_one_task_and_one_reply() {
+    let app = TestApp::spawn().await;
+    let body = message("conv-dup", 1, "hello?");
+    let posts = (0..5).map(|_| app.post_message(&body));
+    let responses = futures::future::join_all(posts).await;
+    let mut ids = Vec::new();
+    let mut fresh = 0;
+    for resp in responses {
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        ids.push(v["task_id"].as_i64().unwrap());
+        if v["duplicate"] == false {
+            fresh += 1;
+        }
+    }
+    assert_eq!(fresh, 1, "exactly one delivery creates the task");
+    assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    app.wait_replied(ids[0], WAIT).await;
+    // A later retry by the platform, after the answer went out, is still a duplicate.
+    let again: Value = app.post_message(&body).await.json().await.unwrap();
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["task_id"], ids[0]);
+    // Same message id under a new event id is the same message too.
+    let mut other_event = body.clone();
+    other_event["event_id"] = "evt-retry-with-new-id".into();
+    let again: Value = app.post_message(&other_event).await.json().await.unwrap();
+    assert_eq!(again["duplicate"], true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(app.replies().await.len(), 1);
+    assert_eq!(app.store().intake_row_counts().await.unwrap().1, 1);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_one_conversation_are_answered_in_order_one_at_a_time() {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(DelayedEcho(Duration::from_millis(300)))
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
+    let mut ids = Vec::new();
+    for n in 1..=3 {
+        ids.push(task_id_of(app.post_message(&message("conv-order", n, &format!("question {n}"))).await).await);
+    }
+    // Another conversation is not held up by this one.
+    let other = task_id_of(app.post_message(&message("conv-other", 1, "unrelated")).await).await;
+    let mut tasks = Vec::new();
+    for id in &ids {
+        tasks.push(app.wait_replied(*id, WAIT).await);
+    }
+    app.wait_replied(other, WAIT).await;
+    for pair in tasks.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            b["started_at"].as_i64().unwrap() >= a["finished_at"].as_i64().unwrap(),
+            "task {} started before task {} finished",
+            b["id"],
+            a["id"]
+        );
+    }
+    let replies: Vec<String> = app
+        .replies()
+        .await
+        .into_iter()
+        .filter(|(_, r)| r["conversation_id"] == "conv-order")
+        .map(|(_, r)| r["in_reply_to"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(replies, ["msg-conv-order-1", "msg-conv-order-2", "msg-conv-order-3"]);
+    // The third question was asked with the first two exchanges as history.
+    let calls = app.model.received_requests().await.unwrap();
+    let third = calls
+        .iter()
+        .map(|c| serde_json::from_slice::<Value>(&c.body).unwrap())
+        .find(|b| b["messages"].as_array().unwrap().last().unwrap()["content"] == "question 3")
+        .unwrap();
+    let contents: Vec<&str> = third["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip(1)
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        contents,
+        ["question 1", "answer to: question 1", "question 2", "answer to: question 2", "question 3"]
+    );
+    app.stop().await;
+}
+
+/// Echo after a delay.
+struct DelayedEcho(Duration);
+
+impl wiremock::Respond for DelayedEcho {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        EchoModel.respond(request).set_delay(self.0)
+    }
+}

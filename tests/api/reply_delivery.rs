@@ -1,0 +1,95 @@
+//! The outbox delivers each reply once it can, always with the same idempotency key.
+
+use std::time::Duration;
+
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_waits_for_a_receiver_that_is_down_then_arrives_once() {
+    // Reserve a port and leave it closed: the receiver is down.
+    let reserved = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = reserved.local_addr().unwrap().port();
+    drop(reserved);
+    let model = MockServer::start().await;
+    Mock::given(method("POST")).and(chat_path()).respond_with(EchoModel).mount(&model).await;
+    let placeholder = MockServer::start().await;
+    let app = TestApp::spawn_with(model, placeholder, |c| {
+        c.channels.generic.reply_url = format!("http://127.0.0.1:{port}/reply");
+    })
+    .await;
+    let id = task_id_of(app.post_message(&message("c-down", 1, "hi")).await).await;
+    let task = app
+        .wait_task(id, WAIT, |t| t["reply"]["attempts"].as_i64().unwrap_or(0) >= 3)
+        .await;
+    assert_eq!(task["status"], "SUCCEEDED");
+    assert_eq!(task["reply"]["status"], "PENDING");
+    assert!(task["reply"]["last_error"].as_str().is_some());
+
+    // The receiver comes back on the same address.
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let receiver = MockServer::builder().listener(listener).start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&receiver)
+        .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert!(task["reply"]["attempts"].as_i64().unwrap() >= 4);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let replies = received_replies(&receiver).await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].0, format!("agent-task-{id}"));
+    assert_eq!(replies[0].1["text"], "answer to: hi");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_errors_are_retried_with_the_same_key() {
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(2)
+        .with_priority(1)
+        .mount(&receiver)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200))
+        .with_priority(2)
+        .mount(&receiver)
+        .await;
+    let model = MockServer::start().await;
+    Mock::given(method("POST")).and(chat_path()).respond_with(EchoModel).mount(&model).await;
+    let app = TestApp::spawn_with(model, receiver, |_| {}).await;
+    let id = task_id_of(app.post_message(&message("c-503r", 1, "hi")).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["reply"]["attempts"], 3);
+    let replies = app.replies().await;
+    assert_eq!(replies.len(), 3, "two refused tries and one accepted");
+    assert!(replies.iter().all(|(k, _)| k == &format!("agent-task-{id}")));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_is_given_up_after_max_attempts_when_configured() {
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&receiver)
+        .await;
+    let model = MockServer::start().await;
+    Mock::given(method("POST")).and(chat_path()).respond_with(EchoModel).mount(&model).await;
+    let app = TestApp::spawn_with(model, receiver, |c| c.outbox.max_attempts = 2).await;
+    let id = task_id_of(app.post_message(&message("c-giveup", 1, "hi")).await).await;
+    let task = app.wait_task(id, WAIT, |t| t["reply"]["status"] == "FAILED").await;
+    assert_eq!(task["reply"]["attempts"], 2);
+    let audit = task["audit"].as_array().unwrap();
+    let failed = audit.iter().find(|a| a["event"] == "REPLY_FAILED").expect("REPLY_FAILED audited");
+    assert_eq!(failed["risk_flag"], true);
+    app.stop().await;
+}
