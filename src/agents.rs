@@ -39,7 +39,12 @@ pub async fn publish_configured_agents(store: &Store, config: &Config) -> anyhow
         let json = serde_json::to_string(&definition)?;
         let mode = serde_json::to_value(definition.mode)?;
         let published = store
-            .publish_agent_version(name, mode.as_str().unwrap_or("single_turn"), &json, crate::domain::now_ms())
+            .publish_agent_version(
+                name,
+                mode.as_str().unwrap_or("single_turn"),
+                &json,
+                crate::domain::now_ms(),
+            )
             .await?;
         if published.created {
             tracing::info!(agent = %name, version = published.version_no, "published agent version");

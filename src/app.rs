@@ -39,7 +39,10 @@ pub struct App {
 impl App {
     pub async fn build(config: Config) -> anyhow::Result<App> {
         let store = Store::connect(&config.database).await.map_err(|e| {
-            anyhow::anyhow!("cannot open database.url {}: {e}", redact_url(&config.database.url))
+            anyhow::anyhow!(
+                "cannot open database.url {}: {e}",
+                redact_url(&config.database.url)
+            )
         })?;
         store.migrate().await?;
         crate::agents::publish_configured_agents(&store, &config).await?;
@@ -62,7 +65,12 @@ impl App {
         }
         let listener = TcpListener::bind(&config.server.listen)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on server.listen {}: {e}", config.server.listen))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot listen on server.listen {}: {e}",
+                    config.server.listen
+                )
+            })?;
         let services = Arc::new(Services {
             channels: Channels::from_config(&config)?,
             llm: OpenAiClient::new(&config.llm)?,
@@ -79,7 +87,9 @@ impl App {
 
     pub fn local_addr(&self) -> SocketAddr {
         // A bound TcpListener always has a local address.
-        self.listener.local_addr().expect("bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     pub fn services(&self) -> Arc<Services> {
@@ -101,7 +111,11 @@ impl App {
         background.spawn(crate::engine::run_workers(svc.clone(), shutdown.clone()));
         background.spawn(crate::outbox::run_outbox(svc.clone(), shutdown.clone()));
         if let Store::Postgres(pool) = &svc.store {
-            background.spawn(listen_for_tasks(svc.clone(), pool.clone(), shutdown.clone()));
+            background.spawn(listen_for_tasks(
+                svc.clone(),
+                pool.clone(),
+                shutdown.clone(),
+            ));
         }
         let router = crate::http::router(svc.clone());
         let server_shutdown = shutdown.clone();

@@ -207,11 +207,20 @@ impl Config {
         if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(invalid(
                 "server.listen",
-                format!("`{}` is not an address like 127.0.0.1:8787", self.server.listen),
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8787",
+                    self.server.listen
+                ),
             ));
         }
-        positive("server.body_limit_bytes", self.server.body_limit_bytes as u64)?;
-        positive("server.request_timeout_secs", self.server.request_timeout_secs)?;
+        positive(
+            "server.body_limit_bytes",
+            self.server.body_limit_bytes as u64,
+        )?;
+        positive(
+            "server.request_timeout_secs",
+            self.server.request_timeout_secs,
+        )?;
         let url = &self.database.url;
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres://")
@@ -222,7 +231,10 @@ impl Config {
                 "must start with sqlite:, postgres:// or postgresql://",
             ));
         }
-        positive("database.max_connections", self.database.max_connections as u64)?;
+        positive(
+            "database.max_connections",
+            self.database.max_connections as u64,
+        )?;
         http_url("llm.base_url", &self.llm.base_url)?;
         if self.llm.model.trim().is_empty() {
             return Err(invalid("llm.model", "must not be empty"));
@@ -354,10 +366,12 @@ fn apply_env(root: &mut Value, var: &str, raw: &str) -> Result<(), ConfigError> 
         };
         if i + 1 == path.len() {
             let value = match table.get(segment) {
-                Some(existing) => typed_like(existing, raw).map_err(|message| ConfigError::Env {
-                    var: var.to_string(),
-                    message,
-                })?,
+                Some(existing) => {
+                    typed_like(existing, raw).map_err(|message| ConfigError::Env {
+                        var: var.to_string(),
+                        message,
+                    })?
+                }
                 None => Value::String(raw.to_string()),
             };
             table.insert(segment.clone(), value);

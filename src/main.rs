@@ -10,7 +10,11 @@ use tracing_subscriber::EnvFilter;
 use assistd::config::{Config, LogFormat};
 
 #[derive(Parser)]
-#[command(name = "assistd", version, about = "Durable AI assistant backend for chat platforms")]
+#[command(
+    name = "assistd",
+    version,
+    about = "Durable AI assistant backend for chat platforms"
+)]
 struct Cli {
     /// TOML file laid over config/default.toml (environment variables still win).
     #[arg(long, global = true, env = "ASSISTD_CONFIG")]

@@ -27,7 +27,10 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// `v1=<hex>` for `body` sent at `timestamp` (unix seconds).
 pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
-    format!("{SIGNATURE_VERSION}{}", hex::encode(mac(secret, timestamp, body).finalize().into_bytes()))
+    format!(
+        "{SIGNATURE_VERSION}{}",
+        hex::encode(mac(secret, timestamp, body).finalize().into_bytes())
+    )
 }
 
 fn mac(secret: &str, timestamp: i64, body: &[u8]) -> HmacSha256 {
@@ -85,7 +88,9 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.len() <= MAX_ID_LEN => Some(s.clone()),
         Some(Value::String(_)) => {
-            return Err(format!("field `sender_name` is longer than {MAX_ID_LEN} bytes"));
+            return Err(format!(
+                "field `sender_name` is longer than {MAX_ID_LEN} bytes"
+            ));
         }
         Some(_) => return Err("field `sender_name` must be a string".into()),
     };
@@ -219,11 +224,14 @@ mod tests {
 
     #[test]
     fn parse_names_the_field() {
-        let e = parse(br#"{"event_id":"e","message_id":"m","conversation_id":"c","sender_id":"s"}"#)
-            .unwrap_err();
+        let e =
+            parse(br#"{"event_id":"e","message_id":"m","conversation_id":"c","sender_id":"s"}"#)
+                .unwrap_err();
         assert!(e.contains("`text`"), "{e}");
-        let e = parse(br#"{"event_id":"e","message_id":7,"conversation_id":"c","sender_id":"s","text":"t"}"#)
-            .unwrap_err();
+        let e = parse(
+            br#"{"event_id":"e","message_id":7,"conversation_id":"c","sender_id":"s","text":"t"}"#,
+        )
+        .unwrap_err();
         assert!(e.contains("`message_id`"), "{e}");
         assert!(parse(b"not json").unwrap_err().contains("JSON"));
     }

@@ -11,8 +11,8 @@ use tracing::Instrument;
 
 use crate::app::Services;
 use crate::domain::now_ms;
-use crate::store::tasks::{ClaimedTask, Fence};
 use crate::store::StoreError;
+use crate::store::tasks::{ClaimedTask, Fence};
 
 pub mod backoff;
 pub mod reply;
@@ -52,7 +52,11 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
         let want = free.min(worker.claim_batch);
         let now = now_ms();
         let lease_until = now + worker.lease().as_millis() as i64;
-        let claimed = match svc.store.claim_tasks(&svc.instance_id, want, lease_until, now).await {
+        let claimed = match svc
+            .store
+            .claim_tasks(&svc.instance_id, want, lease_until, now)
+            .await
+        {
             Ok(claimed) => claimed,
             Err(e) => {
                 tracing::warn!(error = %e, "claiming tasks failed; will retry");
@@ -65,7 +69,10 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
         let got = claimed.len();
         for task in claimed {
             // Safe: at most `free` tasks were claimed and only this loop takes permits.
-            let permit = permits.clone().try_acquire_owned().expect("permit reserved by claim size");
+            let permit = permits
+                .clone()
+                .try_acquire_owned()
+                .expect("permit reserved by claim size");
             let svc = svc.clone();
             let shutdown = shutdown.clone();
             let span = tracing::info_span!("task", task_id = task.id);
@@ -90,7 +97,10 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
     }
     let grace = Duration::from_secs(worker.shutdown_grace_secs);
     let all = worker.concurrency as u32;
-    if tokio::time::timeout(grace, permits.acquire_many(all)).await.is_err() {
+    if tokio::time::timeout(grace, permits.acquire_many(all))
+        .await
+        .is_err()
+    {
         tracing::warn!(
             in_flight = worker.concurrency - permits.available_permits(),
             "shutdown grace period over; unfinished tasks will be resumed after their lease"
@@ -122,7 +132,9 @@ async fn run_claimed(svc: Arc<Services>, task: ClaimedTask, shutdown: Cancellati
         Err(e) if shutdown.is_cancelled() => {
             tracing::info!(error = %e, "interrupted during shutdown; the task resumes after restart")
         }
-        Err(e) => tracing::error!(error = %e, "task run aborted; it resumes when its lease expires"),
+        Err(e) => {
+            tracing::error!(error = %e, "task run aborted; it resumes when its lease expires")
+        }
     }
 }
 
@@ -137,10 +149,17 @@ async fn heartbeat(svc: Arc<Services>, fence: Fence, lost: CancellationToken) {
             _ = lost.cancelled() => return,
         }
         let now = now_ms();
-        match svc.store.renew_lease(&fence, now + lease.as_millis() as i64, now).await {
+        match svc
+            .store
+            .renew_lease(&fence, now + lease.as_millis() as i64, now)
+            .await
+        {
             Ok(true) => {}
             Ok(false) => {
-                tracing::warn!(task_id = fence.task_id, "lease renewal refused: ownership lost");
+                tracing::warn!(
+                    task_id = fence.task_id,
+                    "lease renewal refused: ownership lost"
+                );
                 lost.cancel();
                 return;
             }

@@ -60,7 +60,8 @@ mod tests {
         assert_eq!(t, ReplyType::Card);
         assert_eq!(c["text"], "A");
         assert_eq!(c["card"]["title"], "T");
-        let (t, _) = compose_answer("```json\n{\"card_type\":\"agent_result\",\"summary\":\"s\"}\n```");
+        let (t, _) =
+            compose_answer("```json\n{\"card_type\":\"agent_result\",\"summary\":\"s\"}\n```");
         assert_eq!(t, ReplyType::Card);
         let (t, _) = compose_answer(r#"{"card_type":"other"}"#);
         assert_eq!(t, ReplyType::Text);

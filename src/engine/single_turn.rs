@@ -9,9 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::{RunError, backoff, reply};
 use crate::agents::AgentDefinition;
 use crate::app::Services;
-use crate::domain::{
-    ReplyType, StepStatus, StepType, TaskStatus, now_ms, step_key,
-};
+use crate::domain::{ReplyType, StepStatus, StepType, TaskStatus, now_ms, step_key};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError};
 use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, TaskOutcome};
 
@@ -190,7 +188,11 @@ async fn call_with_retries(
     let mut attempt = tries_before;
     loop {
         attempt += 1;
-        if !svc.store.record_step_attempt(fence, step_id, attempt).await? {
+        if !svc
+            .store
+            .record_step_attempt(fence, step_id, attempt)
+            .await?
+        {
             return Err(RunError::LostLease);
         }
         let result = tokio::select! {

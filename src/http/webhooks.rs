@@ -56,7 +56,9 @@ async fn generic_webhook(
 ) -> Result<Json<Value>, ApiError> {
     let cfg = &svc.config.channels.generic;
     if !cfg.enabled || cfg.secret.is_empty() {
-        return Err(ApiError::NotFound("the generic channel is not configured".into()));
+        return Err(ApiError::NotFound(
+            "the generic channel is not configured".into(),
+        ));
     }
     let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
     generic::verify(
@@ -75,5 +77,7 @@ async fn generic_webhook(
             IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
             IntakeError::Store(s) => s.into(),
         })?;
-    Ok(Json(json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate })))
+    Ok(Json(
+        json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }),
+    ))
 }

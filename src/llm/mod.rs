@@ -123,7 +123,10 @@ fn classify_transport(e: reqwest::Error) -> LlmError {
             format!("model endpoint unreachable (check llm.base_url): {e}"),
         )
     } else {
-        LlmError::new(FailureType::ProviderError, format!("model call failed: {e}"))
+        LlmError::new(
+            FailureType::ProviderError,
+            format!("model call failed: {e}"),
+        )
     }
 }
 
@@ -148,7 +151,10 @@ fn classify_status(status: u16, body: &str) -> LlmError {
         }
         _ => FailureType::Unknown,
     };
-    LlmError::new(failure_type, format!("model answered HTTP {status}: {snippet}"))
+    LlmError::new(
+        failure_type,
+        format!("model answered HTTP {status}: {snippet}"),
+    )
 }
 
 fn parse_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
@@ -184,7 +190,10 @@ fn parse_completion(body: &str) -> Result<ChatResponse, LlmError> {
         )
     })?;
     let choice = completion.choices.into_iter().next().ok_or_else(|| {
-        LlmError::new(FailureType::InvalidResponse, "model response has no choices")
+        LlmError::new(
+            FailureType::InvalidResponse,
+            "model response has no choices",
+        )
     })?;
     if choice.finish_reason.as_deref() == Some("content_filter") {
         return Err(LlmError::new(
@@ -211,9 +220,18 @@ mod tests {
 
     #[test]
     fn statuses_map_to_failure_types() {
-        assert_eq!(classify_status(429, "").failure_type, FailureType::RateLimited);
-        assert_eq!(classify_status(401, "").failure_type, FailureType::AuthFailed);
-        assert_eq!(classify_status(503, "").failure_type, FailureType::ProviderError);
+        assert_eq!(
+            classify_status(429, "").failure_type,
+            FailureType::RateLimited
+        );
+        assert_eq!(
+            classify_status(401, "").failure_type,
+            FailureType::AuthFailed
+        );
+        assert_eq!(
+            classify_status(503, "").failure_type,
+            FailureType::ProviderError
+        );
         assert_eq!(
             classify_status(400, r#"{"error":{"code":"context_length_exceeded"}}"#).failure_type,
             FailureType::ContextTooLong
@@ -234,7 +252,9 @@ mod tests {
             FailureType::InvalidResponse
         );
         assert_eq!(
-            parse_completion(r#"{"choices":[]}"#).unwrap_err().failure_type,
+            parse_completion(r#"{"choices":[]}"#)
+                .unwrap_err()
+                .failure_type,
             FailureType::InvalidResponse
         );
     }

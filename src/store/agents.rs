@@ -74,15 +74,15 @@ impl Store {
             .bind(agent_id)
             .fetch_optional(&mut *tx)
             .await?;
-            if let Some((version_id, version_no, current)) = &latest {
-                if current == definition {
-                    return Ok(Published {
-                        agent_id,
-                        version_id: *version_id,
-                        version_no: *version_no,
-                        created: false,
-                    });
-                }
+            if let Some((version_id, version_no, current)) = &latest
+                && current == definition
+            {
+                return Ok(Published {
+                    agent_id,
+                    version_id: *version_id,
+                    version_no: *version_no,
+                    created: false,
+                });
             }
             let version_no = latest.map(|l| l.1).unwrap_or(0) + 1;
             let (version_id,): (i64,) = sqlx::query_as(

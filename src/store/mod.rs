@@ -7,7 +7,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 use crate::config::DatabaseConfig;
 
@@ -40,12 +42,12 @@ impl From<sqlx::Error> for StoreError {
                 return StoreError::UniqueViolation(db.message().to_string());
             }
             // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
-            if let Some(code) = db.code() {
-                if let Ok(n) = code.parse::<i64>() {
-                    if matches!(n & 0xff, 5 | 6) {
-                        return StoreError::Busy;
-                    }
-                }
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                && let Some(code) = db.code()
+                && let Ok(n) = code.parse::<i64>()
+                && matches!(n & 0xff, 5 | 6)
+            {
+                return StoreError::Busy;
             }
         }
         StoreError::Database(e)
@@ -116,12 +118,12 @@ impl Store {
                 .busy_timeout(Duration::from_millis(config.sqlite_busy_timeout_ms))
                 .foreign_keys(true)
                 .pragma("temp_store", "memory");
-            if let Some(parent) = options.get_filename().parent() {
-                if !parent.as_os_str().is_empty() {
-                    std::fs::create_dir_all(parent).map_err(|e| {
-                        anyhow::anyhow!("cannot create database folder {}: {e}", parent.display())
-                    })?;
-                }
+            if let Some(parent) = options.get_filename().parent()
+                && !parent.as_os_str().is_empty()
+            {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    anyhow::anyhow!("cannot create database folder {}: {e}", parent.display())
+                })?;
             }
             let pool = SqlitePoolOptions::new()
                 .max_connections(config.max_connections)
@@ -178,14 +180,12 @@ impl Store {
         match self {
             Store::Sqlite(pool) => {
                 let text = format!("EXPLAIN QUERY PLAN {sql}");
-                let rows = sqlx::query(&text).fetch_all(pool)
-                    .await?;
+                let rows = sqlx::query(&text).fetch_all(pool).await?;
                 Ok(rows.iter().map(|r| r.get::<String, _>("detail")).collect())
             }
             Store::Postgres(pool) => {
                 let text = format!("EXPLAIN {sql}");
-                let rows = sqlx::query(&text).fetch_all(pool)
-                    .await?;
+                let rows = sqlx::query(&text).fetch_all(pool).await?;
                 Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
             }
         }

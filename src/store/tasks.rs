@@ -240,7 +240,12 @@ impl Store {
     }
 
     /// Extends the lease of a task this worker still owns; false = ownership lost.
-    pub async fn renew_lease(&self, fence: &Fence, lease_until: i64, now: i64) -> StoreResult<bool> {
+    pub async fn renew_lease(
+        &self,
+        fence: &Fence,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
             sqlx::query(
                 "UPDATE agent_task SET lease_expire = $1, updated_at = $2 \
@@ -457,7 +462,8 @@ impl Store {
     }
 
     pub async fn task_steps(&self, task_id: i64) -> StoreResult<Vec<StepRow>> {
-        let sql = format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE task_id = $1 ORDER BY step_no");
+        let sql =
+            format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE task_id = $1 ORDER BY step_no");
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, StepRow>(&sql).bind(task_id).fetch_all(pool).await?
         }))

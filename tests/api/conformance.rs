@@ -15,7 +15,9 @@ async fn fresh_store() -> (TestDb, Store) {
     cfg.database.max_connections = 8;
     let store = Store::connect(&cfg.database).await.unwrap();
     store.migrate().await.unwrap();
-    assistd::agents::publish_configured_agents(&store, &cfg).await.unwrap();
+    assistd::agents::publish_configured_agents(&store, &cfg)
+        .await
+        .unwrap();
     (db, store)
 }
 
@@ -56,18 +58,32 @@ const LEASE: i64 = 30_000;
 async fn duplicates_are_refused_by_the_database() {
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let first = store.ingest_message(&msg("c", 1), "default", now).await.unwrap();
+    let first = store
+        .ingest_message(&msg("c", 1), "default", now)
+        .await
+        .unwrap();
     assert!(!first.duplicate);
-    let again = store.ingest_message(&msg("c", 1), "default", now).await.unwrap();
+    let again = store
+        .ingest_message(&msg("c", 1), "default", now)
+        .await
+        .unwrap();
     assert!(again.duplicate);
     assert_eq!(again.task_id, first.task_id);
     let mut same_event = msg("c", 2);
     same_event.event_id = "e-c-1".into();
-    let dup = store.ingest_message(&same_event, "default", now).await.unwrap();
+    let dup = store
+        .ingest_message(&same_event, "default", now)
+        .await
+        .unwrap();
     assert!(dup.duplicate);
     assert_eq!(store.intake_row_counts().await.unwrap(), (1, 1, 1));
     // Unknown agent: nothing written.
-    assert!(store.ingest_message(&msg("c", 9), "nobody", now).await.is_err());
+    assert!(
+        store
+            .ingest_message(&msg("c", 9), "nobody", now)
+            .await
+            .is_err()
+    );
     assert_eq!(store.intake_row_counts().await.unwrap(), (1, 1, 1));
     store.close().await;
     db.drop_db().await;
@@ -80,7 +96,12 @@ async fn concurrent_ingest_of_one_message_makes_one_task() {
     let handles: Vec<_> = (0..8)
         .map(|_| {
             let store = store.clone();
-            tokio::spawn(async move { store.ingest_message(&msg("c", 1), "default", now).await.unwrap() })
+            tokio::spawn(async move {
+                store
+                    .ingest_message(&msg("c", 1), "default", now)
+                    .await
+                    .unwrap()
+            })
         })
         .collect();
     let mut fresh = 0;
@@ -100,9 +121,21 @@ async fn concurrent_ingest_of_one_message_makes_one_task() {
 async fn claims_take_the_oldest_task_of_each_conversation_only() {
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let a1 = store.ingest_message(&msg("a", 1), "default", now).await.unwrap().task_id;
-    let a2 = store.ingest_message(&msg("a", 2), "default", now).await.unwrap().task_id;
-    let b1 = store.ingest_message(&msg("b", 1), "default", now).await.unwrap().task_id;
+    let a1 = store
+        .ingest_message(&msg("a", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let a2 = store
+        .ingest_message(&msg("a", 2), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let b1 = store
+        .ingest_message(&msg("b", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
     let claimed = store.claim_tasks("w1", 10, now + LEASE, now).await.unwrap();
     let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
     assert_eq!(ids, [a1, b1]);
@@ -110,9 +143,19 @@ async fn claims_take_the_oldest_task_of_each_conversation_only() {
     let task = store.task(a1).await.unwrap().unwrap();
     assert_eq!(task.status, TaskStatus::Running);
     assert!(task.workflow_snapshot.unwrap().contains("system_prompt"));
-    assert!(store.claim_tasks("w2", 10, now + LEASE, now).await.unwrap().is_empty());
+    assert!(
+        store
+            .claim_tasks("w2", 10, now + LEASE, now)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
-    let fence = Fence { task_id: a1, owner: "w1".into(), version: claimed[0].version };
+    let fence = Fence {
+        task_id: a1,
+        owner: "w1".into(),
+        version: claimed[0].version,
+    };
     assert!(store.finish_task(&fence, &outcome(), now).await.unwrap());
     let next = store.claim_tasks("w2", 10, now + LEASE, now).await.unwrap();
     assert_eq!(next.iter().map(|c| c.id).collect::<Vec<_>>(), [a2]);
@@ -126,14 +169,20 @@ async fn concurrent_claimers_never_run_two_tasks_of_one_conversation() {
     let now = now_ms();
     for conv in 0..4 {
         for n in 0..5 {
-            store.ingest_message(&msg(&format!("c{conv}"), n), "default", now).await.unwrap();
+            store
+                .ingest_message(&msg(&format!("c{conv}"), n), "default", now)
+                .await
+                .unwrap();
         }
     }
     let handles: Vec<_> = (0..8)
         .map(|w| {
             let store = store.clone();
             tokio::spawn(async move {
-                store.claim_tasks(&format!("w{w}"), 3, now + LEASE, now).await.unwrap_or_default()
+                store
+                    .claim_tasks(&format!("w{w}"), 3, now + LEASE, now)
+                    .await
+                    .unwrap_or_default()
             })
         })
         .collect();
@@ -146,7 +195,10 @@ async fn concurrent_claimers_never_run_two_tasks_of_one_conversation() {
         let t = store.task(c.id).await.unwrap().unwrap();
         *per_conversation.entry(t.conversation_id).or_default() += 1;
     }
-    assert!(per_conversation.values().all(|n| *n == 1), "{per_conversation:?}");
+    assert!(
+        per_conversation.values().all(|n| *n == 1),
+        "{per_conversation:?}"
+    );
     assert_eq!(claimed.len(), 4);
     store.close().await;
     db.drop_db().await;
@@ -156,22 +208,60 @@ async fn concurrent_claimers_never_run_two_tasks_of_one_conversation() {
 async fn a_worker_that_lost_its_lease_cannot_write() {
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let id = store.ingest_message(&msg("c", 1), "default", now).await.unwrap().task_id;
-    let first = store.claim_tasks("old", 1, now + 1_000, now).await.unwrap().remove(0);
-    let old = Fence { task_id: id, owner: "old".into(), version: first.version };
+    let id = store
+        .ingest_message(&msg("c", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let first = store
+        .claim_tasks("old", 1, now + 1_000, now)
+        .await
+        .unwrap()
+        .remove(0);
+    let old = Fence {
+        task_id: id,
+        owner: "old".into(),
+        version: first.version,
+    };
     // Not expired yet: nobody else can take it.
-    assert!(store.claim_tasks("new", 1, now + LEASE, now + 500).await.unwrap().is_empty());
+    assert!(
+        store
+            .claim_tasks("new", 1, now + LEASE, now + 500)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // Expired: another instance takes it over.
     let later = now + 2_000;
-    let second = store.claim_tasks("new", 1, later + LEASE, later).await.unwrap().remove(0);
+    let second = store
+        .claim_tasks("new", 1, later + LEASE, later)
+        .await
+        .unwrap()
+        .remove(0);
     assert_eq!(second.id, id);
     assert_eq!(second.claim_count, 2);
-    let new = Fence { task_id: id, owner: "new".into(), version: second.version };
+    let new = Fence {
+        task_id: id,
+        owner: "new".into(),
+        version: second.version,
+    };
 
     assert!(!store.renew_lease(&old, later + LEASE, later).await.unwrap());
     let key = format!("{id}:1:chat");
-    let step = NewStep { step_no: 1, step_type: StepType::Llm, tool_name: "chat", idempotency_key: &key, input: "{}" };
-    assert!(store.begin_step(&old, &step, later).await.unwrap().is_none());
+    let step = NewStep {
+        step_no: 1,
+        step_type: StepType::Llm,
+        tool_name: "chat",
+        idempotency_key: &key,
+        input: "{}",
+    };
+    assert!(
+        store
+            .begin_step(&old, &step, later)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let row = store.begin_step(&new, &step, later).await.unwrap().unwrap();
     assert_eq!(row.status, StepStatus::Pending);
     assert!(!store.record_step_attempt(&old, row.id, 1).await.unwrap());
@@ -186,13 +276,25 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
         tokens_out: None,
         duration_ms: 1,
     });
-    assert!(!store.finish_task(&old, &done, later).await.unwrap(), "the old owner's result is refused");
-    assert!(store.task_reply(id).await.unwrap().is_none(), "and wrote no reply");
+    assert!(
+        !store.finish_task(&old, &done, later).await.unwrap(),
+        "the old owner's result is refused"
+    );
+    assert!(
+        store.task_reply(id).await.unwrap().is_none(),
+        "and wrote no reply"
+    );
     assert!(store.finish_task(&new, &done, later).await.unwrap());
-    assert!(!store.finish_task(&new, &done, later).await.unwrap(), "finishing twice is refused");
+    assert!(
+        !store.finish_task(&new, &done, later).await.unwrap(),
+        "finishing twice is refused"
+    );
     let reply = store.task_reply(id).await.unwrap().unwrap();
     assert_eq!(reply.idempotency_key, format!("agent-task-{id}"));
-    assert_eq!(store.task_steps(id).await.unwrap()[0].status, StepStatus::Succeeded);
+    assert_eq!(
+        store.task_steps(id).await.unwrap()[0].status,
+        StepStatus::Succeeded
+    );
     store.close().await;
     db.drop_db().await;
 }
@@ -202,22 +304,50 @@ async fn a_changed_agent_definition_becomes_a_new_version() {
     let (db, store) = fresh_store().await;
     let mut cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     // Unchanged: still version 1.
-    assistd::agents::publish_configured_agents(&store, &cfg).await.unwrap();
-    assert_eq!(store.current_agent_version("default").await.unwrap().unwrap().version_no, 1);
+    assistd::agents::publish_configured_agents(&store, &cfg)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .current_agent_version("default")
+            .await
+            .unwrap()
+            .unwrap()
+            .version_no,
+        1
+    );
     let now = now_ms();
-    let t1 = store.ingest_message(&msg("c", 1), "default", now).await.unwrap().task_id;
+    let t1 = store
+        .ingest_message(&msg("c", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
     cfg.agents.get_mut("default").unwrap().system_prompt = "You are terse.".into();
-    assistd::agents::publish_configured_agents(&store, &cfg).await.unwrap();
-    let v2 = store.current_agent_version("default").await.unwrap().unwrap();
+    assistd::agents::publish_configured_agents(&store, &cfg)
+        .await
+        .unwrap();
+    let v2 = store
+        .current_agent_version("default")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(v2.version_no, 2);
     assert!(v2.definition.contains("You are terse."));
-    let t2 = store.ingest_message(&msg("c", 2), "default", now).await.unwrap().task_id;
+    let t2 = store
+        .ingest_message(&msg("c", 2), "default", now)
+        .await
+        .unwrap()
+        .task_id;
     let task1 = store.task(t1).await.unwrap().unwrap();
     let task2 = store.task(t2).await.unwrap().unwrap();
     assert_ne!(task1.agent_version_id, task2.agent_version_id);
     assert_eq!(task2.agent_version_id, v2.id);
     // Version 1 is untouched.
-    let v1 = store.agent_version(task1.agent_version_id).await.unwrap().unwrap();
+    let v1 = store
+        .agent_version(task1.agent_version_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!v1.definition.contains("You are terse."));
     store.close().await;
     db.drop_db().await;
@@ -238,7 +368,8 @@ async fn hot_statements_use_indexes_on_sqlite() {
     assert!(plan.contains("agent_task_running"), "{plan}");
     assert!(plan.contains("agent_task_active_conversation"), "{plan}");
     assert!(
-        plan.split(" | ").all(|step| !step.starts_with("SCAN") || step.contains("USING")),
+        plan.split(" | ")
+            .all(|step| !step.starts_with("SCAN") || step.contains("USING")),
         "no full table scan: {plan}"
     );
     let plan = store

@@ -253,7 +253,12 @@ impl TestApp {
     }
 
     /// Polls the task API until `pred` holds, or panics after `timeout`.
-    pub async fn wait_task(&self, id: i64, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+    pub async fn wait_task(
+        &self,
+        id: i64,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
             let task = self.get_task(id).await;
@@ -271,7 +276,10 @@ impl TestApp {
     pub async fn wait_replied(&self, id: i64, timeout: Duration) -> Value {
         self.wait_task(id, timeout, |t| {
             t["reply"]["status"] == "SENT"
-                && matches!(t["status"].as_str(), Some("SUCCEEDED" | "FAILED" | "CANCELLED"))
+                && matches!(
+                    t["status"].as_str(),
+                    Some("SUCCEEDED" | "FAILED" | "CANCELLED")
+                )
         })
         .await
     }

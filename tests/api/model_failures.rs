@@ -60,7 +60,12 @@ async fn auth_failure_fails_at_once_with_one_notice() {
     assert_eq!(task["failure_type"], "AUTH_FAILED");
     assert!(task["error"].as_str().unwrap().contains("401"));
     assert_eq!(task["steps"][0]["status"], "FAILED");
-    let events: Vec<&str> = task["audit"].as_array().unwrap().iter().map(|a| a["event"].as_str().unwrap()).collect();
+    let events: Vec<&str> = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["event"].as_str().unwrap())
+        .collect();
     assert!(events.contains(&"TASK_FAILED"), "{events:?}");
     // Not transient: one call only.
     assert_eq!(app.model.received_requests().await.unwrap().len(), 1);
@@ -69,7 +74,10 @@ async fn auth_failure_fails_at_once_with_one_notice() {
     assert_eq!(replies.len(), 1, "exactly one failure notice");
     assert_eq!(replies[0].0, format!("agent-task-{id}"));
     let text = replies[0].1["text"].as_str().unwrap();
-    assert!(text.contains("AUTH_FAILED") && text.contains(&id.to_string()), "{text}");
+    assert!(
+        text.contains("AUTH_FAILED") && text.contains(&id.to_string()),
+        "{text}"
+    );
     app.stop().await;
 }
 
@@ -78,7 +86,11 @@ async fn model_timeout_is_retried_then_fails_as_timeout() {
     let model = MockServer::start().await;
     Mock::given(method("POST"))
         .and(chat_path())
-        .respond_with(ResponseTemplate::new(200).set_body_json(completion("late")).set_delay(Duration::from_secs(3)))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(completion("late"))
+                .set_delay(Duration::from_secs(3)),
+        )
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {

@@ -11,7 +11,9 @@ use crate::helpers::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_gets_exactly_one_reply() {
     let app = TestApp::spawn().await;
-    let resp = app.post_message(&message("conv-a", 1, "What is the capital of France?")).await;
+    let resp = app
+        .post_message(&message("conv-a", 1, "What is the capital of France?"))
+        .await;
     assert_eq!(resp.status(), 200);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["duplicate"], false);
@@ -33,7 +35,15 @@ async fn a_message_gets_exactly_one_reply() {
         .iter()
         .map(|a| a["event"].as_str().unwrap())
         .collect();
-    assert_eq!(events, ["TASK_CREATED", "TASK_RUNNING", "TASK_SUCCEEDED", "REPLY_SENT"]);
+    assert_eq!(
+        events,
+        [
+            "TASK_CREATED",
+            "TASK_RUNNING",
+            "TASK_SUCCEEDED",
+            "REPLY_SENT"
+        ]
+    );
     assert_eq!(task["reply"]["idempotency_key"], format!("agent-task-{id}"));
 
     // Give a duplicate send the time to show up before counting.
@@ -63,8 +73,18 @@ async fn replies_are_signed_like_inbound_webhooks() {
     let id = task_id_of(app.post_message(&message("conv-sig", 1, "hi")).await).await;
     app.wait_replied(id, WAIT).await;
     let req = &app.receiver.received_requests().await.unwrap()[0];
-    let ts = req.headers.get("x-assistd-timestamp").unwrap().to_str().unwrap();
-    let sig = req.headers.get("x-assistd-signature").unwrap().to_str().unwrap();
+    let ts = req
+        .headers
+        .get("x-assistd-timestamp")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let sig = req
+        .headers
+        .get("x-assistd-signature")
+        .unwrap()
+        .to_str()
+        .unwrap();
     let now = assistd::domain::now_ms() / 1000;
     assistd::channels::generic::verify(SECRET, Some(ts), Some(sig), &req.body, now, 300)
         .expect("reply signature verifies with the shared secret");
@@ -74,7 +94,8 @@ async fn replies_are_signed_like_inbound_webhooks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn card_answers_go_out_as_cards() {
     let model = MockServer::start().await;
-    let card = r#"{"card_type":"knowledge_answer","title":"Paris","answer":"Paris is the capital."}"#;
+    let card =
+        r#"{"card_type":"knowledge_answer","title":"Paris","answer":"Paris is the capital."}"#;
     Mock::given(method("POST"))
         .and(chat_path())
         .respond_with(ResponseTemplate::new(200).set_body_json(completion(card)))
@@ -136,10 +157,20 @@ async fn messages_of_one_conversation_are_answered_in_order_one_at_a_time() {
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let mut ids = Vec::new();
     for n in 1..=3 {
-        ids.push(task_id_of(app.post_message(&message("conv-order", n, &format!("question {n}"))).await).await);
+        ids.push(
+            task_id_of(
+                app.post_message(&message("conv-order", n, &format!("question {n}")))
+                    .await,
+            )
+            .await,
+        );
     }
     // Another conversation is not held up by this one.
-    let other = task_id_of(app.post_message(&message("conv-other", 1, "unrelated")).await).await;
+    let other = task_id_of(
+        app.post_message(&message("conv-other", 1, "unrelated"))
+            .await,
+    )
+    .await;
     let mut tasks = Vec::new();
     for id in &ids {
         tasks.push(app.wait_replied(*id, WAIT).await);
@@ -161,7 +192,10 @@ async fn messages_of_one_conversation_are_answered_in_order_one_at_a_time() {
         .filter(|(_, r)| r["conversation_id"] == "conv-order")
         .map(|(_, r)| r["in_reply_to"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(replies, ["msg-conv-order-1", "msg-conv-order-2", "msg-conv-order-3"]);
+    assert_eq!(
+        replies,
+        ["msg-conv-order-1", "msg-conv-order-2", "msg-conv-order-3"]
+    );
     // The third question was asked with the first two exchanges as history.
     let calls = app.model.received_requests().await.unwrap();
     let third = calls
@@ -178,7 +212,13 @@ async fn messages_of_one_conversation_are_answered_in_order_one_at_a_time() {
         .collect();
     assert_eq!(
         contents,
-        ["question 1", "answer to: question 1", "question 2", "answer to: question 2", "question 3"]
+        [
+            "question 1",
+            "answer to: question 1",
+            "question 2",
+            "answer to: question 2",
+            "question 3"
+        ]
     );
     app.stop().await;
 }

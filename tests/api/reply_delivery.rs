@@ -14,7 +14,11 @@ async fn reply_waits_for_a_receiver_that_is_down_then_arrives_once() {
     let port = reserved.local_addr().unwrap().port();
     drop(reserved);
     let model = MockServer::start().await;
-    Mock::given(method("POST")).and(chat_path()).respond_with(EchoModel).mount(&model).await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .mount(&model)
+        .await;
     let placeholder = MockServer::start().await;
     let app = TestApp::spawn_with(model, placeholder, |c| {
         c.channels.generic.reply_url = format!("http://127.0.0.1:{port}/reply");
@@ -22,7 +26,9 @@ async fn reply_waits_for_a_receiver_that_is_down_then_arrives_once() {
     .await;
     let id = task_id_of(app.post_message(&message("c-down", 1, "hi")).await).await;
     let task = app
-        .wait_task(id, WAIT, |t| t["reply"]["attempts"].as_i64().unwrap_or(0) >= 3)
+        .wait_task(id, WAIT, |t| {
+            t["reply"]["attempts"].as_i64().unwrap_or(0) >= 3
+        })
         .await;
     assert_eq!(task["status"], "SUCCEEDED");
     assert_eq!(task["reply"]["status"], "PENDING");
@@ -63,14 +69,22 @@ async fn receiver_errors_are_retried_with_the_same_key() {
         .mount(&receiver)
         .await;
     let model = MockServer::start().await;
-    Mock::given(method("POST")).and(chat_path()).respond_with(EchoModel).mount(&model).await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .mount(&model)
+        .await;
     let app = TestApp::spawn_with(model, receiver, |_| {}).await;
     let id = task_id_of(app.post_message(&message("c-503r", 1, "hi")).await).await;
     let task = app.wait_replied(id, WAIT).await;
     assert_eq!(task["reply"]["attempts"], 3);
     let replies = app.replies().await;
     assert_eq!(replies.len(), 3, "two refused tries and one accepted");
-    assert!(replies.iter().all(|(k, _)| k == &format!("agent-task-{id}")));
+    assert!(
+        replies
+            .iter()
+            .all(|(k, _)| k == &format!("agent-task-{id}"))
+    );
     app.stop().await;
 }
 
@@ -83,13 +97,22 @@ async fn a_reply_is_given_up_after_max_attempts_when_configured() {
         .mount(&receiver)
         .await;
     let model = MockServer::start().await;
-    Mock::given(method("POST")).and(chat_path()).respond_with(EchoModel).mount(&model).await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .mount(&model)
+        .await;
     let app = TestApp::spawn_with(model, receiver, |c| c.outbox.max_attempts = 2).await;
     let id = task_id_of(app.post_message(&message("c-giveup", 1, "hi")).await).await;
-    let task = app.wait_task(id, WAIT, |t| t["reply"]["status"] == "FAILED").await;
+    let task = app
+        .wait_task(id, WAIT, |t| t["reply"]["status"] == "FAILED")
+        .await;
     assert_eq!(task["reply"]["attempts"], 2);
     let audit = task["audit"].as_array().unwrap();
-    let failed = audit.iter().find(|a| a["event"] == "REPLY_FAILED").expect("REPLY_FAILED audited");
+    let failed = audit
+        .iter()
+        .find(|a| a["event"] == "REPLY_FAILED")
+        .expect("REPLY_FAILED audited");
     assert_eq!(failed["risk_flag"], true);
     app.stop().await;
 }

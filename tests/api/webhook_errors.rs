@@ -15,19 +15,28 @@ async fn bad_signature_stale_timestamp_and_missing_headers_get_401() {
     let now = assistd::domain::now_ms() / 1000;
 
     let wrong = assistd::channels::generic::sign("not-the-secret", now, &raw);
-    let resp = app.post_raw(raw.clone(), Some(now.to_string()), Some(wrong)).await;
+    let resp = app
+        .post_raw(raw.clone(), Some(now.to_string()), Some(wrong))
+        .await;
     assert_eq!(resp.status(), 401);
     let body: Value = resp.json().await.unwrap();
-    assert!(body["error"].as_str().unwrap().contains("signature"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("signature"),
+        "{body}"
+    );
 
     let stale_ts = now - 301;
     let stale = assistd::channels::generic::sign(SECRET, stale_ts, &raw);
-    let resp = app.post_raw(raw.clone(), Some(stale_ts.to_string()), Some(stale)).await;
+    let resp = app
+        .post_raw(raw.clone(), Some(stale_ts.to_string()), Some(stale))
+        .await;
     assert_eq!(resp.status(), 401);
 
     let future_ts = now + 301;
     let future = assistd::channels::generic::sign(SECRET, future_ts, &raw);
-    let resp = app.post_raw(raw.clone(), Some(future_ts.to_string()), Some(future)).await;
+    let resp = app
+        .post_raw(raw.clone(), Some(future_ts.to_string()), Some(future))
+        .await;
     assert_eq!(resp.status(), 401);
 
     let resp = app.post_raw(raw.clone(), None, None).await;
@@ -35,7 +44,9 @@ async fn bad_signature_stale_timestamp_and_missing_headers_get_401() {
 
     // A valid signature over different bytes does not cover this body.
     let other = assistd::channels::generic::sign(SECRET, now, b"{}");
-    let resp = app.post_raw(raw.clone(), Some(now.to_string()), Some(other)).await;
+    let resp = app
+        .post_raw(raw.clone(), Some(now.to_string()), Some(other))
+        .await;
     assert_eq!(resp.status(), 401);
 
     assert_nothing_written(&app).await;
@@ -50,17 +61,28 @@ async fn malformed_json_and_missing_fields_get_400_naming_the_field() {
     let signed = |raw: &[u8]| assistd::channels::generic::sign(SECRET, now, raw);
 
     let raw = b"{not json".to_vec();
-    let resp = app.post_raw(raw.clone(), Some(now.to_string()), Some(signed(&raw))).await;
+    let resp = app
+        .post_raw(raw.clone(), Some(now.to_string()), Some(signed(&raw)))
+        .await;
     assert_eq!(resp.status(), 400);
 
-    for field in ["event_id", "message_id", "conversation_id", "sender_id", "text"] {
+    for field in [
+        "event_id",
+        "message_id",
+        "conversation_id",
+        "sender_id",
+        "text",
+    ] {
         let mut body = message("c", 1, "hi");
         body.as_object_mut().unwrap().remove(field);
         let resp = app.post_message(&body).await;
         assert_eq!(resp.status(), 400, "missing {field}");
         let err: Value = resp.json().await.unwrap();
         assert!(
-            err["error"].as_str().unwrap().contains(&format!("`{field}`")),
+            err["error"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("`{field}`")),
             "error names {field}: {err}"
         );
     }
@@ -85,7 +107,11 @@ async fn oversized_body_gets_413() {
     let raw = serde_json::to_vec(&big).unwrap();
     let now = assistd::domain::now_ms() / 1000;
     let sig = assistd::channels::generic::sign(SECRET, now, &raw);
-    let stream = futures::stream::iter(raw.chunks(1000).map(|c| Ok::<_, std::io::Error>(c.to_vec())).collect::<Vec<_>>());
+    let stream = futures::stream::iter(
+        raw.chunks(1000)
+            .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+            .collect::<Vec<_>>(),
+    );
     let resp = app
         .http
         .post(format!("{}/webhooks/generic", app.addr))
@@ -106,10 +132,33 @@ async fn task_api_requires_the_admin_token() {
     let id = task_id_of(app.post_message(&message("c-auth", 1, "hi")).await).await;
     let url = format!("{}/api/tasks/{id}", app.addr);
     assert_eq!(app.http.get(&url).send().await.unwrap().status(), 401);
-    assert_eq!(app.http.get(&url).bearer_auth("wrong").send().await.unwrap().status(), 401);
+    assert_eq!(
+        app.http
+            .get(&url)
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
     let missing = format!("{}/api/tasks/999999", app.addr);
-    assert_eq!(app.http.get(&missing).bearer_auth(ADMIN_TOKEN).send().await.unwrap().status(), 404);
-    let health = app.http.get(format!("{}/healthz", app.addr)).send().await.unwrap();
+    assert_eq!(
+        app.http
+            .get(&missing)
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let health = app
+        .http
+        .get(format!("{}/healthz", app.addr))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     app.stop().await;
 }
