@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod binary;
 mod conformance;
 mod model_failures;
 mod pipeline;
