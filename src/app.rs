@@ -29,6 +29,30 @@ pub struct Services {
     pub task_done: Notify,
     /// Rung after a reply is committed to the outbox.
     pub reply_wake: Notify,
+    /// Tasks this instance is running, with the token that stops each (cancel, lost lease).
+    pub running: std::sync::Mutex<std::collections::HashMap<i64, CancellationToken>>,
+}
+
+impl Services {
+    /// Records (`Some`) or forgets (`None`) the stop token of a task running here.
+    pub fn track_running(&self, task_id: i64, token: Option<CancellationToken>) {
+        // A poisoned lock only means another task panicked mid-insert; the map is still valid.
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        match token {
+            Some(t) => {
+                running.insert(task_id, t);
+            }
+            None => {
+                running.remove(&task_id);
+            }
+        }
+    }
+
+    /// Tells a task running in this instance to stop before its next side effect.
+    pub fn stop_running(&self, task_id: i64) -> bool {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.get(&task_id).map(|t| t.cancel()).is_some()
+    }
 }
 
 pub struct App {
@@ -46,6 +70,20 @@ impl App {
         })?;
         store.migrate().await?;
         crate::agents::publish_configured_agents(&store, &config).await?;
+        // A restart under the same instance id: whatever that id still holds was running in
+        // the previous process, which is gone, so take it back at once.
+        let instance_id = config.instance_id();
+        let (tasks, replies) = store
+            .release_leases_of(&instance_id, crate::domain::now_ms())
+            .await?;
+        if tasks + replies > 0 {
+            tracing::info!(
+                instance = %instance_id,
+                tasks,
+                replies,
+                "resuming work left running by a previous run of this instance"
+            );
+        }
         let admin_token = if config.admin.token.is_empty() {
             let token = uuid::Uuid::new_v4().simple().to_string();
             tracing::warn!(
@@ -74,13 +112,14 @@ impl App {
         let services = Arc::new(Services {
             channels: Channels::from_config(&config)?,
             llm: OpenAiClient::new(&config.llm)?,
-            instance_id: config.instance_id(),
+            instance_id,
             admin_token,
             store,
             config: Arc::new(config),
             task_wake: Notify::new(),
             task_done: Notify::new(),
             reply_wake: Notify::new(),
+            running: Default::default(),
         });
         Ok(App { services, listener })
     }
@@ -123,6 +162,20 @@ impl App {
             .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
             .await?;
         while background.join_next().await.is_some() {}
+        // Whatever is left unfinished is handed over now, not after its lease runs out.
+        match svc
+            .store
+            .release_leases_of(&svc.instance_id, crate::domain::now_ms())
+            .await
+        {
+            Ok((0, 0)) => {}
+            Ok((tasks, replies)) => {
+                tracing::info!(tasks, replies, "released leases of unfinished work")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release leases; they expire on their own")
+            }
+        }
         svc.store.close().await;
         tracing::info!("assistd stopped");
         Ok(())

@@ -75,10 +75,38 @@ pub struct LlmConfig {
     pub api_key: String,
     pub model: String,
     pub timeout_secs: u64,
+    pub retry_after_max_secs: u64,
+    pub retry: LlmRetryConfig,
+}
+
+/// Retry policies of the transient failure types; the others are never retried.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmRetryConfig {
+    pub timeout: RetryPolicy,
+    pub rate_limited: RetryPolicy,
+    pub provider_error: RetryPolicy,
+}
+
+impl LlmRetryConfig {
+    /// The policy for a failure type; `None` = fail at once.
+    pub fn policy(&self, failure: crate::domain::FailureType) -> Option<&RetryPolicy> {
+        use crate::domain::FailureType;
+        match failure {
+            FailureType::Timeout => Some(&self.timeout),
+            FailureType::RateLimited => Some(&self.rate_limited),
+            FailureType::ProviderError => Some(&self.provider_error),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
     pub max_attempts: u32,
     pub backoff_base_ms: u64,
     pub backoff_max_ms: u64,
-    pub retry_after_max_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -120,6 +148,7 @@ pub struct AdminConfig {
 #[serde(deny_unknown_fields)]
 pub struct RepliesConfig {
     pub failure_notice: String,
+    pub cancelled_notice: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -240,7 +269,16 @@ impl Config {
             return Err(invalid("llm.model", "must not be empty"));
         }
         positive("llm.timeout_secs", self.llm.timeout_secs)?;
-        positive("llm.max_attempts", self.llm.max_attempts as u64)?;
+        for (name, policy) in [
+            ("timeout", &self.llm.retry.timeout),
+            ("rate_limited", &self.llm.retry.rate_limited),
+            ("provider_error", &self.llm.retry.provider_error),
+        ] {
+            positive(
+                &format!("llm.retry.{name}.max_attempts"),
+                u64::from(policy.max_attempts),
+            )?;
+        }
         positive("worker.concurrency", self.worker.concurrency as u64)?;
         if self.worker.lease_secs < 3 {
             return Err(invalid("worker.lease_secs", "must be at least 3"));
@@ -426,9 +464,11 @@ mod tests {
                 ("ASSISTD_WORKER__CONCURRENCY", "8"),
                 ("ASSISTD_CHANNELS__GENERIC__SECRET", "12345"),
                 ("ASSISTD_TEST_POSTGRES_URL", "postgres://ignored"),
+                ("ASSISTD_LLM__RETRY__RATE_LIMITED__MAX_ATTEMPTS", "9"),
             ]),
         )
         .unwrap();
+        assert_eq!(c.llm.retry.rate_limited.max_attempts, 9);
         assert_eq!(c.worker.concurrency, 8);
         assert_eq!(c.channels.generic.secret, "12345");
         assert_eq!(c.server.listen, "127.0.0.1:8787");

@@ -126,15 +126,6 @@ text_enum!(
     }
 );
 
-impl FailureType {
-    pub fn is_transient(self) -> bool {
-        matches!(
-            self,
-            FailureType::Timeout | FailureType::RateLimited | FailureType::ProviderError
-        )
-    }
-}
-
 text_enum!(
     ReplyStatus {
         Pending => "PENDING",
@@ -184,9 +175,15 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// The reply idempotency key of a task, carried to every platform that accepts one.
-pub fn reply_key(task_id: i64) -> String {
-    format!("agent-task-{task_id}")
+/// The reply idempotency key of a task, carried to every platform that accepts one. A task
+/// an admin resumed after its outcome was posted answers under `agent-task-<id>-r<n>`, so
+/// its new outcome is not dropped as a repeat of the first.
+pub fn reply_key(task_id: i64, resume_count: i64) -> String {
+    if resume_count == 0 {
+        format!("agent-task-{task_id}")
+    } else {
+        format!("agent-task-{task_id}-r{resume_count}")
+    }
 }
 
 /// The idempotency key of a step: `<task>:<step>:<tool>`.

@@ -7,6 +7,7 @@ pub mod agents;
 pub mod app;
 pub mod channels;
 pub mod config;
+pub mod control;
 pub mod domain;
 pub mod engine;
 pub mod http;

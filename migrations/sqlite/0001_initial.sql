@@ -52,6 +52,7 @@ CREATE TABLE agent_task (
     error_msg         TEXT,
     retry_count       INTEGER NOT NULL DEFAULT 0,
     claim_count       INTEGER NOT NULL DEFAULT 0,
+    resume_count      INTEGER NOT NULL DEFAULT 0,
     version           INTEGER NOT NULL DEFAULT 0,
     owner             TEXT,
     lease_expire      INTEGER,
@@ -110,7 +111,7 @@ CREATE TABLE pending_action (
 
 CREATE TABLE outbound_reply (
     id                  INTEGER PRIMARY KEY,
-    task_id             INTEGER NOT NULL UNIQUE REFERENCES agent_task(id),
+    task_id             INTEGER NOT NULL REFERENCES agent_task(id),
     idempotency_key     TEXT    NOT NULL UNIQUE,
     channel             TEXT    NOT NULL,
     conversation_id     TEXT    NOT NULL,
@@ -127,6 +128,7 @@ CREATE TABLE outbound_reply (
     created_at          INTEGER NOT NULL,
     sent_at             INTEGER
 );
+CREATE INDEX outbound_reply_task ON outbound_reply (task_id, id);
 CREATE INDEX outbound_reply_due ON outbound_reply (next_attempt_at) WHERE status = 'PENDING';
 
 CREATE TABLE audit_log (

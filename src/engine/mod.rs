@@ -36,6 +36,7 @@ pub enum RunError {
 pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
     let worker = &svc.config.worker;
     let permits = Arc::new(Semaphore::new(worker.concurrency));
+    let mut running = tokio::task::JoinSet::new();
     let poll = Duration::from_millis(worker.poll_interval_ms);
     tracing::info!(instance = %svc.instance_id, concurrency = worker.concurrency, "workers started");
     loop {
@@ -67,6 +68,8 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
             }
         };
         let got = claimed.len();
+        // Reap finished runs so the set only holds what is in flight.
+        while running.try_join_next().is_some() {}
         for task in claimed {
             // Safe: at most `free` tasks were claimed and only this loop takes permits.
             let permit = permits
@@ -76,7 +79,7 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
             let svc = svc.clone();
             let shutdown = shutdown.clone();
             let span = tracing::info_span!("task", task_id = task.id);
-            tokio::spawn(
+            running.spawn(
                 async move {
                     run_claimed(svc.clone(), task, shutdown).await;
                     drop(permit);
@@ -96,15 +99,17 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
         }
     }
     let grace = Duration::from_secs(worker.shutdown_grace_secs);
-    let all = worker.concurrency as u32;
-    if tokio::time::timeout(grace, permits.acquire_many(all))
-        .await
-        .is_err()
-    {
+    let drained = tokio::time::timeout(grace, async {
+        while running.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
         tracing::warn!(
-            in_flight = worker.concurrency - permits.available_permits(),
-            "shutdown grace period over; unfinished tasks will be resumed after their lease"
+            in_flight = running.len(),
+            "shutdown grace period over; stopping unfinished tasks"
         );
+        running.abort_all();
+        while running.join_next().await.is_some() {}
     }
     tracing::info!("workers stopped");
 }
@@ -118,9 +123,11 @@ async fn run_claimed(svc: Arc<Services>, task: ClaimedTask, shutdown: Cancellati
     // Independent of `shutdown`: on shutdown a task in flight may still finish within the
     // grace period; only a lost lease stops it early.
     let lost = CancellationToken::new();
+    svc.track_running(task.id, Some(lost.clone()));
     let heartbeat = tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone()));
     let result = single_turn::run(&svc, &fence, &lost).await;
     heartbeat.abort();
+    svc.track_running(task.id, None);
     match result {
         Ok(()) => {}
         Err(RunError::LostLease) => {

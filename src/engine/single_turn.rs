@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 use super::{RunError, backoff, reply};
 use crate::agents::AgentDefinition;
 use crate::app::Services;
-use crate::domain::{ReplyType, StepStatus, StepType, TaskStatus, now_ms, step_key};
+use crate::domain::{ReplyType, StepStatus, StepType, TaskStatus, now_ms, reply_key, step_key};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError};
-use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, TaskOutcome};
+use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 
 const STEP_NO: i64 = 1;
 const TOOL: &str = "chat";
@@ -53,7 +53,7 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
             messages.push(ChatMessage::new("assistant", answer.clone()));
         }
     }
-    let request = ChatRequest {
+    let fresh_request = ChatRequest {
         model: if agent.model.is_empty() {
             svc.config.llm.model.clone()
         } else {
@@ -63,7 +63,7 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
         temperature: agent.temperature,
         max_tokens: agent.max_tokens,
     };
-    let input = serde_json::to_string(&request).unwrap_or_default();
+    let input = serde_json::to_string(&fresh_request).unwrap_or_default();
     let key = step_key(fence.task_id, STEP_NO, TOOL);
     let step = svc
         .store
@@ -80,6 +80,16 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
         )
         .await?
         .ok_or(RunError::LostLease)?;
+    // On resume the journal, not today's database, is the context: reuse the request the
+    // step was first written with so the model sees exactly the same history.
+    let request = match step
+        .input
+        .as_deref()
+        .map(serde_json::from_str::<ChatRequest>)
+    {
+        Some(Ok(journalled)) => journalled,
+        _ => fresh_request,
+    };
 
     let started = Instant::now();
     let (outcome, attempts) = if step.status == StepStatus::Succeeded {
@@ -89,10 +99,11 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
         tracing::info!(step = step.step_no, "reusing the journalled model answer");
         (Ok(output), step.attempt)
     } else {
-        call_with_retries(svc, fence, step.id, step.attempt, &request, lost).await?
+        call_with_retries(svc, fence, &step, &request, lost).await?
     };
     let duration_ms = started.elapsed().as_millis() as i64;
-    let retries = (attempts - 1).max(0);
+    // Retries made by this run; earlier runs' retries are already counted on the task.
+    let retries = (attempts - step.attempt - 1).max(0);
 
     let in_reply_to = message.external_message_id.clone();
     let outcome = match outcome {
@@ -114,6 +125,7 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
                     duration_ms,
                 }),
                 reply: NewReply {
+                    idempotency_key: reply_key(task.id, task.resume_count),
                     channel: task.channel.clone(),
                     conversation_id: task.conversation_id.clone(),
                     in_reply_to,
@@ -151,6 +163,7 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
                     duration_ms,
                 }),
                 reply: NewReply {
+                    idempotency_key: reply_key(task.id, task.resume_count),
                     channel: task.channel.clone(),
                     conversation_id: task.conversation_id.clone(),
                     in_reply_to,
@@ -179,35 +192,42 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
 async fn call_with_retries(
     svc: &Services,
     fence: &Fence,
-    step_id: i64,
-    tries_before: i64,
+    step: &StepRow,
     request: &ChatRequest,
     lost: &CancellationToken,
 ) -> Result<(Result<ChatResponse, LlmError>, i64), RunError> {
     let llm = &svc.config.llm;
-    let mut attempt = tries_before;
+    // Attempts are numbered across runs (the journal shows them all); the retry budget
+    // counts this run's tries, so a task an admin resumes gets a fresh budget.
+    let mut attempt = step.attempt;
+    let first_this_run = step.attempt + 1;
     loop {
         attempt += 1;
         if !svc
             .store
-            .record_step_attempt(fence, step_id, attempt)
+            .record_step_attempt(fence, step.id, attempt)
             .await?
         {
             return Err(RunError::LostLease);
         }
         let result = tokio::select! {
-            r = svc.llm.chat(request) => r,
+            r = svc.llm.chat(request, &step.idempotency_key) => r,
             _ = lost.cancelled() => return Err(RunError::LostLease),
         };
         match result {
             Ok(answer) => return Ok((Ok(answer), attempt)),
-            Err(err)
-                if err.failure_type.is_transient() && attempt < i64::from(llm.max_attempts) =>
-            {
+            Err(err) => {
+                let Some(policy) = llm
+                    .retry
+                    .policy(err.failure_type)
+                    .filter(|p| attempt - first_this_run + 1 < i64::from(p.max_attempts))
+                else {
+                    return Ok((Err(err), attempt));
+                };
                 let wait = backoff::delay(
                     attempt as u32,
-                    llm.backoff_base_ms,
-                    llm.backoff_max_ms,
+                    policy.backoff_base_ms,
+                    policy.backoff_max_ms,
                     err.retry_after,
                     std::time::Duration::from_secs(llm.retry_after_max_secs),
                 );
@@ -223,7 +243,6 @@ async fn call_with_retries(
                     _ = lost.cancelled() => return Err(RunError::LostLease),
                 }
             }
-            Err(err) => return Ok((Err(err), attempt)),
         }
     }
 }

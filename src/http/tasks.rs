@@ -2,22 +2,142 @@
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use super::ApiError;
 use crate::app::Services;
-use crate::domain::truncate;
+use crate::domain::{TaskStatus, truncate};
+use crate::store::tasks::Control;
 
 /// Longest step input/output shown by the API, in bytes.
 const STEP_TEXT_LIMIT: usize = 4000;
 
+/// Most tasks one list request returns.
+const LIST_LIMIT_MAX: i64 = 500;
+
 pub fn router() -> Router<Arc<Services>> {
-    Router::new().route("/api/tasks/{id}", get(get_task))
+    Router::new()
+        .route("/api/tasks", get(list_tasks))
+        .route("/api/tasks/{id}", get(get_task))
+        .route("/api/tasks/{id}/cancel", post(cancel_task))
+        .route("/api/tasks/{id}/resume", post(resume_task))
+}
+
+/// The actor recorded in audit events for admin actions: `X-Assistd-Actor` when given.
+fn actor(headers: &HeaderMap) -> String {
+    let name = headers
+        .get("x-assistd-actor")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .unwrap_or("admin");
+    format!("admin:{name}")
+}
+
+fn parse_id(id: &str) -> Result<i64, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::BadRequest("task id must be an integer".into()))
+}
+
+fn control_result(id: i64, action: &str, control: Control, allowed: &str) -> Result<(), ApiError> {
+    match control {
+        Control::Done => Ok(()),
+        Control::NotFound => Err(ApiError::NotFound(format!("no task {id}"))),
+        Control::Conflict(status) => Err(ApiError::Conflict(format!(
+            "task {id} is {status}; {action} applies to {allowed}"
+        ))),
+    }
+}
+
+async fn cancel_task(
+    _auth: AdminAuth,
+    State(svc): State<Arc<Services>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let control = crate::control::cancel_task(&svc, id, &actor(&headers)).await?;
+    control_result(
+        id,
+        "cancel",
+        control,
+        "PENDING, RUNNING or WAITING_HUMAN_CONFIRM tasks",
+    )?;
+    task_json(&svc, id).await.map(Json)
+}
+
+async fn resume_task(
+    _auth: AdminAuth,
+    State(svc): State<Arc<Services>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let control = crate::control::resume_task(&svc, id, &actor(&headers)).await?;
+    control_result(
+        id,
+        "resume",
+        control,
+        "FAILED tasks and tasks CANCELLED by an error",
+    )?;
+    task_json(&svc, id).await.map(Json)
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    conversation: Option<String>,
+    limit: Option<String>,
+}
+
+async fn list_tasks(
+    _auth: AdminAuth,
+    State(svc): State<Arc<Services>>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let status = match query.status.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => Some(TaskStatus::parse(&s.to_ascii_uppercase()).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "unknown status `{s}`; one of {}",
+                TaskStatus::ALL
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?),
+    };
+    let limit = match query.limit.as_deref() {
+        None | Some("") => 50,
+        Some(l) => l
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
+            .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1 to {LIST_LIMIT_MAX}")))?,
+    };
+    let conversation = query.conversation.as_deref().filter(|c| !c.is_empty());
+    let tasks = svc.store.list_tasks(status, conversation, limit).await?;
+    Ok(Json(json!({
+        "tasks": tasks.iter().map(|t| json!({
+            "id": t.id,
+            "status": t.status,
+            "failure_type": t.failure_type,
+            "channel": t.channel,
+            "conversation_id": t.conversation_id,
+            "agent_version_id": t.agent_version_id,
+            "retry_count": t.retry_count,
+            "created_at": t.created_at,
+            "finished_at": t.finished_at,
+        })).collect::<Vec<_>>(),
+    })))
 }
 
 /// Proof that the request carried `Authorization: Bearer <admin token>`.
@@ -49,9 +169,11 @@ async fn get_task(
     State(svc): State<Arc<Services>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let id: i64 = id
-        .parse()
-        .map_err(|_| ApiError::BadRequest("task id must be an integer".into()))?;
+    task_json(&svc, parse_id(&id)?).await.map(Json)
+}
+
+/// Everything about one task: the answer to "what happened to this message?".
+async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
     let store = &svc.store;
     let task = store
         .task(id)
@@ -60,9 +182,20 @@ async fn get_task(
     let version = store.agent_version(task.agent_version_id).await?;
     let message = store.message(task.message_id).await?;
     let steps = store.task_steps(id).await?;
-    let reply = store.task_reply(id).await?;
+    let replies = store.task_replies(id).await?;
     let audit = store.task_audit(id).await?;
-    Ok(Json(json!({
+    let reply_json = |r: &crate::store::outbox::ReplyRow| {
+        json!({
+            "idempotency_key": r.idempotency_key,
+            "status": r.status,
+            "type": r.reply_type,
+            "attempts": r.attempts,
+            "last_error": r.last_error,
+            "sent_at": r.sent_at,
+            "content": serde_json::from_str::<Value>(&r.content).unwrap_or(Value::Null),
+        })
+    };
+    Ok(json!({
         "id": task.id,
         "status": task.status,
         "failure_type": task.failure_type,
@@ -84,6 +217,7 @@ async fn get_task(
             "received_at": m.received_at,
         })),
         "retry_count": task.retry_count,
+        "resume_count": task.resume_count,
         "claim_count": task.claim_count,
         "owner": task.owner,
         "version": task.version,
@@ -105,15 +239,8 @@ async fn get_task(
             "tokens_out": s.tokens_out,
             "duration_ms": s.duration_ms,
         })).collect::<Vec<_>>(),
-        "reply": reply.map(|r| json!({
-            "idempotency_key": r.idempotency_key,
-            "status": r.status,
-            "type": r.reply_type,
-            "attempts": r.attempts,
-            "last_error": r.last_error,
-            "sent_at": r.sent_at,
-            "content": serde_json::from_str::<Value>(&r.content).unwrap_or(Value::Null),
-        })),
+        "reply": replies.last().map(reply_json),
+        "replies": replies.iter().map(reply_json).collect::<Vec<_>>(),
         "audit": audit.iter().map(|a| json!({
             "event": a.event,
             "actor": a.actor,
@@ -121,5 +248,5 @@ async fn get_task(
             "risk_flag": a.risk_flag,
             "at": a.created_at,
         })).collect::<Vec<_>>(),
-    })))
+    }))
 }

@@ -26,7 +26,7 @@ impl ChatMessage {
 }
 
 /// One model call.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
@@ -89,15 +89,25 @@ impl OpenAiClient {
         &self.endpoint
     }
 
+    /// One chat completion. `idempotency_key` (the step's key) is sent as `Idempotency-Key`
+    /// so a provider or proxy that honours it can drop a repeat after a crash.
     #[tracing::instrument(skip_all, fields(model = %request.model))]
-    pub async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        let mut call = self.http.post(&self.endpoint).json(&json!({
-            "model": request.model,
-            "messages": request.messages,
-            "temperature": request.temperature,
-            "max_tokens": request.max_tokens,
-            "stream": false,
-        }));
+    pub async fn chat(
+        &self,
+        request: &ChatRequest,
+        idempotency_key: &str,
+    ) -> Result<ChatResponse, LlmError> {
+        let mut call = self
+            .http
+            .post(&self.endpoint)
+            .json(&json!({
+                "model": request.model,
+                "messages": request.messages,
+                "temperature": request.temperature,
+                "max_tokens": request.max_tokens,
+                "stream": false,
+            }))
+            .header("idempotency-key", idempotency_key);
         if !self.api_key.is_empty() {
             call = call.bearer_auth(&self.api_key);
         }

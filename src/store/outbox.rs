@@ -156,10 +156,17 @@ impl Store {
         Ok(done)
     }
 
+    /// The task's latest reply (a resumed task has one per outcome).
     pub async fn task_reply(&self, task_id: i64) -> StoreResult<Option<ReplyRow>> {
-        let sql = format!("SELECT {REPLY_COLUMNS} FROM outbound_reply WHERE task_id = $1");
+        Ok(self.task_replies(task_id).await?.pop())
+    }
+
+    /// Every reply of a task, oldest first.
+    pub async fn task_replies(&self, task_id: i64) -> StoreResult<Vec<ReplyRow>> {
+        let sql =
+            format!("SELECT {REPLY_COLUMNS} FROM outbound_reply WHERE task_id = $1 ORDER BY id");
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, ReplyRow>(&sql).bind(task_id).fetch_optional(pool).await?
+            sqlx::query_as::<_, ReplyRow>(&sql).bind(task_id).fetch_all(pool).await?
         }))
     }
 }

@@ -5,7 +5,6 @@
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{
     AuditEvent, FailureType, ReplyStatus, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
-    reply_key,
 };
 
 /// Appends one audit event inside the caller's transaction (`$tx`). A macro rather than a
@@ -27,6 +26,38 @@ macro_rules! insert_audit {
     };
 }
 pub(crate) use insert_audit;
+
+/// Queues a task's reply inside the caller's transaction; a second insert under the same key
+/// is a no-op. A macro for the same reason as `insert_audit!`.
+macro_rules! insert_reply {
+    ($tx:expr, $task_id:expr, $reply:expr, $now:expr) => {
+        sqlx::query(
+            "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
+             in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $9) \
+             ON CONFLICT (idempotency_key) DO NOTHING",
+        )
+        .bind($task_id)
+        .bind(&$reply.idempotency_key)
+        .bind(&$reply.channel)
+        .bind(&$reply.conversation_id)
+        .bind(&$reply.in_reply_to)
+        .bind($reply.reply_type)
+        .bind(&$reply.content)
+        .bind(ReplyStatus::Pending)
+        .bind($now)
+        .execute($tx)
+    };
+}
+
+/// The result of an admin action on a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    Done,
+    NotFound,
+    /// The task is in a status the action does not apply to.
+    Conflict(TaskStatus),
+}
 
 /// Proof of ownership of a running task: the claim's owner and version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +92,7 @@ pub struct TaskRow {
     pub error_msg: Option<String>,
     pub retry_count: i64,
     pub claim_count: i64,
+    pub resume_count: i64,
     pub version: i64,
     pub owner: Option<String>,
     pub lease_expire: Option<i64>,
@@ -72,7 +104,7 @@ pub struct TaskRow {
 
 const TASK_COLUMNS: &str = "id, agent_id, agent_version_id, task_type, channel, conversation_id, \
      message_id, trigger_user, status, current_step, workflow_snapshot, result, failure_type, \
-     error_msg, retry_count, claim_count, version, owner, lease_expire, created_at, updated_at, \
+     error_msg, retry_count, claim_count, resume_count, version, owner, lease_expire, created_at, updated_at, \
      started_at, finished_at";
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -147,6 +179,8 @@ pub struct StepResult {
 /// The reply a finished task owes the chat.
 #[derive(Debug, Clone)]
 pub struct NewReply {
+    /// `agent-task-<id>` (see `domain::reply_key`).
+    pub idempotency_key: String,
     pub channel: String,
     pub conversation_id: String,
     pub in_reply_to: String,
@@ -237,6 +271,34 @@ impl Store {
             claimed
         });
         Ok(claimed)
+    }
+
+    /// Expires every lease `owner` holds, on tasks and on replies being delivered, so they
+    /// can be claimed at once. Used when an instance stops gracefully and when it starts
+    /// again under the same id: its tasks cannot be running anywhere else then.
+    pub async fn release_leases_of(&self, owner: &str, now: i64) -> StoreResult<(u64, u64)> {
+        let released = write_tx!(self, tx => {
+            let tasks = sqlx::query(
+                "UPDATE agent_task SET lease_expire = $1, updated_at = $2 \
+                 WHERE owner = $3 AND status = 'RUNNING'",
+            )
+            .bind(now - 1)
+            .bind(now)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            let replies = sqlx::query(
+                "UPDATE outbound_reply SET locked_until = NULL, locked_by = NULL \
+                 WHERE locked_by = $1 AND status = 'PENDING'",
+            )
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            (tasks, replies)
+        });
+        Ok(released)
     }
 
     /// Extends the lease of a task this worker still owns; false = ownership lost.
@@ -344,6 +406,16 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
+            // A step that failed before an admin resumed the task is run again.
+            sqlx::query(
+                "UPDATE agent_step SET status = $1, error = NULL, finished_at = NULL \
+                 WHERE idempotency_key = $2 AND status = $3",
+            )
+            .bind(StepStatus::Pending)
+            .bind(step.idempotency_key)
+            .bind(StepStatus::Failed)
+            .execute(&mut *tx)
+            .await?;
             sqlx::query_as::<_, StepRow>(&select)
                 .bind(step.idempotency_key)
                 .fetch_one(&mut *tx)
@@ -429,24 +501,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             }
-            let reply = &outcome.reply;
-            sqlx::query(
-                "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
-                 in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $9) \
-                 ON CONFLICT (task_id) DO NOTHING",
-            )
-            .bind(fence.task_id)
-            .bind(reply_key(fence.task_id))
-            .bind(&reply.channel)
-            .bind(&reply.conversation_id)
-            .bind(&reply.in_reply_to)
-            .bind(reply.reply_type)
-            .bind(&reply.content)
-            .bind(ReplyStatus::Pending)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+            insert_reply!(&mut *tx, fence.task_id, outcome.reply, now).await?;
             insert_audit!(
                 &mut *tx,
                 Some(fence.task_id),
@@ -459,6 +514,127 @@ impl Store {
             true
         });
         Ok(finished)
+    }
+
+    /// Tasks, newest first, optionally of one status and/or one conversation.
+    pub async fn list_tasks(
+        &self,
+        status: Option<TaskStatus>,
+        conversation_id: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<TaskRow>> {
+        let sql = format!(
+            "SELECT {TASK_COLUMNS} FROM agent_task \
+             WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR conversation_id = $2) \
+             ORDER BY id DESC LIMIT $3"
+        );
+        let status = status.map(|s| s.as_str());
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, TaskRow>(&sql)
+                .bind(status)
+                .bind(conversation_id)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+        }))
+    }
+
+    /// Cancels a PENDING, RUNNING or WAITING_HUMAN_CONFIRM task for `actor`, queuing
+    /// `notice` as its one reply. A worker running it loses its fence with the version bump.
+    pub async fn cancel_task(
+        &self,
+        task_id: i64,
+        actor: &str,
+        notice: &NewReply,
+        now: i64,
+    ) -> StoreResult<Control> {
+        let control = write_tx!(self, tx => {
+            let current: Option<(TaskStatus,)> =
+                sqlx::query_as("SELECT status FROM agent_task WHERE id = $1")
+                    .bind(task_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some((status,)) = current else {
+                return Ok(Control::NotFound);
+            };
+            if !matches!(
+                status,
+                TaskStatus::Pending | TaskStatus::Running | TaskStatus::WaitingHumanConfirm
+            ) {
+                return Ok(Control::Conflict(status));
+            }
+            let n = sqlx::query(
+                "UPDATE agent_task SET status = $1, failure_type = $2, \
+                 error_msg = $3, version = version + 1, lease_expire = NULL, \
+                 finished_at = $4, updated_at = $4 WHERE id = $5 AND status = $6",
+            )
+            .bind(TaskStatus::Cancelled)
+            .bind(FailureType::Cancelled)
+            .bind(format!("cancelled by {actor}"))
+            .bind(now)
+            .bind(task_id)
+            .bind(status)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(Control::Conflict(status));
+            }
+            insert_reply!(&mut *tx, task_id, notice, now).await?;
+            insert_audit!(
+                &mut *tx,
+                Some(task_id),
+                AuditEvent::TaskCancelled,
+                actor,
+                &format!("cancelled by {actor} while {status}"),
+                false,
+                now,
+            )?;
+            Control::Done
+        });
+        Ok(control)
+    }
+
+    /// Puts a FAILED task, or one CANCELLED by an error (not by a person), back to PENDING;
+    /// it continues from its last SUCCEEDED step and answers under a new reply key.
+    pub async fn resume_task(&self, task_id: i64, actor: &str, now: i64) -> StoreResult<Control> {
+        let control = write_tx!(self, tx => {
+            let current: Option<(TaskStatus, Option<FailureType>)> =
+                sqlx::query_as("SELECT status, failure_type FROM agent_task WHERE id = $1")
+                    .bind(task_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some((status, failure)) = current else {
+                return Ok(Control::NotFound);
+            };
+            let resumable = status == TaskStatus::Failed
+                || (status == TaskStatus::Cancelled && failure != Some(FailureType::Cancelled));
+            if !resumable {
+                return Ok(Control::Conflict(status));
+            }
+            sqlx::query(
+                "UPDATE agent_task SET status = $1, failure_type = NULL, error_msg = NULL, \
+                 retry_count = retry_count + 1, resume_count = resume_count + 1, \
+                 version = version + 1, owner = NULL, lease_expire = NULL, run_after = $2, \
+                 finished_at = NULL, updated_at = $2 WHERE id = $3",
+            )
+            .bind(TaskStatus::Pending)
+            .bind(now)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+            insert_audit!(
+                &mut *tx,
+                Some(task_id),
+                AuditEvent::TaskResumed,
+                actor,
+                &format!("resumed by {actor} from {status}"),
+                false,
+                now,
+            )?;
+            Control::Done
+        });
+        Ok(control)
     }
 
     pub async fn task_steps(&self, task_id: i64) -> StoreResult<Vec<StepRow>> {

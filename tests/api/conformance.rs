@@ -33,7 +33,7 @@ fn msg(conversation: &str, n: u32) -> NewMessage {
     }
 }
 
-fn outcome() -> TaskOutcome {
+fn outcome(task_id: i64) -> TaskOutcome {
     TaskOutcome {
         status: TaskStatus::Succeeded,
         result: Some("ok".into()),
@@ -42,6 +42,7 @@ fn outcome() -> TaskOutcome {
         retries: 0,
         step: None,
         reply: NewReply {
+            idempotency_key: assistd::domain::reply_key(task_id, 0),
             channel: "generic".into(),
             conversation_id: "c".into(),
             in_reply_to: "m".into(),
@@ -156,7 +157,7 @@ async fn claims_take_the_oldest_task_of_each_conversation_only() {
         owner: "w1".into(),
         version: claimed[0].version,
     };
-    assert!(store.finish_task(&fence, &outcome(), now).await.unwrap());
+    assert!(store.finish_task(&fence, &outcome(a1), now).await.unwrap());
     let next = store.claim_tasks("w2", 10, now + LEASE, now).await.unwrap();
     assert_eq!(next.iter().map(|c| c.id).collect::<Vec<_>>(), [a2]);
     store.close().await;
@@ -266,7 +267,7 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
     assert_eq!(row.status, StepStatus::Pending);
     assert!(!store.record_step_attempt(&old, row.id, 1).await.unwrap());
 
-    let mut done = outcome();
+    let mut done = outcome(id);
     done.step = Some(StepResult {
         step_id: row.id,
         status: StepStatus::Succeeded,

@@ -85,8 +85,14 @@ pub fn test_config(db_url: &str, model_url: &str, reply_url: &str) -> Config {
     c.llm.base_url = format!("{model_url}/v1");
     c.llm.model = "test-model".into();
     c.llm.timeout_secs = 5;
-    c.llm.backoff_base_ms = 50;
-    c.llm.backoff_max_ms = 200;
+    for policy in [
+        &mut c.llm.retry.timeout,
+        &mut c.llm.retry.rate_limited,
+        &mut c.llm.retry.provider_error,
+    ] {
+        policy.backoff_base_ms = 50;
+        policy.backoff_max_ms = 200;
+    }
     c.worker.instance_id = "test-instance".into();
     c.worker.poll_interval_ms = 100;
     c.worker.shutdown_grace_secs = 2;

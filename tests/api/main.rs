@@ -5,6 +5,7 @@ mod helpers;
 
 mod binary;
 mod conformance;
+mod control;
 mod model_failures;
 mod pipeline;
 mod reply_delivery;

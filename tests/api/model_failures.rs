@@ -29,8 +29,8 @@ async fn rate_limited_then_ok_succeeds_after_honouring_retry_after() {
         .await;
     // Backoff alone would wait a minute; only honouring Retry-After (1 s) finishes in time.
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
-        c.llm.backoff_base_ms = 60_000;
-        c.llm.backoff_max_ms = 60_000;
+        c.llm.retry.rate_limited.backoff_base_ms = 60_000;
+        c.llm.retry.rate_limited.backoff_max_ms = 60_000;
     })
     .await;
     let id = task_id_of(app.post_message(&message("c-429", 1, "hi")).await).await;
@@ -95,7 +95,7 @@ async fn model_timeout_is_retried_then_fails_as_timeout() {
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
         c.llm.timeout_secs = 1;
-        c.llm.max_attempts = 2;
+        c.llm.retry.timeout.max_attempts = 2;
     })
     .await;
     let id = task_id_of(app.post_message(&message("c-timeout", 1, "hi")).await).await;
@@ -119,7 +119,7 @@ async fn provider_errors_are_retried_up_to_the_limit() {
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
-        c.llm.max_attempts = 3;
+        c.llm.retry.provider_error.max_attempts = 3;
     })
     .await;
     let id = task_id_of(app.post_message(&message("c-503", 1, "hi")).await).await;
