@@ -242,6 +242,7 @@ async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
         "reply": replies.last().map(reply_json),
         "replies": replies.iter().map(reply_json).collect::<Vec<_>>(),
         "audit": audit.iter().map(|a| json!({
+            "id": a.id,
             "event": a.event,
             "actor": a.actor,
             "summary": a.summary,

@@ -17,10 +17,14 @@ pub struct RealServer {
 
 impl RealServer {
     pub async fn start(envs: &[(String, String)], workdir: &std::path::Path) -> RealServer {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        Self::start_on(free_port(), envs, workdir).await
+    }
+
+    pub async fn start_on(
+        port: u16,
+        envs: &[(String, String)],
+        workdir: &std::path::Path,
+    ) -> RealServer {
         let child = Command::new(env!("CARGO_BIN_EXE_assistd"))
             .current_dir(workdir)
             .env_clear()
@@ -47,6 +51,12 @@ impl RealServer {
         RealServer { child, addr }
     }
 
+    /// SIGKILL: the process dies mid-whatever, as in an OOM kill or machine loss.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits for the exit code.
     pub fn terminate(mut self) -> Option<i32> {
         let _ = Command::new("kill")
@@ -65,6 +75,11 @@ impl RealServer {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@ mod helpers;
 mod binary;
 mod conformance;
 mod control;
+mod crash;
 mod model_failures;
 mod pipeline;
 mod reply_delivery;

@@ -176,10 +176,21 @@ async fn messages_of_one_conversation_are_answered_in_order_one_at_a_time() {
         tasks.push(app.wait_replied(*id, WAIT).await);
     }
     app.wait_replied(other, WAIT).await;
+    // Audit ids follow commit order: each task was claimed after the previous one finished.
+    let audit_id = |t: &Value, event: &str| {
+        t["audit"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["event"] == event)
+            .unwrap()["id"]
+            .as_i64()
+            .unwrap()
+    };
     for pair in tasks.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
         assert!(
-            b["started_at"].as_i64().unwrap() >= a["finished_at"].as_i64().unwrap(),
+            audit_id(b, "TASK_RUNNING") > audit_id(a, "TASK_SUCCEEDED"),
             "task {} started before task {} finished",
             b["id"],
             a["id"]

@@ -1,0 +1,373 @@
+//! Crash-proof execution, proven by killing the real `assistd` process.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use assistd::domain::{AuditEvent, StepStatus, TaskStatus, now_ms};
+use assistd::store::Store;
+use serde_json::Value;
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use crate::binary::{RealServer, free_port};
+use crate::helpers::*;
+
+/// A slow echoing model that records, per step idempotency key, when each call arrived.
+#[derive(Clone)]
+struct RecordingModel {
+    delay: Duration,
+    calls: Arc<Mutex<Vec<(String, i64)>>>,
+}
+
+impl Respond for RecordingModel {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        self.calls.lock().unwrap().push((key, now_ms()));
+        EchoModel.respond(request).set_delay(self.delay)
+    }
+}
+
+struct Rig {
+    db: TestDb,
+    model: MockServer,
+    calls: Arc<Mutex<Vec<(String, i64)>>>,
+    receiver: MockServer,
+    workdir: tempfile::TempDir,
+}
+
+impl Rig {
+    async fn new(model_delay: Duration) -> Rig {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let model = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(chat_path())
+            .respond_with(RecordingModel {
+                delay: model_delay,
+                calls: calls.clone(),
+            })
+            .mount(&model)
+            .await;
+        Rig {
+            db: TestDb::new().await,
+            model,
+            calls,
+            receiver: accepting_receiver().await,
+            workdir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn env(&self, instance: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = [
+            ("ASSISTD_DATABASE__URL", self.db.url.as_str()),
+            ("ASSISTD_DATABASE__MAX_CONNECTIONS", "8"),
+            ("ASSISTD_CHANNELS__GENERIC__SECRET", SECRET),
+            ("ASSISTD_ADMIN__TOKEN", ADMIN_TOKEN),
+            ("ASSISTD_WORKER__INSTANCE_ID", instance),
+            ("ASSISTD_WORKER__LEASE_SECS", "3"),
+            ("ASSISTD_WORKER__POLL_INTERVAL_MS", "100"),
+            ("ASSISTD_OUTBOX__POLL_INTERVAL_MS", "100"),
+            ("ASSISTD_OUTBOX__BACKOFF_BASE_MS", "50"),
+            ("ASSISTD_OUTBOX__BACKOFF_MAX_MS", "300"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        env.push((
+            "ASSISTD_LLM__BASE_URL".into(),
+            format!("{}/v1", self.model.uri()),
+        ));
+        env.push((
+            "ASSISTD_CHANNELS__GENERIC__REPLY_URL".into(),
+            format!("{}/reply", self.receiver.uri()),
+        ));
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        env
+    }
+
+    async fn store(&self) -> Store {
+        let cfg = test_config(
+            &self.db.url,
+            "http://127.0.0.1:9",
+            "http://127.0.0.1:9/reply",
+        );
+        Store::connect(&cfg.database).await.unwrap()
+    }
+
+    /// Waits until every one of `messages` has a reply at the receiver.
+    async fn wait_all_replied(&self, messages: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let answered: HashSet<String> = received_replies(&self.receiver)
+                .await
+                .into_iter()
+                .filter_map(|(_, b)| b["in_reply_to"].as_str().map(str::to_string))
+                .collect();
+            if answered.len() >= messages {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {messages} messages answered",
+                answered.len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The promises, checked after the dust settles: one key per message, every task
+    /// terminal, conversations processed in order, no finished step re-executed.
+    async fn check_promises(&self, messages: usize) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let replies = received_replies(&self.receiver).await;
+        let mut keys_per_message: HashMap<String, HashSet<String>> = HashMap::new();
+        for (key, body) in &replies {
+            let msg = body["in_reply_to"].as_str().unwrap().to_string();
+            keys_per_message.entry(msg).or_default().insert(key.clone());
+        }
+        assert_eq!(keys_per_message.len(), messages, "every message answered");
+        for (msg, keys) in &keys_per_message {
+            assert_eq!(
+                keys.len(),
+                1,
+                "message {msg} answered under several keys: {keys:?}"
+            );
+        }
+        let store = self.store().await;
+        let mut by_conversation: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        let tasks = store.list_tasks(None, None, 10_000).await.unwrap();
+        assert_eq!(tasks.len(), messages, "one task per message");
+        for t in tasks {
+            assert_eq!(
+                t.status,
+                TaskStatus::Succeeded,
+                "task {} is {}",
+                t.id,
+                t.status
+            );
+            by_conversation
+                .entry(t.conversation_id.clone())
+                .or_default()
+                .push(t);
+        }
+        // Order is read from the audit log, whose ids follow commit order: the next task of
+        // a conversation is claimed only after the previous one's terminal commit.
+        for tasks in by_conversation.values_mut() {
+            tasks.sort_by_key(|t| t.id);
+            for pair in tasks.windows(2) {
+                let done = store.task_audit(pair[0].id).await.unwrap();
+                let done = done
+                    .iter()
+                    .find(|a| a.event == AuditEvent::TaskSucceeded)
+                    .unwrap()
+                    .id;
+                let next = store.task_audit(pair[1].id).await.unwrap();
+                let first_run = next
+                    .iter()
+                    .find(|a| a.event == AuditEvent::TaskRunning)
+                    .unwrap()
+                    .id;
+                assert!(
+                    first_run > done,
+                    "task {} started before task {} of its conversation finished",
+                    pair[1].id,
+                    pair[0].id
+                );
+            }
+        }
+        // A model call for a step that had already SUCCEEDED would be a re-executed step.
+        let mut finished: HashMap<String, i64> = HashMap::new();
+        for t in by_conversation.values().flatten() {
+            for s in store.task_steps(t.id).await.unwrap() {
+                assert_eq!(s.status, StepStatus::Succeeded);
+                finished.insert(s.idempotency_key.clone(), s.finished_at.unwrap());
+            }
+        }
+        let calls = self.calls.lock().unwrap().clone();
+        let mut reruns = 0;
+        for (key, at) in &calls {
+            let done = finished
+                .get(key)
+                .unwrap_or_else(|| panic!("call with unknown step key {key}"));
+            assert!(
+                at < done,
+                "step {key} was called at {at}, after it SUCCEEDED at {done}"
+            );
+        }
+        let distinct: HashSet<&String> = calls.iter().map(|(k, _)| k).collect();
+        reruns += calls.len() - distinct.len();
+        println!(
+            "crash check: {messages} messages, {} replies delivered ({} distinct keys), {} model calls ({} re-runs of interrupted steps)",
+            replies.len(),
+            replies.iter().map(|(k, _)| k).collect::<HashSet<_>>().len(),
+            calls.len(),
+            reruns
+        );
+        store.close().await;
+    }
+}
+
+/// Posts like an IM platform: retries until the webhook answers 200.
+async fn deliver(http: &reqwest::Client, addr_port: u16, body: &Value) {
+    let raw = serde_json::to_vec(body).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ts = now_ms() / 1000;
+        let sig = assistd::channels::generic::sign(SECRET, ts, &raw);
+        let sent = http
+            .post(format!("http://127.0.0.1:{addr_port}/webhooks/generic"))
+            .header("X-Assistd-Timestamp", ts.to_string())
+            .header("X-Assistd-Signature", sig)
+            .body(raw.clone())
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Ok(r) = sent
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "webhook never accepted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
+    const CONVERSATIONS: u32 = 20;
+    const PER_CONVERSATION: u32 = 10;
+    let rig = Rig::new(Duration::from_millis(300)).await;
+    let port = free_port();
+    let env = rig.env("crash-instance", &[]);
+    let mut server = RealServer::start_on(port, &env, rig.workdir.path()).await;
+
+    // The IM keeps delivering while the process is killed and restarted underneath it.
+    let sender = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        for n in 0..PER_CONVERSATION {
+            for c in 0..CONVERSATIONS {
+                deliver(
+                    &http,
+                    port,
+                    &message(&format!("conv{c}"), n, &format!("q{n} of conv{c}")),
+                )
+                .await;
+            }
+        }
+    });
+    let seed = fastrand::u64(..);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    println!("kill schedule seed {seed}");
+    for round in 0..3 {
+        let wait = Duration::from_millis(rng.u64(300..1500));
+        tokio::time::sleep(wait).await;
+        println!("round {round}: SIGKILL after {wait:?}");
+        server.kill();
+        server = RealServer::start_on(port, &env, rig.workdir.path()).await;
+    }
+    sender.await.unwrap();
+    rig.wait_all_replied(
+        (CONVERSATIONS * PER_CONVERSATION) as usize,
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(server.terminate(), Some(0));
+    rig.check_promises((CONVERSATIONS * PER_CONVERSATION) as usize)
+        .await;
+    rig.db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_unfinished_tasks_to_the_restarted_instance() {
+    let rig = Rig::new(Duration::from_secs(2)).await;
+    let port = free_port();
+    // No grace: whatever is in flight at SIGTERM is stopped and its lease released.
+    let env = rig.env(
+        "graceful-instance",
+        &[("ASSISTD_WORKER__SHUTDOWN_GRACE_SECS", "0")],
+    );
+    let server = RealServer::start_on(port, &env, rig.workdir.path()).await;
+    let http = reqwest::Client::new();
+    for c in 0..10 {
+        deliver(&http, port, &message(&format!("g{c}"), 0, "slow question")).await;
+    }
+    // Wait until all ten model calls are in flight.
+    let deadline = Instant::now() + WAIT;
+    while rig.calls.lock().unwrap().len() < 10 {
+        assert!(Instant::now() < deadline, "tasks never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.terminate(), Some(0), "SIGTERM exits 0");
+    let store = rig.store().await;
+    let running = store
+        .list_tasks(Some(TaskStatus::Running), None, 100)
+        .await
+        .unwrap();
+    assert_eq!(running.len(), 10);
+    assert!(
+        running.iter().all(|t| t.lease_expire.unwrap() <= now_ms()),
+        "leases were released at shutdown"
+    );
+    store.close().await;
+
+    let restarted = Instant::now();
+    let calls_before = rig.calls.lock().unwrap().len();
+    let server = RealServer::start_on(port, &env, rig.workdir.path()).await;
+    let deadline = Instant::now() + WAIT;
+    while rig.calls.lock().unwrap().len() == calls_before {
+        assert!(Instant::now() < deadline, "nothing resumed after restart");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "graceful restart: first resumed step {} ms after the restart began (includes process start)",
+        restarted.elapsed().as_millis()
+    );
+    rig.wait_all_replied(10, WAIT).await;
+    assert_eq!(server.terminate(), Some(0));
+    rig.check_promises(10).await;
+    rig.db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instance_takes_over_after_the_lease_expires() {
+    let rig = Rig::new(Duration::from_secs(1)).await;
+    let port_a = free_port();
+    let a = RealServer::start_on(port_a, &rig.env("instance-a", &[]), rig.workdir.path()).await;
+    let http = reqwest::Client::new();
+    for c in 0..6 {
+        for n in 0..2 {
+            deliver(&http, port_a, &message(&format!("t{c}"), n, "question")).await;
+        }
+    }
+    let deadline = Instant::now() + WAIT;
+    while rig.calls.lock().unwrap().len() < 6 {
+        assert!(Instant::now() < deadline, "instance a never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.kill();
+    let killed = Instant::now();
+    let b = RealServer::start(&rig.env("instance-b", &[]), rig.workdir.path()).await;
+    rig.wait_all_replied(12, WAIT).await;
+    println!(
+        "takeover: all answered {} ms after instance a died",
+        killed.elapsed().as_millis()
+    );
+    let store = rig.store().await;
+    let tasks = store.list_tasks(None, None, 100).await.unwrap();
+    let taken_over = tasks.iter().filter(|t| t.claim_count > 1).count();
+    assert!(taken_over >= 1, "instance b resumed instance a's tasks");
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t.owner.as_deref() == Some("instance-b") || t.claim_count == 1)
+    );
+    store.close().await;
+    assert_eq!(b.terminate(), Some(0));
+    rig.check_promises(12).await;
+    rig.db.drop_db().await;
+}
