@@ -1,26 +1,56 @@
-//! Agent definitions: what the config declares, and publishing a changed declaration as a
-//! new immutable version at start-up. Tasks carry the version they were created for.
+//! Agent definitions: what the config (or the versions API) declares, validated, and
+//! published as a new immutable version when it changed. Tasks carry the version they were
+//! created for and run on a copy of it taken at claim.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::config::{AgentConfig, AgentMode, Config};
+use crate::engine::workflow::config::Workflow;
 use crate::store::Store;
+use crate::store::agents::Published;
+use crate::tools::ToolRegistry;
 
 /// What an agent version holds; stored as JSON in `agent_version.definition` and copied
 /// into the task when it is claimed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AgentDefinition {
     pub mode: AgentMode,
     pub system_prompt: String,
     /// Empty = the configured `llm.model` at run time.
+    #[serde(default)]
     pub model: String,
+    #[serde(default = "default_temperature")]
     pub temperature: f64,
+    #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
+    #[serde(default = "default_history")]
     pub history_messages: u32,
+    /// The workflow of a `workflow` agent (docs/workflows.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
+    #[serde(default = "default_deadline")]
+    pub confirm_deadline_secs: u64,
 }
 
-impl From<&AgentConfig> for AgentDefinition {
-    fn from(c: &AgentConfig) -> Self {
+fn default_temperature() -> f64 {
+    0.2
+}
+fn default_max_tokens() -> u32 {
+    1024
+}
+fn default_history() -> u32 {
+    20
+}
+fn default_deadline() -> u64 {
+    3600
+}
+
+impl AgentDefinition {
+    pub fn from_config(c: &AgentConfig, workflow: Option<Value>) -> Self {
         AgentDefinition {
             mode: c.mode,
             system_prompt: c.system_prompt.clone(),
@@ -28,24 +58,90 @@ impl From<&AgentConfig> for AgentDefinition {
             temperature: c.temperature,
             max_tokens: c.max_tokens,
             history_messages: c.history_messages,
+            workflow,
+            approvers: c.approvers.clone(),
+            confirm_deadline_secs: c.confirm_deadline_secs,
+        }
+    }
+
+    /// Checks the definition; errors name the field (and the node, for workflows).
+    pub fn validate(&self, tools: &ToolRegistry) -> Result<(), String> {
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return Err("temperature must be between 0 and 2".into());
+        }
+        if self.max_tokens == 0 {
+            return Err("max_tokens must be greater than 0".into());
+        }
+        if self.confirm_deadline_secs == 0 {
+            return Err("confirm_deadline_secs must be greater than 0".into());
+        }
+        match (self.mode, &self.workflow) {
+            (AgentMode::SingleTurn, Some(_)) => {
+                Err("a single_turn agent has no workflow (set mode to workflow)".into())
+            }
+            (AgentMode::Workflow, None) => Err("a workflow agent needs a `workflow`".into()),
+            (AgentMode::Workflow, Some(w)) => {
+                Workflow::parse(w, tools, !self.approvers.is_empty()).map(|_| ())
+            }
+            (AgentMode::SingleTurn, None) => Ok(()),
+        }
+    }
+
+    /// The TEXT of the mode column.
+    pub fn mode_str(&self) -> &'static str {
+        match self.mode {
+            AgentMode::SingleTurn => "single_turn",
+            AgentMode::Workflow => "workflow",
         }
     }
 }
 
+/// Validates `definition` and publishes it as agent `name`'s current version (a no-op when
+/// it equals the current one).
+pub async fn publish(
+    store: &Store,
+    tools: &ToolRegistry,
+    name: &str,
+    definition: &AgentDefinition,
+) -> Result<Published, PublishError> {
+    definition.validate(tools).map_err(PublishError::Invalid)?;
+    let json = serde_json::to_string(definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
+    store
+        .publish_agent_version(name, definition.mode_str(), &json, crate::domain::now_ms())
+        .await
+        .map_err(PublishError::Store)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(crate::store::StoreError),
+}
+
 /// Publishes every configured agent whose definition differs from its current version.
-pub async fn publish_configured_agents(store: &Store, config: &Config) -> anyhow::Result<()> {
+pub async fn publish_configured_agents(
+    store: &Store,
+    config: &Config,
+    tools: &ToolRegistry,
+) -> anyhow::Result<()> {
     for (name, agent) in &config.agents {
-        let definition = AgentDefinition::from(agent);
-        let json = serde_json::to_string(&definition)?;
-        let mode = serde_json::to_value(definition.mode)?;
-        let published = store
-            .publish_agent_version(
-                name,
-                mode.as_str().unwrap_or("single_turn"),
-                &json,
-                crate::domain::now_ms(),
-            )
-            .await?;
+        let workflow = if agent.workflow_file.trim().is_empty() {
+            None
+        } else {
+            let path = agent.workflow_file.trim();
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("agents.{name}.workflow_file: cannot read {path}: {e}")
+            })?;
+            Some(serde_json::from_str::<Value>(&text).map_err(|e| {
+                anyhow::anyhow!("agents.{name}.workflow_file: {path} is not JSON: {e}")
+            })?)
+        };
+        let definition = AgentDefinition::from_config(agent, workflow);
+        let published = publish(store, tools, name, &definition)
+            .await
+            .map_err(|e| anyhow::anyhow!("agents.{name}: {e}"))?;
         if published.created {
             tracing::info!(agent = %name, version = published.version_no, "published agent version");
         }

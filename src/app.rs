@@ -21,6 +21,7 @@ pub struct Services {
     pub store: Store,
     pub channels: Channels,
     pub llm: OpenAiClient,
+    pub tools: crate::tools::ToolRegistry,
     pub instance_id: String,
     pub admin_token: String,
     /// Rung after a task becomes claimable (intake commit, task finished).
@@ -69,7 +70,8 @@ impl App {
             )
         })?;
         store.migrate().await?;
-        crate::agents::publish_configured_agents(&store, &config).await?;
+        let tools = crate::tools::ToolRegistry::new(&config.tools, &config.tooling)?;
+        crate::agents::publish_configured_agents(&store, &config, &tools).await?;
         // A restart under the same instance id: whatever that id still holds was running in
         // the previous process, which is gone, so take it back at once.
         let instance_id = config.instance_id();
@@ -112,6 +114,7 @@ impl App {
         let services = Arc::new(Services {
             channels: Channels::from_config(&config)?,
             llm: OpenAiClient::new(&config.llm)?,
+            tools,
             instance_id,
             admin_token,
             store,

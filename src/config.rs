@@ -49,6 +49,100 @@ pub struct Config {
     pub log: LogConfig,
     pub channels: ChannelsConfig,
     pub agents: BTreeMap<String, AgentConfig>,
+    pub tooling: ToolingConfig,
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// Settings shared by every tool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolingConfig {
+    /// Hosts (names or IP literals) tools may reach even though they are loopback,
+    /// link-local or private. Everything else on those ranges is refused (SSRF guard).
+    pub allowed_private_hosts: Vec<String>,
+    /// Largest tool response kept, in bytes.
+    pub max_response_bytes: usize,
+    /// Tries of a read-only tool call before its error is handed to the model.
+    pub read_only_attempts: u32,
+    pub retry_backoff_base_ms: u64,
+    pub retry_backoff_max_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// Reads only: retried, and safe to repeat after a crash.
+    ReadOnly,
+    /// Changes something but declares how to undo it (saga compensation).
+    Compensable,
+    /// Cannot be undone: runs only after a human approves.
+    Irreversible,
+}
+
+/// One HTTP call, with `{{ ... }}` templates over `args` (and `result` for undo calls).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCallConfig {
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Body template; unset = the arguments as JSON (not sent for GET).
+    #[serde(default)]
+    pub body: Option<String>,
+}
+
+/// A tool declared in config: a named HTTP call the workflows and agent loops may use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    pub kind: ToolKind,
+    #[serde(default)]
+    pub description: String,
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default = "default_tool_timeout")]
+    pub timeout_secs: u64,
+    /// JSON Schema (object/required/properties with primitive types) for the arguments.
+    #[serde(default = "default_args_schema")]
+    pub args_schema: serde_json::Value,
+    /// Whether repeating the call is harmless (the endpoint honours Idempotency-Key).
+    /// Default: true for read_only, false otherwise. A non-idempotent call interrupted by a
+    /// crash becomes UNKNOWN and waits for a human.
+    #[serde(default)]
+    pub idempotent: Option<bool>,
+    /// The undo call of a compensable tool; `result` is the original call's response.
+    #[serde(default)]
+    pub undo: Option<HttpCallConfig>,
+}
+
+fn default_tool_timeout() -> u64 {
+    10
+}
+
+fn default_args_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object"})
+}
+
+impl ToolConfig {
+    /// The tool's own call.
+    pub fn call(&self) -> HttpCallConfig {
+        HttpCallConfig {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+        }
+    }
+
+    pub fn is_idempotent(&self) -> bool {
+        self.idempotent.unwrap_or(self.kind == ToolKind::ReadOnly)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -149,6 +243,7 @@ pub struct AdminConfig {
 pub struct RepliesConfig {
     pub failure_notice: String,
     pub cancelled_notice: String,
+    pub rejected_notice: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -191,12 +286,42 @@ pub enum AgentMode {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
+    #[serde(default = "default_mode")]
     pub mode: AgentMode,
     pub system_prompt: String,
+    #[serde(default)]
     pub model: String,
+    #[serde(default = "default_temperature")]
     pub temperature: f64,
+    #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
+    #[serde(default = "default_history")]
     pub history_messages: u32,
+    /// Workflow agents: path of the workflow JSON (docs/workflows.md).
+    #[serde(default)]
+    pub workflow_file: String,
+    /// Chat user ids allowed to approve this agent's irreversible actions.
+    #[serde(default)]
+    pub approvers: Vec<String>,
+    /// How long an approval request waits before the task is cancelled, in seconds.
+    #[serde(default = "default_confirm_deadline")]
+    pub confirm_deadline_secs: u64,
+}
+
+fn default_mode() -> AgentMode {
+    AgentMode::SingleTurn
+}
+fn default_temperature() -> f64 {
+    0.2
+}
+fn default_max_tokens() -> u32 {
+    1024
+}
+fn default_history() -> u32 {
+    20
+}
+fn default_confirm_deadline() -> u64 {
+    3600
 }
 
 impl Config {
@@ -314,10 +439,10 @@ impl Config {
                     "must be between 0 and 2",
                 ));
             }
-            if agent.mode == AgentMode::Workflow {
+            if agent.mode == AgentMode::Workflow && agent.workflow_file.trim().is_empty() {
                 return Err(invalid(
-                    &format!("agents.{name}.mode"),
-                    "workflow agents are not supported yet; use single_turn",
+                    &format!("agents.{name}.workflow_file"),
+                    "workflow agents need a workflow_file",
                 ));
             }
         }

@@ -3,9 +3,10 @@
 //! answers under a new key).
 
 use crate::app::Services;
-use crate::domain::{ReplyType, now_ms, reply_key};
+use crate::domain::{AuditEvent, ReplyType, TaskStatus, now_ms, reply_key};
 use crate::store::StoreResult;
 use crate::store::tasks::{Control, NewReply};
+use crate::store::workflow::Decided;
 
 /// Cancels a PENDING, RUNNING or WAITING_HUMAN_CONFIRM task; a step running in this
 /// instance is stopped at once, one running elsewhere at its next heartbeat or write.
@@ -59,4 +60,96 @@ pub async fn resume_task(svc: &Services, task_id: i64, actor: &str) -> StoreResu
         svc.task_wake.notify_one();
     }
     Ok(control)
+}
+
+/// How a human decision on a waiting task went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecisionResult {
+    /// Approved: the task continues at the step.
+    Resumed,
+    /// Rejected: the task is cancelled and the requester told.
+    Cancelled,
+    NotFound,
+    /// Nothing is waiting for a decision (already decided, or never asked).
+    NotWaiting(TaskStatus),
+    /// The approver may not decide this; audited.
+    Forbidden,
+}
+
+/// Approves or rejects what task `task_id` waits for. `step_no`, when given (card actions),
+/// must name the open request, so a stale card cannot decide a newer one. `admin` says the
+/// decision came through the admin API, which may decide requests that name no approvers.
+pub async fn decide(
+    svc: &Services,
+    task_id: i64,
+    step_no: Option<i64>,
+    approve: bool,
+    approver: &str,
+    admin: bool,
+) -> StoreResult<DecisionResult> {
+    let Some(task) = svc.store.task(task_id).await? else {
+        return Ok(DecisionResult::NotFound);
+    };
+    let action = match svc.store.open_pending_action(task_id).await? {
+        Some(a) if step_no.is_none_or(|s| s == a.step_no) => a,
+        _ => return Ok(DecisionResult::NotWaiting(task.status)),
+    };
+    let open_to_admin = admin && action.approvers.trim() == "[]";
+    if !action.allowed(approver) && !open_to_admin {
+        svc.store
+            .audit(
+                Some(task_id),
+                AuditEvent::ConfirmDenied,
+                approver,
+                &format!(
+                    "{approver} may not decide step {} (allowed: {})",
+                    action.step_no, action.approvers
+                ),
+                true,
+                now_ms(),
+            )
+            .await?;
+        return Ok(DecisionResult::Forbidden);
+    }
+    let in_reply_to = svc
+        .store
+        .message(task.message_id)
+        .await?
+        .map(|m| m.external_message_id)
+        .unwrap_or_default();
+    let text = svc
+        .config
+        .replies
+        .rejected_notice
+        .replace("{task_id}", &task_id.to_string())
+        .replace("{approver}", approver);
+    let notice = NewReply {
+        idempotency_key: reply_key(task.id, task.resume_count),
+        channel: task.channel.clone(),
+        conversation_id: task.conversation_id.clone(),
+        in_reply_to,
+        reply_type: ReplyType::Text,
+        content: serde_json::json!({ "text": text }).to_string(),
+    };
+    let decided = svc
+        .store
+        .decide_pending_action(&action, approve, approver, &notice, now_ms())
+        .await?;
+    Ok(match decided {
+        Decided::Resumed => {
+            tracing::info!(task_id, approver, "approved; task continues");
+            svc.task_wake.notify_one();
+            DecisionResult::Resumed
+        }
+        Decided::Cancelled => {
+            tracing::info!(task_id, approver, "rejected; task cancelled");
+            svc.reply_wake.notify_one();
+            svc.task_wake.notify_one();
+            DecisionResult::Cancelled
+        }
+        Decided::AlreadyDecided(_) => {
+            let status = svc.store.task(task_id).await?.map(|t| t.status).unwrap_or(task.status);
+            DecisionResult::NotWaiting(status)
+        }
+    })
 }

@@ -4,10 +4,10 @@
 use serde::Serialize;
 
 macro_rules! text_enum {
-    ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name { $($variant),+ }
+        pub enum $name { $($(#[$vmeta])* $variant),+ }
 
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
@@ -107,6 +107,31 @@ text_enum!(
     StepType {
         Llm => "llm",
         Tool => "tool",
+        /// A human decision (approval gate); its output is the decision.
+        Human => "human",
+        /// The undo call of a compensable tool.
+        Undo => "undo",
+    }
+);
+
+text_enum!(
+    /// What a pending action waits for a human to decide.
+    PendingKind {
+        /// A human_confirm node: approve to go on.
+        Confirm => "confirm",
+        /// An irreversible tool call: approve to run it.
+        Tool => "tool",
+        /// A non-idempotent step interrupted by a crash: approve to run it again.
+        UnknownStep => "unknown_step",
+    }
+);
+
+text_enum!(
+    Decision {
+        Pending => "PENDING",
+        Approved => "APPROVED",
+        Rejected => "REJECTED",
+        Expired => "EXPIRED",
     }
 );
 
@@ -155,6 +180,8 @@ text_enum!(
         TaskCancelled => "TASK_CANCELLED",
         TaskResumed => "TASK_RESUMED",
         StepUnknown => "STEP_UNKNOWN",
+        StepCompensated => "STEP_COMPENSATED",
+        ConfirmDenied => "CONFIRM_DENIED",
         ReplySent => "REPLY_SENT",
         ReplyFailed => "REPLY_FAILED",
         AgentVersionPublished => "AGENT_VERSION_PUBLISHED",

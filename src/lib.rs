@@ -15,6 +15,7 @@ pub mod intake;
 pub mod llm;
 pub mod outbox;
 pub mod store;
+pub mod tools;
 
 pub use app::App;
 pub use config::Config;

@@ -48,6 +48,7 @@ CREATE TABLE agent_task (
     workflow_snapshot TEXT,
     context_summary   TEXT,
     result            TEXT,
+    trace             TEXT,
     failure_type      TEXT,
     error_msg         TEXT,
     retry_count       BIGINT  NOT NULL DEFAULT 0,
@@ -98,9 +99,11 @@ CREATE TABLE pending_action (
     id          BIGSERIAL PRIMARY KEY,
     task_id     BIGINT  NOT NULL REFERENCES agent_task(id),
     step_no     BIGINT  NOT NULL,
+    kind        TEXT    NOT NULL,
     tool_name   TEXT    NOT NULL,
     args        TEXT    NOT NULL,
-    approver    TEXT,
+    approvers   TEXT    NOT NULL,
+    message     TEXT    NOT NULL,
     decision    TEXT    NOT NULL,
     decided_by  TEXT,
     deadline    BIGINT  NOT NULL,
@@ -108,6 +111,8 @@ CREATE TABLE pending_action (
     decided_at  BIGINT,
     UNIQUE (task_id, step_no)
 );
+
+CREATE INDEX pending_action_open ON pending_action (deadline) WHERE decision = 'PENDING';
 
 CREATE TABLE outbound_reply (
     id                  BIGSERIAL PRIMARY KEY,

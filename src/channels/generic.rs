@@ -105,6 +105,41 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
     })
 }
 
+/// A card action (Approve/Reject) posted back by the IM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CardAction {
+    pub task_id: i64,
+    pub step_no: i64,
+    pub approve: bool,
+    pub approver: String,
+}
+
+/// Parses a verified card-action body; the error names the offending field.
+pub fn parse_action(body: &[u8]) -> Result<CardAction, String> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    let Value::Object(object) = value else {
+        return Err("body must be a JSON object".into());
+    };
+    let int = |field: &str| {
+        object
+            .get(field)
+            .and_then(Value::as_i64)
+            .ok_or_else(|| format!("field `{field}` must be an integer"))
+    };
+    let approve = match required(&object, "decision", 16)?.as_str() {
+        "approve" => true,
+        "reject" => false,
+        other => return Err(format!("field `decision` is `{other}`; expected approve or reject")),
+    };
+    Ok(CardAction {
+        task_id: int("task_id")?,
+        step_no: int("step_no")?,
+        approve,
+        approver: required(&object, "approver", MAX_ID_LEN)?,
+    })
+}
+
 fn required(object: &Map<String, Value>, field: &str, max_len: usize) -> Result<String, String> {
     match object.get(field) {
         None | Some(Value::Null) => Err(format!("missing field `{field}`")),

@@ -12,11 +12,14 @@ use tracing::Instrument;
 use crate::app::Services;
 use crate::domain::now_ms;
 use crate::store::StoreError;
-use crate::store::tasks::{ClaimedTask, Fence};
+use crate::agents::AgentDefinition;
+use crate::config::AgentMode;
+use crate::store::tasks::{ClaimedTask, Fence, MessageRow, TaskRow};
 
 pub mod backoff;
 pub mod reply;
 pub mod single_turn;
+pub mod workflow;
 
 /// Why a task run stopped before finishing the task.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,53 @@ pub enum RunError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Corrupt(String),
+    /// The task now waits for a human (approval, or an interrupted unsafe step).
+    #[error("waiting for a human decision")]
+    Parked,
+}
+
+/// What a run needs to know about its task, loaded once after the claim.
+pub struct TaskContext {
+    pub task: TaskRow,
+    pub message: MessageRow,
+    /// The agent version as snapshotted into the task at its first claim.
+    pub agent: AgentDefinition,
+}
+
+async fn load_context(svc: &Services, task_id: i64) -> Result<TaskContext, RunError> {
+    let task = svc
+        .store
+        .task(task_id)
+        .await?
+        .ok_or_else(|| RunError::Corrupt("claimed task vanished".into()))?;
+    let message = svc
+        .store
+        .message(task.message_id)
+        .await?
+        .ok_or_else(|| RunError::Corrupt(format!("message {} missing", task.message_id)))?;
+    let snapshot = task
+        .workflow_snapshot
+        .as_deref()
+        .ok_or_else(|| RunError::Corrupt("task has no agent snapshot".into()))?;
+    let agent: AgentDefinition = serde_json::from_str(snapshot)
+        .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
+    Ok(TaskContext {
+        task,
+        message,
+        agent,
+    })
+}
+
+async fn run_task(
+    svc: &Services,
+    fence: &Fence,
+    lost: &CancellationToken,
+) -> Result<(), RunError> {
+    let ctx = load_context(svc, fence.task_id).await?;
+    match ctx.agent.mode {
+        AgentMode::SingleTurn => single_turn::run(svc, fence, lost, &ctx).await,
+        AgentMode::Workflow => workflow::runner::run(svc, fence, lost, &ctx).await,
+    }
 }
 
 /// Claims and runs tasks until `shutdown` fires, then waits up to the grace period for the
@@ -125,11 +175,12 @@ async fn run_claimed(svc: Arc<Services>, task: ClaimedTask, shutdown: Cancellati
     let lost = CancellationToken::new();
     svc.track_running(task.id, Some(lost.clone()));
     let heartbeat = tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone()));
-    let result = single_turn::run(&svc, &fence, &lost).await;
+    let result = run_task(&svc, &fence, &lost).await;
     heartbeat.abort();
     svc.track_running(task.id, None);
     match result {
         Ok(()) => {}
+        Err(RunError::Parked) => tracing::info!("waiting for a human decision"),
         Err(RunError::LostLease) => {
             tracing::warn!("stopped: lost the lease on this task; another instance owns it now")
         }

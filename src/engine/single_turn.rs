@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{RunError, backoff, reply};
-use crate::agents::AgentDefinition;
+use super::{RunError, TaskContext, backoff, reply};
 use crate::app::Services;
 use crate::domain::{ReplyType, StepStatus, StepType, TaskStatus, now_ms, reply_key, step_key};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError};
@@ -16,24 +15,13 @@ use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOut
 const STEP_NO: i64 = 1;
 const TOOL: &str = "chat";
 
-pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Result<(), RunError> {
-    let task = svc
-        .store
-        .task(fence.task_id)
-        .await?
-        .ok_or_else(|| RunError::Corrupt("claimed task vanished".into()))?;
-    let message = svc
-        .store
-        .message(task.message_id)
-        .await?
-        .ok_or_else(|| RunError::Corrupt(format!("message {} missing", task.message_id)))?;
-    let snapshot = task
-        .workflow_snapshot
-        .as_deref()
-        .ok_or_else(|| RunError::Corrupt("task has no agent snapshot".into()))?;
-    let agent: AgentDefinition = serde_json::from_str(snapshot)
-        .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
-
+pub async fn run(
+    svc: &Services,
+    fence: &Fence,
+    lost: &CancellationToken,
+    ctx: &TaskContext,
+) -> Result<(), RunError> {
+    let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
     let history = svc
         .store
         .conversation_history(
@@ -62,6 +50,7 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
         messages,
         temperature: agent.temperature,
         max_tokens: agent.max_tokens,
+        tools: Vec::new(),
     };
     let input = serde_json::to_string(&fresh_request).unwrap_or_default();
     let key = step_key(fence.task_id, STEP_NO, TOOL);
@@ -112,6 +101,7 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
             TaskOutcome {
                 status: TaskStatus::Succeeded,
                 result: Some(answer.content.clone()),
+                trace: None,
                 failure_type: None,
                 error: None,
                 retries,
@@ -150,6 +140,7 @@ pub async fn run(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Res
             TaskOutcome {
                 status: TaskStatus::Failed,
                 result: None,
+                trace: None,
                 failure_type: Some(err.failure_type),
                 error: Some(crate::domain::truncate(&err.message, 2000)),
                 retries,

@@ -28,6 +28,7 @@ pub fn router() -> Router<Arc<Services>> {
         .route("/api/tasks/{id}", get(get_task))
         .route("/api/tasks/{id}/cancel", post(cancel_task))
         .route("/api/tasks/{id}/resume", post(resume_task))
+        .route("/api/tasks/{id}/confirm", post(confirm_task))
 }
 
 /// The actor recorded in audit events for admin actions: `X-Assistd-Actor` when given.
@@ -88,6 +89,64 @@ async fn resume_task(
         "FAILED tasks and tasks CANCELLED by an error",
     )?;
     task_json(&svc, id).await.map(Json)
+}
+
+/// A human decision: `{"decision": "approve"|"reject", "approver": "<user id>"}`.
+#[derive(Debug, Deserialize)]
+pub struct DecisionBody {
+    pub decision: String,
+    pub approver: String,
+    /// Card actions name the step they were issued for.
+    #[serde(default)]
+    pub step_no: Option<i64>,
+}
+
+impl DecisionBody {
+    pub fn approve(&self) -> Result<bool, ApiError> {
+        match self.decision.as_str() {
+            "approve" => Ok(true),
+            "reject" => Ok(false),
+            other => Err(ApiError::BadRequest(format!(
+                "field `decision` is `{other}`; expected approve or reject"
+            ))),
+        }
+    }
+}
+
+/// Maps a decision result to the HTTP answer shared by the API and the card webhook.
+pub async fn decision_response(
+    svc: &Services,
+    id: i64,
+    result: crate::control::DecisionResult,
+) -> Result<Json<Value>, ApiError> {
+    use crate::control::DecisionResult;
+    match result {
+        DecisionResult::Resumed | DecisionResult::Cancelled => task_json(svc, id).await.map(Json),
+        DecisionResult::NotFound => Err(ApiError::NotFound(format!("no task {id}"))),
+        DecisionResult::NotWaiting(status) => Err(ApiError::Conflict(format!(
+            "task {id} is {status} and waits for no decision"
+        ))),
+        DecisionResult::Forbidden => Err(ApiError::Forbidden(
+            "this approver may not decide this request".into(),
+        )),
+    }
+}
+
+async fn confirm_task(
+    _auth: AdminAuth,
+    State(svc): State<Arc<Services>>,
+    Path(id): Path<String>,
+    body: Result<Json<DecisionBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    if body.approver.trim().is_empty() {
+        return Err(ApiError::BadRequest("field `approver` must not be empty".into()));
+    }
+    let approve = body.approve()?;
+    let result =
+        crate::control::decide(&svc, id, body.step_no, approve, body.approver.trim(), true).await?;
+    decision_response(&svc, id, result).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,7 +232,7 @@ async fn get_task(
 }
 
 /// Everything about one task: the answer to "what happened to this message?".
-async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
+pub async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
     let store = &svc.store;
     let task = store
         .task(id)
@@ -184,6 +243,7 @@ async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
     let steps = store.task_steps(id).await?;
     let replies = store.task_replies(id).await?;
     let audit = store.task_audit(id).await?;
+    let actions = store.task_pending_actions(id).await?;
     let reply_json = |r: &crate::store::outbox::ReplyRow| {
         json!({
             "idempotency_key": r.idempotency_key,
@@ -241,6 +301,19 @@ async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
         })).collect::<Vec<_>>(),
         "reply": replies.last().map(reply_json),
         "replies": replies.iter().map(reply_json).collect::<Vec<_>>(),
+        "trace": task.trace.as_deref().and_then(|t| serde_json::from_str::<Value>(t).ok()),
+        "confirm_deadline": task.confirm_deadline,
+        "pending_actions": actions.iter().map(|a| json!({
+            "step_no": a.step_no,
+            "kind": a.kind,
+            "tool": a.tool_name,
+            "args": serde_json::from_str::<Value>(&a.args).unwrap_or(Value::Null),
+            "approvers": serde_json::from_str::<Value>(&a.approvers).unwrap_or(Value::Null),
+            "message": a.message,
+            "decision": a.decision,
+            "decided_by": a.decided_by,
+            "deadline": a.deadline,
+        })).collect::<Vec<_>>(),
         "audit": audit.iter().map(|a| json!({
             "id": a.id,
             "event": a.event,

@@ -18,7 +18,9 @@ use crate::domain::now_ms;
 use crate::intake::{IntakeError, accept_message};
 
 pub fn router() -> Router<Arc<Services>> {
-    Router::new().route("/webhooks/generic", post(generic_webhook))
+    Router::new()
+        .route("/webhooks/generic", post(generic_webhook))
+        .route("/webhooks/generic/actions", post(generic_actions))
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
@@ -80,4 +82,38 @@ async fn generic_webhook(
     Ok(Json(
         json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }),
     ))
+}
+
+/// Card actions from the IM (Approve/Reject on an approval card), signed like every generic
+/// webhook: `{"task_id", "step_no", "decision": "approve"|"reject", "approver"}`.
+async fn generic_actions(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let cfg = &svc.config.channels.generic;
+    if !cfg.enabled || cfg.secret.is_empty() {
+        return Err(ApiError::NotFound("the generic channel is not configured".into()));
+    }
+    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    generic::verify(
+        &cfg.secret,
+        header(&headers, generic::TIMESTAMP_HEADER),
+        header(&headers, generic::SIGNATURE_HEADER),
+        &raw,
+        now_ms() / 1000,
+        cfg.timestamp_tolerance_secs,
+    )
+    .map_err(ApiError::Unauthorized)?;
+    let action = generic::parse_action(&raw).map_err(ApiError::BadRequest)?;
+    let result = crate::control::decide(
+        &svc,
+        action.task_id,
+        Some(action.step_no),
+        action.approve,
+        &action.approver,
+        false,
+    )
+    .await?;
+    super::tasks::decision_response(&svc, action.task_id, result).await
 }

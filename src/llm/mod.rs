@@ -14,6 +14,12 @@ use crate::domain::FailureType;
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// Calls the assistant asked for (assistant messages of a tool-calling loop).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -21,8 +27,31 @@ impl ChatMessage {
         ChatMessage {
             role: role.to_string(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
+}
+
+/// An OpenAI-style function call requested by the model.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text, as the model produced it.
+    #[serde(default)]
+    pub arguments: String,
+}
+
+fn function_type() -> String {
+    "function".into()
 }
 
 /// One model call.
@@ -32,11 +61,16 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub temperature: f64,
     pub max_tokens: u32,
+    /// OpenAI-style `tools` (function declarations) the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ChatResponse {
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
     pub finish_reason: Option<String>,
     pub prompt_tokens: Option<i64>,
     pub completion_tokens: Option<i64>,
@@ -187,6 +221,8 @@ fn parse_completion(body: &str) -> Result<ChatResponse, LlmError> {
     #[derive(Deserialize)]
     struct Message {
         content: Option<String>,
+        #[serde(default)]
+        tool_calls: Vec<ToolCall>,
     }
     #[derive(Deserialize)]
     struct Usage {
@@ -211,13 +247,19 @@ fn parse_completion(body: &str) -> Result<ChatResponse, LlmError> {
             "the model's content filter stopped the answer",
         ));
     }
-    let content = choice
-        .message
-        .and_then(|m| m.content)
-        .filter(|c| !c.trim().is_empty())
-        .ok_or_else(|| LlmError::new(FailureType::InvalidResponse, "model answer is empty"))?;
+    let message = choice.message.ok_or_else(|| {
+        LlmError::new(FailureType::InvalidResponse, "model response has no message")
+    })?;
+    let content = message.content.unwrap_or_default();
+    if content.trim().is_empty() && message.tool_calls.is_empty() {
+        return Err(LlmError::new(
+            FailureType::InvalidResponse,
+            "model answer is empty",
+        ));
+    }
     Ok(ChatResponse {
         content,
+        tool_calls: message.tool_calls,
         finish_reason: choice.finish_reason,
         prompt_tokens: completion.usage.as_ref().and_then(|u| u.prompt_tokens),
         completion_tokens: completion.usage.as_ref().and_then(|u| u.completion_tokens),

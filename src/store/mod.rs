@@ -17,6 +17,7 @@ pub mod agents;
 pub mod intake;
 pub mod outbox;
 pub mod tasks;
+pub mod workflow;
 
 /// The channel PostgreSQL `NOTIFY`s when a task becomes claimable.
 pub const TASK_NOTIFY_CHANNEL: &str = "assistd_task";

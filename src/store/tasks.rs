@@ -4,7 +4,7 @@
 
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{
-    AuditEvent, FailureType, ReplyStatus, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
+    AuditEvent, FailureType, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
 };
 
 /// Appends one audit event inside the caller's transaction (`$tx`). A macro rather than a
@@ -44,11 +44,13 @@ macro_rules! insert_reply {
         .bind(&$reply.in_reply_to)
         .bind($reply.reply_type)
         .bind(&$reply.content)
-        .bind(ReplyStatus::Pending)
+        .bind($crate::domain::ReplyStatus::Pending)
         .bind($now)
         .execute($tx)
     };
 }
+
+pub(crate) use insert_reply;
 
 /// The result of an admin action on a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +90,7 @@ pub struct TaskRow {
     pub current_step: i64,
     pub workflow_snapshot: Option<String>,
     pub result: Option<String>,
+    pub trace: Option<String>,
     pub failure_type: Option<FailureType>,
     pub error_msg: Option<String>,
     pub retry_count: i64,
@@ -96,6 +99,7 @@ pub struct TaskRow {
     pub version: i64,
     pub owner: Option<String>,
     pub lease_expire: Option<i64>,
+    pub confirm_deadline: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
     pub started_at: Option<i64>,
@@ -103,8 +107,8 @@ pub struct TaskRow {
 }
 
 const TASK_COLUMNS: &str = "id, agent_id, agent_version_id, task_type, channel, conversation_id, \
-     message_id, trigger_user, status, current_step, workflow_snapshot, result, failure_type, \
-     error_msg, retry_count, claim_count, resume_count, version, owner, lease_expire, created_at, updated_at, \
+     message_id, trigger_user, status, current_step, workflow_snapshot, result, trace, failure_type, \
+     error_msg, retry_count, claim_count, resume_count, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
      started_at, finished_at";
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -194,6 +198,8 @@ pub struct NewReply {
 pub struct TaskOutcome {
     pub status: TaskStatus,
     pub result: Option<String>,
+    /// Workflow runs: the trace of nodes and steps, as JSON.
+    pub trace: Option<String>,
     pub failure_type: Option<FailureType>,
     pub error: Option<String>,
     pub retries: i64,
@@ -406,16 +412,7 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-            // A step that failed before an admin resumed the task is run again.
-            sqlx::query(
-                "UPDATE agent_step SET status = $1, error = NULL, finished_at = NULL \
-                 WHERE idempotency_key = $2 AND status = $3",
-            )
-            .bind(StepStatus::Pending)
-            .bind(step.idempotency_key)
-            .bind(StepStatus::Failed)
-            .execute(&mut *tx)
-            .await?;
+
             sqlx::query_as::<_, StepRow>(&select)
                 .bind(step.idempotency_key)
                 .fetch_one(&mut *tx)
@@ -467,7 +464,7 @@ impl Store {
             let owned = sqlx::query(
                 "UPDATE agent_task SET status = $1, result = $2, failure_type = $3, \
                  error_msg = $4, retry_count = retry_count + $5, version = version + 1, \
-                 lease_expire = NULL, finished_at = $6, updated_at = $6 \
+                 lease_expire = NULL, finished_at = $6, updated_at = $6, trace = $10 \
                  WHERE id = $7 AND owner = $8 AND version = $9 AND status = 'RUNNING'",
             )
             .bind(outcome.status)
@@ -479,6 +476,7 @@ impl Store {
             .bind(fence.task_id)
             .bind(&fence.owner)
             .bind(fence.version)
+            .bind(&outcome.trace)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -621,6 +619,16 @@ impl Store {
             .bind(TaskStatus::Pending)
             .bind(now)
             .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+            // The failed step runs again; everything that succeeded is reused.
+            sqlx::query(
+                "UPDATE agent_step SET status = $1, error = NULL, finished_at = NULL \
+                 WHERE task_id = $2 AND status = $3",
+            )
+            .bind(StepStatus::Pending)
+            .bind(task_id)
+            .bind(StepStatus::Failed)
             .execute(&mut *tx)
             .await?;
             insert_audit!(

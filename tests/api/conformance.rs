@@ -15,10 +15,13 @@ async fn fresh_store() -> (TestDb, Store) {
     cfg.database.max_connections = 8;
     let store = Store::connect(&cfg.database).await.unwrap();
     store.migrate().await.unwrap();
-    assistd::agents::publish_configured_agents(&store, &cfg)
-        .await
-        .unwrap();
+    publish(&store, &cfg).await;
     (db, store)
+}
+
+async fn publish(store: &Store, cfg: &assistd::Config) {
+    let tools = assistd::tools::ToolRegistry::new(&cfg.tools, &cfg.tooling).unwrap();
+    assistd::agents::publish_configured_agents(store, cfg, &tools).await.unwrap();
 }
 
 fn msg(conversation: &str, n: u32) -> NewMessage {
@@ -37,6 +40,7 @@ fn outcome(task_id: i64) -> TaskOutcome {
     TaskOutcome {
         status: TaskStatus::Succeeded,
         result: Some("ok".into()),
+        trace: None,
         failure_type: None,
         error: None,
         retries: 0,
@@ -305,9 +309,7 @@ async fn a_changed_agent_definition_becomes_a_new_version() {
     let (db, store) = fresh_store().await;
     let mut cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     // Unchanged: still version 1.
-    assistd::agents::publish_configured_agents(&store, &cfg)
-        .await
-        .unwrap();
+    publish(&store, &cfg).await;
     assert_eq!(
         store
             .current_agent_version("default")
@@ -324,9 +326,7 @@ async fn a_changed_agent_definition_becomes_a_new_version() {
         .unwrap()
         .task_id;
     cfg.agents.get_mut("default").unwrap().system_prompt = "You are terse.".into();
-    assistd::agents::publish_configured_agents(&store, &cfg)
-        .await
-        .unwrap();
+    publish(&store, &cfg).await;
     let v2 = store
         .current_agent_version("default")
         .await

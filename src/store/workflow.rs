@@ -1,0 +1,419 @@
+//! Step-level writes of workflow runs and the human decisions they wait for. Fenced like
+//! every worker write; a decision is one transaction that moves the task on.
+
+use super::tasks::{Fence, NewReply, NewStep, StepResult, insert_audit, insert_reply};
+use super::{Store, StoreResult, on_pool, write_tx};
+use crate::domain::{AuditEvent, Decision, PendingKind, StepStatus, TaskStatus};
+
+/// Takes the task row under the fence (and, on PostgreSQL, its row lock); `false` = lost.
+macro_rules! fence_task {
+    ($tx:expr, $fence:expr, $now:expr) => {
+        sqlx::query(
+            "UPDATE agent_task SET updated_at = $1 \
+             WHERE id = $2 AND owner = $3 AND version = $4 AND status = 'RUNNING'",
+        )
+        .bind($now)
+        .bind($fence.task_id)
+        .bind(&$fence.owner)
+        .bind($fence.version)
+        .execute($tx)
+        .await?
+        .rows_affected()
+            == 1
+    };
+}
+
+/// Inserts a pending action inside the caller's transaction.
+macro_rules! insert_pending_action {
+    ($tx:expr, $task_id:expr, $action:expr, $now:expr) => {
+        sqlx::query(
+            "INSERT INTO pending_action (task_id, step_no, kind, tool_name, args, approvers, \
+             message, decision, deadline, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT (task_id, step_no) DO NOTHING",
+        )
+        .bind($task_id)
+        .bind($action.step_no)
+        .bind($action.kind)
+        .bind(&$action.tool_name)
+        .bind(&$action.args)
+        .bind(serde_json::to_string(&$action.approvers).unwrap_or_else(|_| "[]".into()))
+        .bind(&$action.message)
+        .bind(Decision::Pending)
+        .bind($action.deadline)
+        .bind($now)
+        .execute($tx)
+    };
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PendingActionRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub step_no: i64,
+    pub kind: PendingKind,
+    pub tool_name: String,
+    pub args: String,
+    /// JSON array of the user ids allowed to decide.
+    pub approvers: String,
+    pub message: String,
+    pub decision: Decision,
+    pub decided_by: Option<String>,
+    pub deadline: i64,
+    pub created_at: i64,
+    pub decided_at: Option<i64>,
+}
+
+impl PendingActionRow {
+    pub fn allowed(&self, approver: &str) -> bool {
+        serde_json::from_str::<Vec<String>>(&self.approvers)
+            .map(|list| list.iter().any(|a| a == approver))
+            .unwrap_or(false)
+    }
+}
+
+const ACTION_COLUMNS: &str = "id, task_id, step_no, kind, tool_name, args, approvers, message, \
+     decision, decided_by, deadline, created_at, decided_at";
+
+/// What a task parks on.
+#[derive(Debug, Clone)]
+pub struct NewPendingAction {
+    pub step_no: i64,
+    pub kind: PendingKind,
+    pub tool_name: String,
+    pub args: String,
+    pub approvers: Vec<String>,
+    pub message: String,
+    pub deadline: i64,
+}
+
+/// The result of a human decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// Approved: the task is PENDING again and continues at the step.
+    Resumed,
+    /// Rejected: the task is CANCELLED and the requester is told.
+    Cancelled,
+    /// Somebody decided first (or the deadline passed).
+    AlreadyDecided(Decision),
+}
+
+impl Store {
+    /// Records how a step ended; `false` when the worker no longer owns the task.
+    pub async fn complete_step(&self, fence: &Fence, step: &StepResult, now: i64) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            if !fence_task!(&mut *tx, fence, now) {
+                return Ok(false);
+            }
+            sqlx::query(
+                "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
+                 tokens_out = $5, duration_ms = $6, finished_at = $7 WHERE id = $8",
+            )
+            .bind(step.status)
+            .bind(&step.output)
+            .bind(&step.error)
+            .bind(step.tokens_in)
+            .bind(step.tokens_out)
+            .bind(step.duration_ms)
+            .bind(now)
+            .bind(step.step_id)
+            .execute(&mut *tx)
+            .await?;
+            true
+        });
+        Ok(done)
+    }
+
+    /// Marks a compensable step undone (its undo step succeeded).
+    pub async fn mark_step_compensated(&self, fence: &Fence, step_no: i64, now: i64) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            if !fence_task!(&mut *tx, fence, now) {
+                return Ok(false);
+            }
+            sqlx::query("UPDATE agent_step SET status = $1 WHERE task_id = $2 AND step_no = $3")
+                .bind(StepStatus::Compensated)
+                .bind(fence.task_id)
+                .bind(step_no)
+                .execute(&mut *tx)
+                .await?;
+            insert_audit!(
+                &mut *tx,
+                Some(fence.task_id),
+                AuditEvent::StepCompensated,
+                &fence.owner,
+                &format!("step {step_no} compensated"),
+                false,
+                now,
+            )?;
+            true
+        });
+        Ok(done)
+    }
+
+    /// Parks the task for a human: WAITING_HUMAN_CONFIRM with a deadline, the gate step
+    /// PENDING, the pending action, and the approval card queued for the chat.
+    pub async fn park_for_confirmation(
+        &self,
+        fence: &Fence,
+        step: &NewStep<'_>,
+        action: &NewPendingAction,
+        card: &NewReply,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let parked = write_tx!(self, tx => {
+            let n = sqlx::query(
+                "UPDATE agent_task SET status = $1, confirm_deadline = $2, current_step = $3, \
+                 version = version + 1, lease_expire = NULL, updated_at = $4 \
+                 WHERE id = $5 AND owner = $6 AND version = $7 AND status = 'RUNNING'",
+            )
+            .bind(TaskStatus::WaitingHumanConfirm)
+            .bind(action.deadline)
+            .bind(step.step_no)
+            .bind(now)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            sqlx::query(
+                "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
+                 idempotency_key, input, status, attempt, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
+                 ON CONFLICT (idempotency_key) DO NOTHING",
+            )
+            .bind(fence.task_id)
+            .bind(step.step_no)
+            .bind(step.step_type)
+            .bind(step.tool_name)
+            .bind(step.idempotency_key)
+            .bind(step.input)
+            .bind(StepStatus::Pending)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            insert_pending_action!(&mut *tx, fence.task_id, action, now).await?;
+            insert_reply!(&mut *tx, fence.task_id, card, now).await?;
+            insert_audit!(
+                &mut *tx,
+                Some(fence.task_id),
+                AuditEvent::TaskWaitingConfirm,
+                &fence.owner,
+                &format!("step {} waits for {}: {}", action.step_no, action.kind, action.message),
+                false,
+                now,
+            )?;
+            true
+        });
+        Ok(parked)
+    }
+
+    /// A non-idempotent step found PENDING after a crash: its outcome is unknown, so it is
+    /// marked UNKNOWN (risk-flagged) and the task waits for a human instead of guessing.
+    pub async fn park_unknown_step(
+        &self,
+        fence: &Fence,
+        step_id: i64,
+        action: &NewPendingAction,
+        card: &NewReply,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let parked = write_tx!(self, tx => {
+            let n = sqlx::query(
+                "UPDATE agent_task SET status = $1, confirm_deadline = $2, \
+                 version = version + 1, lease_expire = NULL, updated_at = $3 \
+                 WHERE id = $4 AND owner = $5 AND version = $6 AND status = 'RUNNING'",
+            )
+            .bind(TaskStatus::WaitingHumanConfirm)
+            .bind(action.deadline)
+            .bind(now)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            sqlx::query("UPDATE agent_step SET status = $1 WHERE id = $2")
+                .bind(StepStatus::Unknown)
+                .bind(step_id)
+                .execute(&mut *tx)
+                .await?;
+            insert_pending_action!(&mut *tx, fence.task_id, action, now).await?;
+            insert_reply!(&mut *tx, fence.task_id, card, now).await?;
+            insert_audit!(
+                &mut *tx,
+                Some(fence.task_id),
+                AuditEvent::StepUnknown,
+                &fence.owner,
+                &format!(
+                    "step {} ({}) was interrupted and is not safe to repeat; waiting for a human",
+                    action.step_no, action.tool_name
+                ),
+                true,
+                now,
+            )?;
+            true
+        });
+        Ok(parked)
+    }
+
+    /// The open (undecided) pending action of a task, if any.
+    pub async fn open_pending_action(&self, task_id: i64) -> StoreResult<Option<PendingActionRow>> {
+        let sql = format!(
+            "SELECT {ACTION_COLUMNS} FROM pending_action WHERE task_id = $1 AND decision = 'PENDING' \
+             ORDER BY id DESC LIMIT 1"
+        );
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, PendingActionRow>(&sql).bind(task_id).fetch_optional(pool).await?
+        }))
+    }
+
+    pub async fn pending_action(&self, id: i64) -> StoreResult<Option<PendingActionRow>> {
+        let sql = format!("SELECT {ACTION_COLUMNS} FROM pending_action WHERE id = $1");
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, PendingActionRow>(&sql).bind(id).fetch_optional(pool).await?
+        }))
+    }
+
+    pub async fn task_pending_actions(&self, task_id: i64) -> StoreResult<Vec<PendingActionRow>> {
+        let sql = format!("SELECT {ACTION_COLUMNS} FROM pending_action WHERE task_id = $1 ORDER BY id");
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, PendingActionRow>(&sql).bind(task_id).fetch_all(pool).await?
+        }))
+    }
+
+    /// Applies a decision on a still-open pending action, atomically: approve puts the task
+    /// back to PENDING at the step; reject cancels it and queues `notice` for the chat.
+    pub async fn decide_pending_action(
+        &self,
+        action: &PendingActionRow,
+        approve: bool,
+        approver: &str,
+        notice: &NewReply,
+        now: i64,
+    ) -> StoreResult<Decided> {
+        let decided = write_tx!(self, tx => {
+            let decision = if approve { Decision::Approved } else { Decision::Rejected };
+            let n = sqlx::query(
+                "UPDATE pending_action SET decision = $1, decided_by = $2, decided_at = $3 \
+                 WHERE id = $4 AND decision = 'PENDING'",
+            )
+            .bind(decision)
+            .bind(approver)
+            .bind(now)
+            .bind(action.id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                let (current,): (Decision,) =
+                    sqlx::query_as("SELECT decision FROM pending_action WHERE id = $1")
+                        .bind(action.id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                return Ok(Decided::AlreadyDecided(current));
+            }
+            let output = serde_json::json!({
+                "decision": if approve { "approve" } else { "reject" },
+                "approver": approver,
+            })
+            .to_string();
+            if approve {
+                // An unknown step stays UNKNOWN: the runner runs it again. A gate step
+                // succeeds with the decision as its output.
+                if action.kind != PendingKind::UnknownStep {
+                    sqlx::query(
+                        "UPDATE agent_step SET status = $1, output = $2, finished_at = $3 \
+                         WHERE task_id = $4 AND step_no = $5",
+                    )
+                    .bind(StepStatus::Succeeded)
+                    .bind(&output)
+                    .bind(now)
+                    .bind(action.task_id)
+                    .bind(action.step_no)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                sqlx::query(
+                    "UPDATE agent_task SET status = $1, confirm_deadline = NULL, run_after = $2, \
+                     owner = NULL, version = version + 1, updated_at = $2 \
+                     WHERE id = $3 AND status = $4",
+                )
+                .bind(TaskStatus::Pending)
+                .bind(now)
+                .bind(action.task_id)
+                .bind(TaskStatus::WaitingHumanConfirm)
+                .execute(&mut *tx)
+                .await?;
+                insert_audit!(
+                    &mut *tx,
+                    Some(action.task_id),
+                    AuditEvent::TaskConfirmed,
+                    approver,
+                    &format!("{} at step {} approved by {approver}", action.kind, action.step_no),
+                    false,
+                    now,
+                )?;
+                Decided::Resumed
+            } else {
+                sqlx::query(
+                    "UPDATE agent_step SET status = $1, error = $2, finished_at = $3 \
+                     WHERE task_id = $4 AND step_no = $5",
+                )
+                .bind(StepStatus::Failed)
+                .bind(format!("rejected by {approver}"))
+                .bind(now)
+                .bind(action.task_id)
+                .bind(action.step_no)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE agent_task SET status = $1, failure_type = 'CANCELLED', \
+                     error_msg = $2, confirm_deadline = NULL, version = version + 1, \
+                     finished_at = $3, updated_at = $3 WHERE id = $4 AND status = $5",
+                )
+                .bind(TaskStatus::Cancelled)
+                .bind(format!("rejected by {approver}"))
+                .bind(now)
+                .bind(action.task_id)
+                .bind(TaskStatus::WaitingHumanConfirm)
+                .execute(&mut *tx)
+                .await?;
+                insert_reply!(&mut *tx, action.task_id, notice, now).await?;
+                insert_audit!(
+                    &mut *tx,
+                    Some(action.task_id),
+                    AuditEvent::TaskRejected,
+                    approver,
+                    &format!("{} at step {} rejected by {approver}", action.kind, action.step_no),
+                    false,
+                    now,
+                )?;
+                Decided::Cancelled
+            }
+        });
+        Ok(decided)
+    }
+
+    /// Appends one audit event on its own.
+    pub async fn audit(
+        &self,
+        task_id: Option<i64>,
+        event: AuditEvent,
+        actor: &str,
+        summary: &str,
+        risk_flag: bool,
+        now: i64,
+    ) -> StoreResult<()> {
+        write_tx!(self, tx => {
+            insert_audit!(&mut *tx, task_id, event, actor, summary, risk_flag, now)?;
+        });
+        Ok(())
+    }
+}
