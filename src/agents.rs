@@ -105,7 +105,8 @@ pub async fn publish(
     definition: &AgentDefinition,
 ) -> Result<Published, PublishError> {
     definition.validate(tools).map_err(PublishError::Invalid)?;
-    let json = serde_json::to_string(definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
+    let json =
+        serde_json::to_string(definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
     store
         .publish_agent_version(name, definition.mode_str(), &json, crate::domain::now_ms())
         .await

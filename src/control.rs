@@ -148,7 +148,12 @@ pub async fn decide(
             DecisionResult::Cancelled
         }
         Decided::AlreadyDecided(_) => {
-            let status = svc.store.task(task_id).await?.map(|t| t.status).unwrap_or(task.status);
+            let status = svc
+                .store
+                .task(task_id)
+                .await?
+                .map(|t| t.status)
+                .unwrap_or(task.status);
             DecisionResult::NotWaiting(status)
         }
     })

@@ -130,7 +130,11 @@ pub fn parse_action(body: &[u8]) -> Result<CardAction, String> {
     let approve = match required(&object, "decision", 16)?.as_str() {
         "approve" => true,
         "reject" => false,
-        other => return Err(format!("field `decision` is `{other}`; expected approve or reject")),
+        other => {
+            return Err(format!(
+                "field `decision` is `{other}`; expected approve or reject"
+            ));
+        }
     };
     Ok(CardAction {
         task_id: int("task_id")?,

@@ -9,11 +9,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::agents::AgentDefinition;
 use crate::app::Services;
+use crate::config::AgentMode;
 use crate::domain::now_ms;
 use crate::store::StoreError;
-use crate::agents::AgentDefinition;
-use crate::config::AgentMode;
 use crate::store::tasks::{ClaimedTask, Fence, MessageRow, TaskRow};
 
 pub mod backoff;
@@ -69,11 +69,7 @@ async fn load_context(svc: &Services, task_id: i64) -> Result<TaskContext, RunEr
     })
 }
 
-async fn run_task(
-    svc: &Services,
-    fence: &Fence,
-    lost: &CancellationToken,
-) -> Result<(), RunError> {
+async fn run_task(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Result<(), RunError> {
     let ctx = load_context(svc, fence.task_id).await?;
     match ctx.agent.mode {
         AgentMode::SingleTurn => single_turn::run(svc, fence, lost, &ctx).await,

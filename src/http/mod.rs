@@ -9,6 +9,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::app::Services;
 
+pub mod agents;
 pub mod error;
 pub mod health;
 pub mod tasks;
@@ -22,6 +23,7 @@ pub fn router(svc: Arc<Services>) -> Router {
         .merge(health::router())
         .merge(webhooks::router())
         .merge(tasks::router())
+        .merge(agents::router())
         .layer(TraceLayer::new_for_http())
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,

@@ -141,7 +141,9 @@ async fn confirm_task(
     let id = parse_id(&id)?;
     let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     if body.approver.trim().is_empty() {
-        return Err(ApiError::BadRequest("field `approver` must not be empty".into()));
+        return Err(ApiError::BadRequest(
+            "field `approver` must not be empty".into(),
+        ));
     }
     let approve = body.approve()?;
     let result =

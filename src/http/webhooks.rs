@@ -93,7 +93,9 @@ async fn generic_actions(
 ) -> Result<Json<Value>, ApiError> {
     let cfg = &svc.config.channels.generic;
     if !cfg.enabled || cfg.secret.is_empty() {
-        return Err(ApiError::NotFound("the generic channel is not configured".into()));
+        return Err(ApiError::NotFound(
+            "the generic channel is not configured".into(),
+        ));
     }
     let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
     generic::verify(

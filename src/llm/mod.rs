@@ -248,7 +248,10 @@ fn parse_completion(body: &str) -> Result<ChatResponse, LlmError> {
         ));
     }
     let message = choice.message.ok_or_else(|| {
-        LlmError::new(FailureType::InvalidResponse, "model response has no message")
+        LlmError::new(
+            FailureType::InvalidResponse,
+            "model response has no message",
+        )
     })?;
     let content = message.content.unwrap_or_default();
     if content.trim().is_empty() && message.tool_calls.is_empty() {

@@ -138,3 +138,45 @@ impl Store {
         }))
     }
 }
+
+/// One agent with its current version number.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AgentSummary {
+    pub name: String,
+    pub current_version: Option<i64>,
+    pub versions: i64,
+    pub updated_at: i64,
+}
+
+impl Store {
+    pub async fn list_agents(&self) -> StoreResult<Vec<AgentSummary>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, AgentSummary>(
+                "SELECT a.name, cv.version_no AS current_version, \
+                 (SELECT COUNT(*) FROM agent_version v WHERE v.agent_id = a.id) AS versions, \
+                 a.updated_at FROM agent a \
+                 LEFT JOIN agent_version cv ON cv.id = a.current_version_id ORDER BY a.name",
+            )
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    pub async fn agent_version_by_no(
+        &self,
+        name: &str,
+        version_no: i64,
+    ) -> StoreResult<Option<AgentVersionRow>> {
+        let sql = format!(
+            "SELECT {VERSION_COLUMNS} FROM agent_version v JOIN agent a ON a.id = v.agent_id \
+             WHERE a.name = $1 AND v.version_no = $2"
+        );
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, AgentVersionRow>(&sql)
+                .bind(name)
+                .bind(version_no)
+                .fetch_optional(pool)
+                .await?
+        }))
+    }
+}

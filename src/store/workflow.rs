@@ -100,7 +100,12 @@ pub enum Decided {
 
 impl Store {
     /// Records how a step ended; `false` when the worker no longer owns the task.
-    pub async fn complete_step(&self, fence: &Fence, step: &StepResult, now: i64) -> StoreResult<bool> {
+    pub async fn complete_step(
+        &self,
+        fence: &Fence,
+        step: &StepResult,
+        now: i64,
+    ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
             if !fence_task!(&mut *tx, fence, now) {
                 return Ok(false);
@@ -125,7 +130,12 @@ impl Store {
     }
 
     /// Marks a compensable step undone (its undo step succeeded).
-    pub async fn mark_step_compensated(&self, fence: &Fence, step_no: i64, now: i64) -> StoreResult<bool> {
+    pub async fn mark_step_compensated(
+        &self,
+        fence: &Fence,
+        step_no: i64,
+        now: i64,
+    ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
             if !fence_task!(&mut *tx, fence, now) {
                 return Ok(false);
@@ -282,7 +292,8 @@ impl Store {
     }
 
     pub async fn task_pending_actions(&self, task_id: i64) -> StoreResult<Vec<PendingActionRow>> {
-        let sql = format!("SELECT {ACTION_COLUMNS} FROM pending_action WHERE task_id = $1 ORDER BY id");
+        let sql =
+            format!("SELECT {ACTION_COLUMNS} FROM pending_action WHERE task_id = $1 ORDER BY id");
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, PendingActionRow>(&sql).bind(task_id).fetch_all(pool).await?
         }))

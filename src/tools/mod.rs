@@ -108,8 +108,14 @@ impl ToolRegistry {
         schema::validate(&tool.args_schema, args)
             .map_err(|e| ToolError::permanent(format!("invalid arguments for `{name}`: {e}")))?;
         let context = json!({ "args": args });
-        self.http(&tool.call(), &context, args, tool.timeout_secs, idempotency_key)
-            .await
+        self.http(
+            &tool.call(),
+            &context,
+            args,
+            tool.timeout_secs,
+            idempotency_key,
+        )
+        .await
     }
 
     /// Runs the undo call of compensable tool `name` for a call that returned `result`.
@@ -281,7 +287,19 @@ mod tests {
 
     #[test]
     fn internal_ranges() {
-        for ip in ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1", "100.64.0.1"] {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "100.64.0.1",
+        ] {
             assert!(is_internal(ip.parse().unwrap()), "{ip}");
         }
         for ip in ["8.8.8.8", "1.1.1.1", "2606:4700::1111"] {
@@ -292,7 +310,10 @@ mod tests {
     #[test]
     fn templates_render_over_args() {
         let ctx = json!({"args": {"id": "T-1"}});
-        assert_eq!(render("https://x/t/{{ args.id }}", &ctx).unwrap(), "https://x/t/T-1");
+        assert_eq!(
+            render("https://x/t/{{ args.id }}", &ctx).unwrap(),
+            "https://x/t/T-1"
+        );
         assert_eq!(render("plain", &ctx).unwrap(), "plain");
         assert!(render("{{ args.missing }}", &ctx).is_err());
     }

@@ -27,7 +27,10 @@ fn check(schema: &Value, value: &Value, at: &str) -> Result<(), String> {
     if let Some(options) = schema.get("enum").and_then(Value::as_array)
         && !options.contains(value)
     {
-        return Err(format!("{at} must be one of {}", Value::Array(options.clone())));
+        return Err(format!(
+            "{at} must be one of {}",
+            Value::Array(options.clone())
+        ));
     }
     if let Some(object) = value.as_object() {
         if let Some(required) = schema.get("required").and_then(Value::as_array) {
@@ -63,7 +66,11 @@ mod tests {
         let schema = json!({"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}, "n": {"type": "integer"}}});
         assert!(validate(&schema, &json!({"id": "x"})).is_ok());
         assert!(validate(&schema, &json!({})).unwrap_err().contains("`id`"));
-        assert!(validate(&schema, &json!({"id": 1})).unwrap_err().contains("arguments.id"));
+        assert!(
+            validate(&schema, &json!({"id": 1}))
+                .unwrap_err()
+                .contains("arguments.id")
+        );
         assert!(validate(&schema, &json!({"id": "x", "n": 1.5})).is_err());
         assert!(validate(&schema, &json!("str")).is_err());
     }

@@ -21,7 +21,9 @@ async fn fresh_store() -> (TestDb, Store) {
 
 async fn publish(store: &Store, cfg: &assistd::Config) {
     let tools = assistd::tools::ToolRegistry::new(&cfg.tools, &cfg.tooling).unwrap();
-    assistd::agents::publish_configured_agents(store, cfg, &tools).await.unwrap();
+    assistd::agents::publish_configured_agents(store, cfg, &tools)
+        .await
+        .unwrap();
 }
 
 fn msg(conversation: &str, n: u32) -> NewMessage {

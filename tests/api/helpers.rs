@@ -334,3 +334,29 @@ pub async fn task_id_of(resp: reqwest::Response) -> i64 {
 }
 
 pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Loads the test configuration with a TOML overlay (tools, agents) laid over the defaults,
+/// then the usual test settings. The overlay file lives in `dir`.
+pub fn config_with_overlay(
+    db_url: &str,
+    model_url: &str,
+    reply_url: &str,
+    dir: &std::path::Path,
+    overlay: &str,
+) -> Config {
+    let path = dir.join("overlay.toml");
+    std::fs::write(&path, overlay).unwrap();
+    let base = test_config(db_url, model_url, reply_url);
+    let mut c = Config::load_with_env(Some(&path), Vec::new()).expect("overlay config loads");
+    c.server = base.server;
+    c.database = base.database;
+    c.llm = base.llm;
+    c.worker = base.worker;
+    c.outbox = base.outbox;
+    c.admin = base.admin;
+    c.channels.generic.secret = base.channels.generic.secret;
+    c.channels.generic.reply_url = base.channels.generic.reply_url;
+    c.tooling.retry_backoff_base_ms = 20;
+    c.tooling.retry_backoff_max_ms = 50;
+    c
+}

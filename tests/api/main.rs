@@ -11,3 +11,5 @@ mod model_failures;
 mod pipeline;
 mod reply_delivery;
 mod webhook_errors;
+mod workflow_crash;
+mod workflows;

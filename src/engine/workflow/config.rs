@@ -117,11 +117,17 @@ impl Workflow {
 
     /// Parses and checks a workflow against the tools that exist. `has_approvers` says
     /// whether the agent names approvers (a human_confirm node needs some).
-    pub fn parse(value: &Value, tools: &ToolRegistry, has_approvers: bool) -> Result<Workflow, String> {
+    pub fn parse(
+        value: &Value,
+        tools: &ToolRegistry,
+        has_approvers: bool,
+    ) -> Result<Workflow, String> {
         let object = value.as_object().ok_or("workflow must be a JSON object")?;
         for key in object.keys() {
             if key != "start" && key != "nodes" {
-                return Err(format!("workflow: unknown field `{key}` (expected start, nodes)"));
+                return Err(format!(
+                    "workflow: unknown field `{key}` (expected start, nodes)"
+                ));
             }
         }
         let start = object
@@ -142,20 +148,29 @@ impl Workflow {
             }
             nodes.push(node);
         }
-        let workflow = Workflow { start, nodes, index };
+        let workflow = Workflow {
+            start,
+            nodes,
+            index,
+        };
         workflow.check(tools, has_approvers)?;
         Ok(workflow)
     }
 
     fn check(&self, tools: &ToolRegistry, has_approvers: bool) -> Result<(), String> {
         if self.node(&self.start).is_none() {
-            return Err(format!("workflow: `start` names unknown node `{}`", self.start));
+            return Err(format!(
+                "workflow: `start` names unknown node `{}`",
+                self.start
+            ));
         }
         for node in &self.nodes {
             let id = &node.id;
             let target = |field: &str, next: &str| -> Result<(), String> {
                 if self.node(next).is_none() {
-                    return Err(format!("node `{id}`: field `{field}` names unknown node `{next}`"));
+                    return Err(format!(
+                        "node `{id}`: field `{field}` names unknown node `{next}`"
+                    ));
                 }
                 Ok(())
             };
@@ -166,7 +181,10 @@ impl Workflow {
                 }
                 NodeKind::Tool(n) => {
                     if tools.get(&n.tool).is_none() {
-                        return Err(format!("node `{id}`: field `tool` names unknown tool `{}`", n.tool));
+                        return Err(format!(
+                            "node `{id}`: field `tool` names unknown tool `{}`",
+                            n.tool
+                        ));
                     }
                     templates_in(id, "args", &n.args)?;
                     target("next", &n.next)?;
@@ -174,11 +192,15 @@ impl Workflow {
                 NodeKind::Agent(n) => {
                     template(id, "prompt", &n.prompt)?;
                     if n.tools.is_empty() {
-                        return Err(format!("node `{id}`: field `tools` must name at least one tool"));
+                        return Err(format!(
+                            "node `{id}`: field `tools` must name at least one tool"
+                        ));
                     }
                     for tool in &n.tools {
                         if tools.get(tool).is_none() {
-                            return Err(format!("node `{id}`: field `tools` names unknown tool `{tool}`"));
+                            return Err(format!(
+                                "node `{id}`: field `tools` names unknown tool `{tool}`"
+                            ));
                         }
                     }
                     if !(1..=MAX_AGENT_STEPS).contains(&n.max_steps) {
@@ -195,7 +217,9 @@ impl Workflow {
                     for (i, b) in n.branches.iter().enumerate() {
                         let env = minijinja::Environment::new();
                         env.compile_expression(&b.when).map_err(|e| {
-                            format!("node `{id}`: field `branches[{i}].when` is not an expression: {e}")
+                            format!(
+                                "node `{id}`: field `branches[{i}].when` is not an expression: {e}"
+                            )
                         })?;
                         target(&format!("branches[{i}].next"), &b.next)?;
                     }
@@ -214,7 +238,9 @@ impl Workflow {
                 NodeKind::Reply(n) => {
                     match (&n.text, &n.card) {
                         (None, None) => {
-                            return Err(format!("node `{id}`: a reply needs field `text` or `card`"));
+                            return Err(format!(
+                                "node `{id}`: a reply needs field `text` or `card`"
+                            ));
                         }
                         (Some(t), _) => template(id, "text", t)?,
                         _ => {}
@@ -253,7 +279,9 @@ impl Workflow {
         let mut stack: Vec<(&str, usize)> = vec![(self.start.as_str(), 0)];
         state.insert(&self.start, 1);
         while let Some((id, child)) = stack.pop() {
-            let node = self.node(id).ok_or_else(|| format!("unknown node `{id}`"))?;
+            let node = self
+                .node(id)
+                .ok_or_else(|| format!("unknown node `{id}`"))?;
             let next = self.successors(node);
             if child < next.len() {
                 stack.push((id, child + 1));
@@ -280,7 +308,12 @@ impl Workflow {
             .map(|n| n.id.as_str())
             .filter(|id| !state.contains_key(id))
             .collect();
-        if let Some(id) = self.nodes.iter().map(|n| n.id.as_str()).find(|id| unreachable.contains(id)) {
+        if let Some(id) = self
+            .nodes
+            .iter()
+            .map(|n| n.id.as_str())
+            .find(|id| unreachable.contains(id))
+        {
             return Err(format!("node `{id}`: not reachable from `{}`", self.start));
         }
         Ok(())
@@ -294,7 +327,11 @@ fn parse_node(raw: &Value, position: usize) -> Result<Node, String> {
         .ok_or_else(|| format!("nodes[{position}]: must be an object"))?;
     let id = match object.remove("id") {
         Some(Value::String(s)) if !s.is_empty() && s.len() <= 64 => s,
-        _ => return Err(format!("nodes[{position}]: field `id` must be a string of 1 to 64 characters")),
+        _ => {
+            return Err(format!(
+                "nodes[{position}]: field `id` must be a string of 1 to 64 characters"
+            ));
+        }
     };
     let kind = match object.remove("type") {
         Some(Value::String(s)) => s,

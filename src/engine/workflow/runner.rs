@@ -129,7 +129,9 @@ pub async fn run(
         trace: Vec::new(),
     };
     match runner.walk(&workflow).await {
-        Ok((reply_type, content, result)) => runner.finish_success(reply_type, content, result).await,
+        Ok((reply_type, content, result)) => {
+            runner.finish_success(reply_type, content, result).await
+        }
         Err(Stop::Failed(failure, message)) => {
             runner.compensate().await?;
             runner.finish_failure(failure, message).await
@@ -193,7 +195,8 @@ impl<'a> Runner<'a> {
                         ChatMessage::new("user", prompt),
                     ];
                     let answer = self.llm_call(messages, Vec::new()).await?;
-                    self.outputs.insert(id.clone(), json!({ "text": answer.content }));
+                    self.outputs
+                        .insert(id.clone(), json!({ "text": answer.content }));
                     Some(n.next.clone())
                 }
                 NodeKind::Tool(n) => {
@@ -219,9 +222,9 @@ impl<'a> Runner<'a> {
                         let expr = env.compile_expression(&branch.when).map_err(|e| {
                             Stop::Failed(FailureType::Unknown, format!("node `{id}`: {e}"))
                         })?;
-                        let value = expr
-                            .eval(minijinja::value::Serde(&context))
-                            .map_err(|e| Stop::Failed(FailureType::Unknown, format!("node `{id}`: {e}")))?;
+                        let value = expr.eval(minijinja::value::Serde(&context)).map_err(|e| {
+                            Stop::Failed(FailureType::Unknown, format!("node `{id}`: {e}"))
+                        })?;
                         if value.is_true() {
                             chosen = branch.next.clone();
                             break;
@@ -237,9 +240,18 @@ impl<'a> Runner<'a> {
                         .clone()
                         .filter(|a| !a.is_empty())
                         .unwrap_or_else(|| self.ctx.agent.approvers.clone());
-                    let deadline = n.deadline_secs.unwrap_or(self.ctx.agent.confirm_deadline_secs);
+                    let deadline = n
+                        .deadline_secs
+                        .unwrap_or(self.ctx.agent.confirm_deadline_secs);
                     let decision = self
-                        .gate(PendingKind::Confirm, "confirm", &json!({}), message, approvers, deadline)
+                        .gate(
+                            PendingKind::Confirm,
+                            "confirm",
+                            &json!({}),
+                            message,
+                            approvers,
+                            deadline,
+                        )
                         .await?;
                     self.outputs.insert(id.clone(), decision);
                     Some(n.next.clone())
@@ -270,7 +282,11 @@ impl<'a> Runner<'a> {
                     .to_string(),
             };
             let result = card.to_string();
-            return Ok((ReplyType::Card, json!({ "text": text, "card": card }), result));
+            return Ok((
+                ReplyType::Card,
+                json!({ "text": text, "card": card }),
+                result,
+            ));
         }
         let text = self.render(node.text.as_deref().unwrap_or_default())?;
         let (reply_type, content) = reply::compose_answer(&text);
@@ -299,11 +315,13 @@ impl<'a> Runner<'a> {
                 let outcome = if !node.tools.contains(&name) {
                     Err(format!("tool `{name}` is not available here"))
                 } else {
-                    match serde_json::from_str::<Value>(if call.function.arguments.trim().is_empty() {
-                        "{}"
-                    } else {
-                        &call.function.arguments
-                    }) {
+                    match serde_json::from_str::<Value>(
+                        if call.function.arguments.trim().is_empty() {
+                            "{}"
+                        } else {
+                            &call.function.arguments
+                        },
+                    ) {
                         Err(e) => Err(format!("arguments are not JSON: {e}")),
                         Ok(args) => self.tool_call(&name, args).await?,
                     }
@@ -319,7 +337,10 @@ impl<'a> Runner<'a> {
         }
         Err(Stop::Failed(
             FailureType::InvalidResponse,
-            format!("agent node `{id}` did not finish within {} steps", node.max_steps),
+            format!(
+                "agent node `{id}` did not finish within {} steps",
+                node.max_steps
+            ),
         ))
     }
 
@@ -353,11 +374,16 @@ impl<'a> Runner<'a> {
                         output: serde_json::to_value(&answer).unwrap_or(Value::Null),
                     }),
                     Err(e) => Err(CallErr {
-                        retry: svc.config.llm.retry.policy(e.failure_type).map(|p| RetryPlan {
-                            max_tries: p.max_attempts,
-                            base_ms: p.backoff_base_ms,
-                            max_ms: p.backoff_max_ms,
-                        }),
+                        retry: svc
+                            .config
+                            .llm
+                            .retry
+                            .policy(e.failure_type)
+                            .map(|p| RetryPlan {
+                                max_tries: p.max_attempts,
+                                base_ms: p.backoff_base_ms,
+                                max_ms: p.backoff_max_ms,
+                            }),
                         failure: e.failure_type,
                         message: e.message,
                         retry_after: e.retry_after,
@@ -367,7 +393,9 @@ impl<'a> Runner<'a> {
             .await?;
         match done {
             StepDone::Ok { output, .. } => serde_json::from_value(output).map_err(|e| {
-                Stop::Run(RunError::Corrupt(format!("journalled model answer unreadable: {e}")))
+                Stop::Run(RunError::Corrupt(format!(
+                    "journalled model answer unreadable: {e}"
+                )))
             }),
             StepDone::Failed(failure, message) => Err(Stop::Failed(failure, message)),
         }
@@ -381,7 +409,9 @@ impl<'a> Runner<'a> {
         let tool = svc
             .tools
             .get(name)
-            .ok_or_else(|| Stop::Failed(FailureType::ToolFailed, format!("no tool named `{name}`")))?
+            .ok_or_else(|| {
+                Stop::Failed(FailureType::ToolFailed, format!("no tool named `{name}`"))
+            })?
             .clone();
         if let Err(e) = crate::tools::schema::validate(&tool.args_schema, &args) {
             return Ok(Err(format!("invalid arguments for `{name}`: {e}")));
@@ -389,7 +419,11 @@ impl<'a> Runner<'a> {
         if tool.kind == ToolKind::Irreversible {
             let message = format!(
                 "Run `{name}` ({}) with {}?",
-                if tool.description.is_empty() { "irreversible" } else { &tool.description },
+                if tool.description.is_empty() {
+                    "irreversible"
+                } else {
+                    &tool.description
+                },
                 truncate(&args.to_string(), 500)
             );
             self.gate(
@@ -404,26 +438,43 @@ impl<'a> Runner<'a> {
         }
         let tooling = &svc.config.tooling;
         let plan = RetryPlan {
-            max_tries: if tool.kind == ToolKind::ReadOnly { tooling.read_only_attempts } else { 1 },
+            max_tries: if tool.kind == ToolKind::ReadOnly {
+                tooling.read_only_attempts
+            } else {
+                1
+            },
             base_ms: tooling.retry_backoff_base_ms,
             max_ms: tooling.retry_backoff_max_ms,
         };
         let args_ref = &args;
         let done = self
-            .journal(StepType::Tool, name, &args, tool.is_idempotent(), move |key| async move {
-                match svc.tools.call(name, args_ref, &key).await {
-                    Ok(output) => Ok(CallOk { output, tokens_in: None, tokens_out: None }),
-                    Err(e) => Err(CallErr {
-                        failure: FailureType::ToolFailed,
-                        retry: e.retryable.then_some(plan),
-                        message: e.message,
-                        retry_after: None,
-                    }),
-                }
-            })
+            .journal(
+                StepType::Tool,
+                name,
+                &args,
+                tool.is_idempotent(),
+                move |key| async move {
+                    match svc.tools.call(name, args_ref, &key).await {
+                        Ok(output) => Ok(CallOk {
+                            output,
+                            tokens_in: None,
+                            tokens_out: None,
+                        }),
+                        Err(e) => Err(CallErr {
+                            failure: FailureType::ToolFailed,
+                            retry: e.retryable.then_some(plan),
+                            message: e.message,
+                            retry_after: None,
+                        }),
+                    }
+                },
+            )
             .await?;
         match done {
-            StepDone::Ok { output, compensated } => {
+            StepDone::Ok {
+                output,
+                compensated,
+            } => {
                 if tool.kind == ToolKind::Compensable && !compensated {
                     self.compensable.push(Compensable {
                         step_no: self.step_no,
@@ -507,9 +558,7 @@ impl<'a> Runner<'a> {
     /// callback is the channel's actions webhook.
     fn approval_card(&self, action: &NewPendingAction) -> NewReply {
         let task = &self.ctx.task;
-        let value = |decision: &str| {
-            json!({ "task_id": task.id, "step_no": action.step_no, "decision": decision })
-        };
+        let value = |decision: &str| json!({ "task_id": task.id, "step_no": action.step_no, "decision": decision });
         let card = json!({
             "card_type": "approval_request",
             "title": "Approval needed",
@@ -525,13 +574,18 @@ impl<'a> Runner<'a> {
             ],
         });
         NewReply {
-            idempotency_key: format!("{}-confirm-{}", reply_key(task.id, task.resume_count), action.step_no),
+            idempotency_key: format!(
+                "{}-confirm-{}",
+                reply_key(task.id, task.resume_count),
+                action.step_no
+            ),
             channel: task.channel.clone(),
             conversation_id: task.conversation_id.clone(),
             in_reply_to: self.ctx.message.external_message_id.clone(),
             reply_type: ReplyType::Card,
-            content: json!({ "text": format!("Approval needed: {}", action.message), "card": card })
-                .to_string(),
+            content:
+                json!({ "text": format!("Approval needed: {}", action.message), "card": card })
+                    .to_string(),
         }
     }
 
@@ -609,7 +663,12 @@ impl<'a> Runner<'a> {
         let result = loop {
             attempt += 1;
             tries += 1;
-            if !self.svc.store.record_step_attempt(self.fence, row.id, attempt).await? {
+            if !self
+                .svc
+                .store
+                .record_step_attempt(self.fence, row.id, attempt)
+                .await?
+            {
                 return Err(Stop::Run(RunError::LostLease));
             }
             let outcome = tokio::select! {
@@ -649,7 +708,10 @@ impl<'a> Runner<'a> {
                     tokens_out: ok.tokens_out,
                     duration_ms,
                 },
-                StepDone::Ok { output: ok.output, compensated: false },
+                StepDone::Ok {
+                    output: ok.output,
+                    compensated: false,
+                },
             ),
             Err(err) => {
                 let message = truncate(&err.message, ERROR_LIMIT);
@@ -658,7 +720,8 @@ impl<'a> Runner<'a> {
                         step_id: row.id,
                         status: StepStatus::Failed,
                         output: Some(
-                            json!({ "failure_type": err.failure.as_str(), "error": message }).to_string(),
+                            json!({ "failure_type": err.failure.as_str(), "error": message })
+                                .to_string(),
                         ),
                         error: Some(message.clone()),
                         tokens_in: None,
@@ -669,7 +732,12 @@ impl<'a> Runner<'a> {
                 )
             }
         };
-        if !self.svc.store.complete_step(self.fence, &record, now_ms()).await? {
+        if !self
+            .svc
+            .store
+            .complete_step(self.fence, &record, now_ms())
+            .await?
+        {
             return Err(Stop::Run(RunError::LostLease));
         }
         Ok(done)
@@ -720,21 +788,35 @@ impl<'a> Runner<'a> {
             let input = json!({ "args": done.args, "result": done.result });
             let (tool, args, result) = (&done.tool, &done.args, &done.result);
             let outcome = self
-                .journal(StepType::Undo, &format!("undo:{tool}"), &input, true, move |key| async move {
-                    match svc.tools.undo(tool, args, result, &key).await {
-                        Ok(output) => Ok(CallOk { output, tokens_in: None, tokens_out: None }),
-                        Err(e) => Err(CallErr {
-                            failure: FailureType::ToolFailed,
-                            retry: e.retryable.then_some(plan),
-                            message: e.message,
-                            retry_after: None,
-                        }),
-                    }
-                })
+                .journal(
+                    StepType::Undo,
+                    &format!("undo:{tool}"),
+                    &input,
+                    true,
+                    move |key| async move {
+                        match svc.tools.undo(tool, args, result, &key).await {
+                            Ok(output) => Ok(CallOk {
+                                output,
+                                tokens_in: None,
+                                tokens_out: None,
+                            }),
+                            Err(e) => Err(CallErr {
+                                failure: FailureType::ToolFailed,
+                                retry: e.retryable.then_some(plan),
+                                message: e.message,
+                                retry_after: None,
+                            }),
+                        }
+                    },
+                )
                 .await;
             match outcome {
                 Ok(StepDone::Ok { .. }) => {
-                    if !svc.store.mark_step_compensated(self.fence, done.step_no, now_ms()).await? {
+                    if !svc
+                        .store
+                        .mark_step_compensated(self.fence, done.step_no, now_ms())
+                        .await?
+                    {
                         return Err(RunError::LostLease);
                     }
                 }
@@ -745,7 +827,10 @@ impl<'a> Runner<'a> {
                             Some(self.fence.task_id),
                             AuditEvent::TaskFailed,
                             &self.fence.owner,
-                            &format!("undo of step {} ({}) failed: {message}", done.step_no, done.tool),
+                            &format!(
+                                "undo of step {} ({}) failed: {message}",
+                                done.step_no, done.tool
+                            ),
                             true,
                             now_ms(),
                         )
@@ -753,7 +838,9 @@ impl<'a> Runner<'a> {
                 }
                 Err(Stop::Run(e)) => return Err(e),
                 Err(Stop::Failed(_, message)) => {
-                    return Err(RunError::Corrupt(format!("compensation stopped: {message}")));
+                    return Err(RunError::Corrupt(format!(
+                        "compensation stopped: {message}"
+                    )));
                 }
             }
         }
@@ -792,10 +879,15 @@ impl<'a> Runner<'a> {
         self.finish(outcome).await
     }
 
-    async fn finish_failure(&mut self, failure: FailureType, message: String) -> Result<(), RunError> {
+    async fn finish_failure(
+        &mut self,
+        failure: FailureType,
+        message: String,
+    ) -> Result<(), RunError> {
         tracing::warn!(failure_type = %failure, error = %message, "workflow failed");
         let task = &self.ctx.task;
-        let notice = reply::failure_notice(&self.svc.config.replies.failure_notice, task.id, failure);
+        let notice =
+            reply::failure_notice(&self.svc.config.replies.failure_notice, task.id, failure);
         let outcome = TaskOutcome {
             status: TaskStatus::Failed,
             result: None,
@@ -818,7 +910,12 @@ impl<'a> Runner<'a> {
     }
 
     async fn finish(&mut self, outcome: TaskOutcome) -> Result<(), RunError> {
-        if !self.svc.store.finish_task(self.fence, &outcome, now_ms()).await? {
+        if !self
+            .svc
+            .store
+            .finish_task(self.fence, &outcome, now_ms())
+            .await?
+        {
             return Err(RunError::LostLease);
         }
         tracing::info!(status = %outcome.status, steps = self.step_no, "workflow task finished");
@@ -828,7 +925,8 @@ impl<'a> Runner<'a> {
 }
 
 fn parse_output(text: Option<&str>) -> Value {
-    text.and_then(|t| serde_json::from_str(t).ok()).unwrap_or(Value::Null)
+    text.and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or(Value::Null)
 }
 
 fn node_type(kind: &NodeKind) -> &'static str {

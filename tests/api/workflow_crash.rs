@@ -1,0 +1,256 @@
+//! Workflows under SIGKILL of the real binary: finished steps are never run again, and a
+//! non-idempotent step caught mid-call becomes UNKNOWN and waits for a human.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use crate::binary::{RealServer, free_port};
+use crate::helpers::*;
+use crate::workflows::{AGENT_LOOP, TRANSFER, ToolScriptModel, calls_to, overlay, tool_server};
+
+/// ToolScriptModel that also records the step key of every call.
+struct KeyedModel(Arc<Mutex<Vec<String>>>);
+
+impl Respond for KeyedModel {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        self.0.lock().unwrap().push(key);
+        ToolScriptModel.respond(request)
+    }
+}
+
+struct BinaryFlow {
+    db: TestDb,
+    receiver: MockServer,
+    tools: MockServer,
+    _model: MockServer,
+    model_keys: Arc<Mutex<Vec<String>>>,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl BinaryFlow {
+    async fn new(workflow: &str, slow_path: &str, slow: Duration) -> BinaryFlow {
+        let model_keys = Arc::new(Mutex::new(Vec::new()));
+        let model = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(chat_path())
+            .respond_with(KeyedModel(model_keys.clone()))
+            .mount(&model)
+            .await;
+        let tools = tool_server().await;
+        // The first call to `slow_path` hangs long enough to be killed in flight.
+        let slow_method = if slow_path.starts_with("/tools/transfer") {
+            "POST"
+        } else {
+            "GET"
+        };
+        Mock::given(method(slow_method))
+            .and(path(slow_path))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"value": "slow", "status": "done"}))
+                    .set_delay(slow),
+            )
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&tools)
+            .await;
+        Mock::given(method(slow_method))
+            .and(path(slow_path))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"value": "beta", "status": "done"})),
+            )
+            .with_priority(2)
+            .mount(&tools)
+            .await;
+        let dir = tempfile::tempdir().unwrap();
+        let wf = dir.path().join("flow.json");
+        std::fs::write(&wf, workflow).unwrap();
+        std::fs::write(dir.path().join("overlay.toml"), overlay(&tools.uri(), &wf)).unwrap();
+        BinaryFlow {
+            db: TestDb::new().await,
+            receiver: accepting_receiver().await,
+            tools,
+            _model: model,
+            model_keys,
+            dir,
+            port: free_port(),
+        }
+    }
+
+    async fn start(&self) -> RealServer {
+        let env: Vec<(String, String)> = [
+            (
+                "ASSISTD_CONFIG",
+                self.dir.path().join("overlay.toml").display().to_string(),
+            ),
+            ("ASSISTD_DATABASE__URL", self.db.url.clone()),
+            ("ASSISTD_LLM__BASE_URL", format!("{}/v1", self._model.uri())),
+            ("ASSISTD_CHANNELS__GENERIC__SECRET", SECRET.to_string()),
+            (
+                "ASSISTD_CHANNELS__GENERIC__REPLY_URL",
+                format!("{}/reply", self.receiver.uri()),
+            ),
+            ("ASSISTD_ADMIN__TOKEN", ADMIN_TOKEN.to_string()),
+            ("ASSISTD_WORKER__INSTANCE_ID", "wf-crash".to_string()),
+            ("ASSISTD_WORKER__POLL_INTERVAL_MS", "100".to_string()),
+            ("ASSISTD_OUTBOX__POLL_INTERVAL_MS", "100".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        RealServer::start_on(self.port, &env, self.dir.path()).await
+    }
+
+    async fn post(&self, body: &Value) -> i64 {
+        let raw = serde_json::to_vec(body).unwrap();
+        let ts = assistd::domain::now_ms() / 1000;
+        let sig = assistd::channels::generic::sign(SECRET, ts, &raw);
+        let resp = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/webhooks/generic", self.port))
+            .header("X-Assistd-Timestamp", ts.to_string())
+            .header("X-Assistd-Signature", sig)
+            .body(raw)
+            .send()
+            .await
+            .unwrap();
+        task_id_of(resp).await
+    }
+
+    async fn task(&self, id: i64) -> Value {
+        reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{}/api/tasks/{id}", self.port))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn wait(&self, id: i64, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let t = self.task(id).await;
+            if pred(&t) {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "task {id} stuck: {t:#}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_calls(&self, method_name: &str, prefix: &str, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while calls_to(&self.tools, method_name, prefix).await < n {
+            assert!(Instant::now() < deadline, "{prefix} never called");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_tool_calls_resumes_without_rerunning_finished_steps() {
+    let flow = BinaryFlow::new(AGENT_LOOP, "/tools/b", Duration::from_secs(5)).await;
+    let server = flow.start().await;
+    let id = flow.post(&message("wfc", 1, "find things")).await;
+    flow.wait_calls("GET", "/tools/b", 1).await;
+    server.kill();
+    let server = flow.start().await;
+    let task = flow
+        .wait(id, |t| {
+            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
+        })
+        .await;
+    assert_eq!(task["claim_count"], 2);
+    assert_eq!(
+        calls_to(&flow.tools, "GET", "/tools/a").await,
+        1,
+        "finished tool not re-run"
+    );
+    assert_eq!(
+        calls_to(&flow.tools, "GET", "/tools/b").await,
+        2,
+        "the interrupted read-only call ran again"
+    );
+    assert_eq!(calls_to(&flow.tools, "GET", "/tools/c").await, 1);
+    // Model calls of finished steps were not repeated either: steps 1 and 3 once each.
+    let keys = flow.model_keys.lock().unwrap().clone();
+    for step in [1, 3, 5, 7] {
+        let key = format!("{id}:{step}:llm");
+        assert_eq!(
+            keys.iter().filter(|k| **k == key).count(),
+            1,
+            "{key} in {keys:?}"
+        );
+    }
+    assert_eq!(
+        task["result"], "found alpha, beta, gamma",
+        "same context after resume"
+    );
+    let replies = received_replies(&flow.receiver).await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(server.terminate(), Some(0));
+    flow.db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_non_idempotent_step_becomes_unknown_and_is_not_repeated() {
+    let flow = BinaryFlow::new(TRANSFER, "/tools/transfer", Duration::from_secs(5)).await;
+    let server = flow.start().await;
+    let id = flow.post(&message("wfu", 1, "move money")).await;
+    flow.wait_calls("POST", "/tools/transfer", 1).await;
+    server.kill();
+    let server = flow.start().await;
+    let task = flow
+        .wait(id, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    assert_eq!(task["steps"][0]["status"], "UNKNOWN");
+    assert_eq!(task["pending_actions"][0]["kind"], "unknown_step");
+    let unknown = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["event"] == "STEP_UNKNOWN")
+        .unwrap();
+    assert_eq!(unknown["risk_flag"], true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        calls_to(&flow.tools, "POST", "/tools/transfer").await,
+        1,
+        "not guessed at"
+    );
+    // A human checks and decides to run it again.
+    let resp = reqwest::Client::new()
+        .post(format!(
+            "http://127.0.0.1:{}/api/tasks/{id}/confirm",
+            flow.port
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"decision": "approve", "approver": "alice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let task = flow
+        .wait(id, |t| {
+            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
+        })
+        .await;
+    assert_eq!(task["result"], "transfer done");
+    assert_eq!(calls_to(&flow.tools, "POST", "/tools/transfer").await, 2);
+    assert_eq!(server.terminate(), Some(0));
+    flow.db.drop_db().await;
+}
