@@ -9,7 +9,7 @@ use crate::domain::{FailureType, ReplyType};
 pub const CARD_TYPES: &[&str] = &["knowledge_answer", "agent_result"];
 
 /// Reads a model answer: a JSON object with a known `card_type` (optionally inside a
-/// ```json fence) is a card, anything else is text. Returns the reply type and the outbox
+/// Markdown json code fence) is a card, anything else is text. Returns the reply type and the outbox
 /// content `{"text": ..., "card": ...}`; cards always carry a text fallback.
 pub fn compose_answer(answer: &str) -> (ReplyType, Value) {
     if let Some(card) = parse_card(answer) {

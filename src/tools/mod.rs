@@ -172,9 +172,14 @@ impl ToolRegistry {
             None if method != reqwest::Method::GET => request = request.json(args),
             None => {}
         }
-        let response = request.send().await.map_err(|e| ToolError {
-            message: format!("tool call failed: {e}"),
-            retryable: true,
+        let response = request.send().await.map_err(|e| {
+            let message = format!("tool call failed: {}", error_chain(&e));
+            // A refusal by the SSRF guard will not change on retry.
+            let refused = message.contains("internal addresses");
+            ToolError {
+                message,
+                retryable: !refused,
+            }
         })?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(|e| ToolError {
@@ -218,6 +223,18 @@ impl ToolRegistry {
         }
         Ok(&self.guarded)
     }
+}
+
+/// An error with its causes, `outer: inner: root`.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Renders a `{{ ... }}` template; plain strings pass through unchanged.
@@ -305,6 +322,57 @@ mod tests {
         for ip in ["8.8.8.8", "1.1.1.1", "2606:4700::1111"] {
             assert!(!is_internal(ip.parse().unwrap()), "{ip}");
         }
+    }
+
+    fn registry(url: &str, allowed: &[&str]) -> ToolRegistry {
+        let tool: ToolConfig = toml::from_str(&format!(
+            "kind = \"read_only\"\nmethod = \"GET\"\nurl = \"{url}\"\n"
+        ))
+        .unwrap();
+        let tooling = ToolingConfig {
+            allowed_private_hosts: allowed.iter().map(|s| s.to_string()).collect(),
+            max_response_bytes: 1000,
+            read_only_attempts: 1,
+            retry_backoff_base_ms: 1,
+            retry_backoff_max_ms: 1,
+        };
+        ToolRegistry::new(&BTreeMap::from([("t".to_string(), tool)]), &tooling).unwrap()
+    }
+
+    #[tokio::test]
+    async fn internal_addresses_are_refused_unless_allowed() {
+        use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true})))
+            .mount(&server)
+            .await;
+        let port = server.address().port();
+        for url in [
+            format!("http://127.0.0.1:{port}/x"),
+            format!("http://localhost:{port}/x"),
+            format!("http://[::1]:{port}/x"),
+        ] {
+            let err = registry(&url, &[])
+                .call("t", &json!({}), "k")
+                .await
+                .unwrap_err();
+            assert!(
+                err.message.contains("internal") || err.message.contains("127.0.0.1"),
+                "{url}: {err}"
+            );
+        }
+        assert!(
+            server.received_requests().await.unwrap().is_empty(),
+            "nothing reached the server"
+        );
+        let ok = registry(&format!("http://127.0.0.1:{port}/x"), &["127.0.0.1"])
+            .call("t", &json!({}), "key-1")
+            .await
+            .unwrap();
+        assert_eq!(ok["ok"], true);
+        let req = &server.received_requests().await.unwrap()[0];
+        assert_eq!(req.headers.get("idempotency-key").unwrap(), "key-1");
     }
 
     #[test]

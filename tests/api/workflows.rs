@@ -625,3 +625,29 @@ async fn invalid_workflows_are_refused_naming_the_node() {
     assert_eq!(flow_agent["versions"], 1, "nothing was published");
     flow.app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_example_agents_are_valid() {
+    for example in [
+        "config/examples/helpdesk.toml",
+        "config/examples/contract-review.toml",
+    ] {
+        let config =
+            assistd::Config::load_with_env(Some(std::path::Path::new(example)), Vec::new())
+                .unwrap_or_else(|e| panic!("{example}: {e}"));
+        let db = TestDb::new().await;
+        let mut db_config = config.database.clone();
+        db_config.url = db.url.clone();
+        let store = assistd::store::Store::connect(&db_config).await.unwrap();
+        store.migrate().await.unwrap();
+        let tools = assistd::tools::ToolRegistry::new(&config.tools, &config.tooling).unwrap();
+        assistd::agents::publish_configured_agents(&store, &config, &tools)
+            .await
+            .unwrap_or_else(|e| panic!("{example}: {e}"));
+        let agent = &config.channels.generic.agent;
+        let version = store.current_agent_version(agent).await.unwrap().unwrap();
+        assert_eq!(version.mode, "workflow", "{example}");
+        store.close().await;
+        db.drop_db().await;
+    }
+}
