@@ -49,9 +49,19 @@ pub struct Config {
     pub log: LogConfig,
     pub channels: ChannelsConfig,
     pub agents: BTreeMap<String, AgentConfig>,
+    pub context: ContextConfig,
     pub tooling: ToolingConfig,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// How long model contexts are kept short.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextConfig {
+    pub summary_every_steps: u32,
+    pub summary_prompt: String,
+    pub history_token_budget: usize,
 }
 
 /// Settings shared by every tool.
@@ -405,6 +415,13 @@ impl Config {
             )?;
         }
         positive("worker.concurrency", self.worker.concurrency as u64)?;
+        if self.context.summary_every_steps < 2 {
+            return Err(invalid("context.summary_every_steps", "must be at least 2"));
+        }
+        positive(
+            "context.history_token_budget",
+            self.context.history_token_budget as u64,
+        )?;
         if self.worker.lease_secs < 3 {
             return Err(invalid("worker.lease_secs", "must be at least 3"));
         }

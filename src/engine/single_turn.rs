@@ -31,16 +31,21 @@ pub async fn run(
             i64::from(agent.history_messages) + 1,
         )
         .await?;
-    let mut messages = vec![ChatMessage::new("system", agent.system_prompt.clone())];
+    let mut turns = Vec::new();
     for entry in &history {
-        messages.push(ChatMessage::new("user", entry.text.clone()));
+        turns.push(ChatMessage::new("user", entry.text.clone()));
         if entry.message_id == message.id {
             break;
         }
         if let Some(answer) = &entry.answer {
-            messages.push(ChatMessage::new("assistant", answer.clone()));
+            turns.push(ChatMessage::new("assistant", answer.clone()));
         }
     }
+    let mut messages = vec![ChatMessage::new("system", agent.system_prompt.clone())];
+    messages.extend(within_budget(
+        turns,
+        svc.config.context.history_token_budget,
+    ));
     let fresh_request = ChatRequest {
         model: if agent.model.is_empty() {
             svc.config.llm.model.clone()
@@ -235,5 +240,42 @@ async fn call_with_retries(
                 }
             }
         }
+    }
+}
+
+/// Keeps the newest turns that fit in about `budget` tokens (characters / 4); the current
+/// question (the last turn) is always kept.
+fn within_budget(turns: Vec<ChatMessage>, budget: usize) -> Vec<ChatMessage> {
+    let mut used = 0usize;
+    let mut keep = 0usize;
+    for (i, turn) in turns.iter().rev().enumerate() {
+        used += turn.content.len() / 4 + 1;
+        if used > budget && i > 0 {
+            break;
+        }
+        keep += 1;
+    }
+    let skip = turns.len() - keep;
+    turns.into_iter().skip(skip).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_is_cut_oldest_first_but_keeps_the_question() {
+        let turns: Vec<ChatMessage> = (0..10)
+            .map(|i| ChatMessage::new("user", format!("{i}{}", "x".repeat(399))))
+            .collect();
+        let kept = within_budget(turns.clone(), 350);
+        assert_eq!(kept.len(), 3);
+        assert!(kept[2].content.starts_with('9'));
+        assert_eq!(
+            within_budget(turns.clone(), 1).len(),
+            1,
+            "the question stays"
+        );
+        assert_eq!(within_budget(turns, 100_000).len(), 10);
     }
 }

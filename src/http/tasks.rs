@@ -303,6 +303,7 @@ pub async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
         })).collect::<Vec<_>>(),
         "reply": replies.last().map(reply_json),
         "replies": replies.iter().map(reply_json).collect::<Vec<_>>(),
+        "context_summary": task.context_summary,
         "trace": task.trace.as_deref().and_then(|t| serde_json::from_str::<Value>(t).ok()),
         "confirm_deadline": task.confirm_deadline,
         "pending_actions": actions.iter().map(|a| json!({

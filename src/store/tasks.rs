@@ -89,6 +89,7 @@ pub struct TaskRow {
     pub status: TaskStatus,
     pub current_step: i64,
     pub workflow_snapshot: Option<String>,
+    pub context_summary: Option<String>,
     pub result: Option<String>,
     pub trace: Option<String>,
     pub failure_type: Option<FailureType>,
@@ -107,7 +108,7 @@ pub struct TaskRow {
 }
 
 const TASK_COLUMNS: &str = "id, agent_id, agent_version_id, task_type, channel, conversation_id, \
-     message_id, trigger_user, status, current_step, workflow_snapshot, result, trace, failure_type, \
+     message_id, trigger_user, status, current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
      error_msg, retry_count, claim_count, resume_count, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
      started_at, finished_at";
 

@@ -129,6 +129,30 @@ impl Store {
         Ok(done)
     }
 
+    /// Keeps the latest rolling summary of a long task (never in `result`).
+    pub async fn set_context_summary(
+        &self,
+        fence: &Fence,
+        summary: &str,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE agent_task SET context_summary = $1, updated_at = $2 \
+                 WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
+            )
+            .bind(summary)
+            .bind(now)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
     /// Marks a compensable step undone (its undo step succeeded).
     pub async fn mark_step_compensated(
         &self,

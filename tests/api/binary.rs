@@ -9,10 +9,20 @@ use wiremock::{Mock, MockServer};
 
 use crate::helpers::*;
 
-/// A running `assistd serve` child process.
+/// A running `assistd serve` child process; killed when dropped, so a failing test leaves
+/// no server behind.
 pub struct RealServer {
     pub child: Child,
     pub addr: String,
+}
+
+impl Drop for RealServer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl RealServer {
@@ -52,13 +62,14 @@ impl RealServer {
     }
 
     /// SIGKILL: the process dies mid-whatever, as in an OOM kill or machine loss.
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub fn kill(self) {
+        // Drop sends SIGKILL and reaps the process.
+        drop(self);
     }
 
     /// Sends SIGTERM and waits for the exit code.
     pub fn terminate(mut self) -> Option<i32> {
+        // `self` is dropped at the end; the process has exited by then.
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())

@@ -12,8 +12,12 @@ use crate::binary::{RealServer, free_port};
 use crate::helpers::*;
 use crate::workflows::{AGENT_LOOP, TRANSFER, ToolScriptModel, calls_to, overlay, tool_server};
 
-/// ToolScriptModel that also records the step key of every call.
-struct KeyedModel(Arc<Mutex<Vec<String>>>);
+/// ToolScriptModel that also records the step key and body of every call.
+struct KeyedModel(
+    Arc<Mutex<Vec<String>>>,
+    ToolScriptModel,
+    Arc<Mutex<Vec<Value>>>,
+);
 
 impl Respond for KeyedModel {
     fn respond(&self, request: &Request) -> ResponseTemplate {
@@ -24,7 +28,11 @@ impl Respond for KeyedModel {
             .unwrap_or("")
             .to_string();
         self.0.lock().unwrap().push(key);
-        ToolScriptModel.respond(request)
+        self.2
+            .lock()
+            .unwrap()
+            .push(serde_json::from_slice(&request.body).unwrap_or(Value::Null));
+        self.1.respond(request)
     }
 }
 
@@ -34,17 +42,30 @@ struct BinaryFlow {
     tools: MockServer,
     _model: MockServer,
     model_keys: Arc<Mutex<Vec<String>>>,
+    model_bodies: Arc<Mutex<Vec<Value>>>,
     dir: tempfile::TempDir,
     port: u16,
 }
 
 impl BinaryFlow {
     async fn new(workflow: &str, slow_path: &str, slow: Duration) -> BinaryFlow {
+        Self::with_script(workflow, slow_path, 0, slow, ToolScriptModel::default()).await
+    }
+
+    /// `slow_path` answers `fast_first` calls at once, then hangs on one for `slow`.
+    async fn with_script(
+        workflow: &str,
+        slow_path: &str,
+        fast_first: u64,
+        slow: Duration,
+        script: ToolScriptModel,
+    ) -> BinaryFlow {
         let model_keys = Arc::new(Mutex::new(Vec::new()));
+        let model_bodies = Arc::new(Mutex::new(Vec::new()));
         let model = MockServer::start().await;
         Mock::given(method("POST"))
             .and(chat_path())
-            .respond_with(KeyedModel(model_keys.clone()))
+            .respond_with(KeyedModel(model_keys.clone(), script, model_bodies.clone()))
             .mount(&model)
             .await;
         let tools = tool_server().await;
@@ -54,6 +75,18 @@ impl BinaryFlow {
         } else {
             "GET"
         };
+        if fast_first > 0 {
+            Mock::given(method(slow_method))
+                .and(path(slow_path))
+                .respond_with(
+                    ResponseTemplate::new(200)
+                        .set_body_json(json!({"value": "alpha", "status": "done"})),
+                )
+                .up_to_n_times(fast_first)
+                .with_priority(1)
+                .mount(&tools)
+                .await;
+        }
         Mock::given(method(slow_method))
             .and(path(slow_path))
             .respond_with(
@@ -62,16 +95,16 @@ impl BinaryFlow {
                     .set_delay(slow),
             )
             .up_to_n_times(1)
-            .with_priority(1)
+            .with_priority(2)
             .mount(&tools)
             .await;
+        let later = if fast_first > 0 { "alpha" } else { "beta" };
         Mock::given(method(slow_method))
             .and(path(slow_path))
             .respond_with(
-                ResponseTemplate::new(200)
-                    .set_body_json(json!({"value": "beta", "status": "done"})),
+                ResponseTemplate::new(200).set_body_json(json!({"value": later, "status": "done"})),
             )
-            .with_priority(2)
+            .with_priority(3)
             .mount(&tools)
             .await;
         let dir = tempfile::tempdir().unwrap();
@@ -84,6 +117,7 @@ impl BinaryFlow {
             tools,
             _model: model,
             model_keys,
+            model_bodies,
             dir,
             port: free_port(),
         }
@@ -188,8 +222,15 @@ async fn a_crash_between_tool_calls_resumes_without_rerunning_finished_steps() {
     assert_eq!(calls_to(&flow.tools, "GET", "/tools/c").await, 1);
     // Model calls of finished steps were not repeated either: steps 1 and 3 once each.
     let keys = flow.model_keys.lock().unwrap().clone();
-    for step in [1, 3, 5, 7] {
-        let key = format!("{id}:{step}:llm");
+    for (step, name) in [
+        (1, "llm"),
+        (3, "llm"),
+        (5, "summary"),
+        (6, "llm"),
+        (8, "summary"),
+        (9, "llm"),
+    ] {
+        let key = format!("{id}:{step}:{name}");
         assert_eq!(
             keys.iter().filter(|k| **k == key).count(),
             1,
@@ -251,6 +292,83 @@ async fn an_interrupted_non_idempotent_step_becomes_unknown_and_is_not_repeated(
         .await;
     assert_eq!(task["result"], "transfer done");
     assert_eq!(calls_to(&flow.tools, "POST", "/tools/transfer").await, 2);
+    assert_eq!(server.terminate(), Some(0));
+    flow.db.drop_db().await;
+}
+
+const LONG_LOOP: &str = r#"{"start": "loop", "nodes": [
+  {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["lookup_a"], "max_steps": 30, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.loop.text }}"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_loop_resumes_from_its_summary_and_last_steps() {
+    const CALLS: usize = 20;
+    let script = ToolScriptModel(vec!["lookup_a"; CALLS]);
+    let flow =
+        BinaryFlow::with_script(LONG_LOOP, "/tools/a", 10, Duration::from_secs(5), script).await;
+    let server = flow.start().await;
+    let id = flow.post(&message("wfl", 1, "gather twenty facts")).await;
+    flow.wait_calls("GET", "/tools/a", 11).await;
+    server.kill();
+    let before_restart = flow.model_bodies.lock().unwrap().len();
+    let server = flow.start().await;
+    let task = flow
+        .wait(id, |t| {
+            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
+        })
+        .await;
+    let expected = format!("found {}", vec!["alpha"; CALLS].join(", "));
+    assert_eq!(task["result"], expected);
+    let steps = task["steps"].as_array().unwrap();
+    let tool_steps = steps.iter().filter(|s| s["tool"] == "lookup_a").count();
+    assert_eq!(tool_steps, CALLS);
+    assert!(steps.len() >= 2 * CALLS, "a loop of {} steps", steps.len());
+    assert!(
+        task["context_summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("seen:")
+    );
+    assert_eq!(
+        calls_to(&flow.tools, "GET", "/tools/a").await,
+        CALLS + 1,
+        "only the interrupted call ran twice"
+    );
+
+    // What the model was given first after the restart: the system prompt, the request, the
+    // rolling summary, and the last steps in full — not the whole loop.
+    let bodies = flow.model_bodies.lock().unwrap().clone();
+    let first = bodies[before_restart..]
+        .iter()
+        .find(|b| {
+            !b["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("Summarise")
+        })
+        .expect("a model call after the restart");
+    let messages = first["messages"].as_array().unwrap();
+    assert!(
+        messages.len() <= 2 + 1 + 4,
+        "context of {} messages: {first:#}",
+        messages.len()
+    );
+    let summary = messages[2]["content"].as_str().unwrap();
+    assert!(
+        summary.starts_with("Summary of the work so far"),
+        "{summary}"
+    );
+    let seen = summary.matches("alpha").count();
+    assert!(
+        seen >= 6,
+        "the summary carries the earlier results: {summary}"
+    );
+    // No finished model step was called twice.
+    let keys = flow.model_keys.lock().unwrap().clone();
+    let mut distinct = keys.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(keys.len() <= distinct.len() + 1, "{keys:?}");
     assert_eq!(server.terminate(), Some(0));
     flow.db.drop_db().await;
 }

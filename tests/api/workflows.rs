@@ -8,34 +8,74 @@ use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 use crate::helpers::*;
 
-/// A model that asks for `lookup_a`, `lookup_b`, `lookup_c` in turn, then answers with what
-/// the tools said. Its answer depends only on the messages it is given, like a real model
-/// at temperature 0, so a replayed context gives the same answer.
-pub struct ToolScriptModel;
+/// A model that asks for its tools in turn, then answers with what the tools said. It
+/// reads only the messages it is given, like a real model at temperature 0: what it has
+/// "seen" is the tool results in its context plus the `seen:` line of a rolling summary, and
+/// asked to summarise it writes that line. So a replayed context gives the same answers.
+pub struct ToolScriptModel(pub Vec<&'static str>);
+
+impl Default for ToolScriptModel {
+    fn default() -> Self {
+        ToolScriptModel(vec!["lookup_a", "lookup_b", "lookup_c"])
+    }
+}
+
+fn tool_value(content: &str) -> String {
+    serde_json::from_str::<Value>(content)
+        .ok()
+        .and_then(|v| v["value"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The values listed on a `seen:` line.
+fn seen_line(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("seen:"))
+        .flat_map(|rest| {
+            rest.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
+        .collect()
+}
 
 impl Respond for ToolScriptModel {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let body: Value = serde_json::from_slice(&request.body).unwrap();
         let messages = body["messages"].as_array().unwrap();
-        let tool_answers: Vec<&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
-        let tools = ["lookup_a", "lookup_b", "lookup_c"];
-        let n = tool_answers.len();
-        if n < tools.len() {
+        let text = |m: &Value| m["content"].as_str().unwrap_or("").to_string();
+        if text(&messages[0]).starts_with("Summarise the work so far") {
+            let input = text(&messages[1]);
+            let mut seen = seen_line(&input);
+            for line in input.lines() {
+                if let Some(content) = line.strip_prefix("tool: ") {
+                    seen.push(tool_value(content));
+                }
+            }
+            return ResponseTemplate::new(200)
+                .set_body_json(completion(&format!("seen: {}", seen.join(","))));
+        }
+        let mut seen: Vec<String> = messages
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .flat_map(|m| seen_line(&text(m)))
+            .collect();
+        seen.extend(
+            messages
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| tool_value(&text(m))),
+        );
+        let n = seen.len();
+        if n < self.0.len() {
             return ResponseTemplate::new(200).set_body_json(json!({
                 "choices": [{"message": {"role": "assistant", "content": "", "tool_calls": [{
                     "id": format!("call_{n}"), "type": "function",
-                    "function": {"name": tools[n], "arguments": format!("{{\"q\":\"item{n}\"}}")}
+                    "function": {"name": self.0[n], "arguments": format!("{{\"q\":\"item{n}\"}}")}
                 }]}, "finish_reason": "tool_calls"}]
             }));
         }
-        let said: Vec<String> = tool_answers
-            .iter()
-            .map(|m| {
-                let v: Value = serde_json::from_str(m["content"].as_str().unwrap()).unwrap();
-                v["value"].as_str().unwrap_or("?").to_string()
-            })
-            .collect();
-        ResponseTemplate::new(200).set_body_json(completion(&format!("found {}", said.join(", "))))
+        ResponseTemplate::new(200).set_body_json(completion(&format!("found {}", seen.join(", "))))
     }
 }
 
@@ -168,7 +208,7 @@ async fn spawn_flow(workflow: &str) -> Flow {
     let model = MockServer::start().await;
     Mock::given(method("POST"))
         .and(chat_path())
-        .respond_with(ToolScriptModel)
+        .respond_with(ToolScriptModel::default())
         .mount(&model)
         .await;
     let tools = tool_server().await;
@@ -255,10 +295,11 @@ async fn a_three_tool_agent_loop_completes_and_replies_once() {
     assert_eq!(task["result"], "found alpha, beta, gamma");
     let steps = statuses(&task);
     let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    // Every 4 steps the loop folds older rounds into a rolling summary step.
     assert_eq!(
         names,
         [
-            "llm", "lookup_a", "llm", "lookup_b", "llm", "lookup_c", "llm"
+            "llm", "lookup_a", "llm", "lookup_b", "summary", "llm", "lookup_c", "summary", "llm"
         ]
     );
     assert!(steps.iter().all(|(_, s)| s == "SUCCEEDED"));

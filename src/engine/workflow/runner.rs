@@ -194,7 +194,7 @@ impl<'a> Runner<'a> {
                         ChatMessage::new("system", self.ctx.agent.system_prompt.clone()),
                         ChatMessage::new("user", prompt),
                     ];
-                    let answer = self.llm_call(messages, Vec::new()).await?;
+                    let answer = self.llm_call("llm", messages, Vec::new()).await?;
                     self.outputs
                         .insert(id.clone(), json!({ "text": answer.content }));
                     Some(n.next.clone())
@@ -297,19 +297,53 @@ impl<'a> Runner<'a> {
     /// each tool call is a step; tool errors of read-only tools go back to the model.
     async fn agent_loop(&mut self, id: &str, node: &AgentNode) -> Result<String, Stop> {
         let prompt = self.render(&node.prompt)?;
-        let mut messages = vec![
+        let head = vec![
             ChatMessage::new("system", self.ctx.agent.system_prompt.clone()),
             ChatMessage::new("user", prompt),
         ];
         let specs = self.svc.tools.function_specs(&node.tools);
+        let every = self.svc.config.context.summary_every_steps as usize;
+        // Messages since the last summary, in rounds (an assistant turn and its tool results).
+        let mut window: Vec<ChatMessage> = Vec::new();
+        let mut summary: Option<String> = None;
+        let mut since_summary = 0usize;
         for _ in 0..node.max_steps {
-            let answer = self.llm_call(messages.clone(), specs.clone()).await?;
+            if since_summary >= every {
+                let last_round = window
+                    .iter()
+                    .rposition(|m| m.role == "assistant")
+                    .unwrap_or(window.len());
+                if last_round > 0 {
+                    let older: Vec<ChatMessage> = window.drain(..last_round).collect();
+                    let text = self.summarize(summary.as_deref(), &older).await?;
+                    if !self
+                        .svc
+                        .store
+                        .set_context_summary(self.fence, &text, now_ms())
+                        .await?
+                    {
+                        return Err(Stop::Run(RunError::LostLease));
+                    }
+                    summary = Some(text);
+                    since_summary = window.len();
+                }
+            }
+            let mut messages = head.clone();
+            if let Some(s) = &summary {
+                messages.push(ChatMessage::new(
+                    "user",
+                    format!("Summary of the work so far:\n{s}"),
+                ));
+            }
+            messages.extend(window.iter().cloned());
+            let answer = self.llm_call("llm", messages, specs.clone()).await?;
+            since_summary += 1;
             if answer.tool_calls.is_empty() {
                 return Ok(answer.content);
             }
             let mut asked = ChatMessage::new("assistant", answer.content.clone());
             asked.tool_calls = answer.tool_calls.clone();
-            messages.push(asked);
+            window.push(asked);
             for call in &answer.tool_calls {
                 let name = call.function.name.clone();
                 let outcome = if !node.tools.contains(&name) {
@@ -323,7 +357,10 @@ impl<'a> Runner<'a> {
                         },
                     ) {
                         Err(e) => Err(format!("arguments are not JSON: {e}")),
-                        Ok(args) => self.tool_call(&name, args).await?,
+                        Ok(args) => {
+                            since_summary += 1;
+                            self.tool_call(&name, args).await?
+                        }
                     }
                 };
                 let content = match outcome {
@@ -332,7 +369,7 @@ impl<'a> Runner<'a> {
                 };
                 let mut answer_msg = ChatMessage::new("tool", content);
                 answer_msg.tool_call_id = Some(call.id.clone());
-                messages.push(answer_msg);
+                window.push(answer_msg);
             }
         }
         Err(Stop::Failed(
@@ -344,9 +381,44 @@ impl<'a> Runner<'a> {
         ))
     }
 
-    /// One journalled model call.
+    /// A journalled model call that folds `older` messages into the rolling summary.
+    async fn summarize(
+        &mut self,
+        previous: Option<&str>,
+        older: &[ChatMessage],
+    ) -> Result<String, Stop> {
+        let mut text = String::new();
+        if let Some(p) = previous {
+            text.push_str(&format!("Summary so far:\n{p}\n\n"));
+        }
+        text.push_str("Steps since then:\n");
+        for m in older {
+            let calls: Vec<String> = m
+                .tool_calls
+                .iter()
+                .map(|c| format!("{}({})", c.function.name, c.function.arguments))
+                .collect();
+            let body = if calls.is_empty() {
+                m.content.clone()
+            } else {
+                format!("calls {}", calls.join(", "))
+            };
+            text.push_str(&format!("{}: {}\n", m.role, truncate(&body, 2000)));
+        }
+        let messages = vec![
+            ChatMessage::new("system", self.svc.config.context.summary_prompt.clone()),
+            ChatMessage::new("user", text),
+        ];
+        Ok(self
+            .llm_call("summary", messages, Vec::new())
+            .await?
+            .content)
+    }
+
+    /// One journalled model call (`name` is the step's name: `llm` or `summary`).
     async fn llm_call(
         &mut self,
+        name: &str,
         messages: Vec<ChatMessage>,
         tools: Vec<Value>,
     ) -> Result<ChatResponse, Stop> {
@@ -366,7 +438,7 @@ impl<'a> Runner<'a> {
         let svc = self.svc;
         let request_ref = &request;
         let done = self
-            .journal(StepType::Llm, "llm", &input, true, move |key| async move {
+            .journal(StepType::Llm, name, &input, true, move |key| async move {
                 match svc.llm.chat(request_ref, &key).await {
                     Ok(answer) => Ok(CallOk {
                         tokens_in: answer.prompt_tokens,
