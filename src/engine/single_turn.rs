@@ -14,6 +14,7 @@ use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOut
 
 const STEP_NO: i64 = 1;
 const TOOL: &str = "chat";
+const SUMMARY: &str = "summary";
 
 pub async fn run(
     svc: &Services,
@@ -41,30 +42,44 @@ pub async fn run(
             turns.push(ChatMessage::new("assistant", answer.clone()));
         }
     }
+    let model = if agent.model.is_empty() {
+        svc.config.llm.model.clone()
+    } else {
+        agent.model.clone()
+    };
+    let budget = svc.config.context.history_token_budget;
+    let recent = within_budget(turns.clone(), budget);
+    let older = &turns[..turns.len() - recent.len()];
     let mut messages = vec![ChatMessage::new("system", agent.system_prompt.clone())];
-    messages.extend(within_budget(
-        turns,
-        svc.config.context.history_token_budget,
-    ));
+    // Over the budget: the older exchanges are folded into a summary by the model (a
+    // journalled step of its own, so a resumed task reuses it), and the chat call is step 2.
+    let mut chat_step = STEP_NO;
+    if !older.is_empty() {
+        chat_step = STEP_NO + 1;
+        let summary = summarize_history(svc, fence, lost, &model, older).await?;
+        if let Some(summary) = summary {
+            messages.push(ChatMessage::new(
+                "user",
+                format!("Summary of the earlier conversation:\n{summary}"),
+            ));
+        }
+    }
+    messages.extend(recent);
     let fresh_request = ChatRequest {
-        model: if agent.model.is_empty() {
-            svc.config.llm.model.clone()
-        } else {
-            agent.model.clone()
-        },
+        model,
         messages,
         temperature: agent.temperature,
         max_tokens: agent.max_tokens,
         tools: Vec::new(),
     };
     let input = serde_json::to_string(&fresh_request).unwrap_or_default();
-    let key = step_key(fence.task_id, STEP_NO, TOOL);
+    let key = step_key(fence.task_id, chat_step, TOOL);
     let step = svc
         .store
         .begin_step(
             fence,
             &NewStep {
-                step_no: STEP_NO,
+                step_no: chat_step,
                 step_type: StepType::Llm,
                 tool_name: TOOL,
                 idempotency_key: &key,
@@ -241,6 +256,89 @@ async fn call_with_retries(
             }
         }
     }
+}
+
+/// Folds `older` turns into a summary with a journalled `summary` step (step 1); `None` when
+/// the summary could not be made (the older turns are then simply left out).
+async fn summarize_history(
+    svc: &Services,
+    fence: &Fence,
+    lost: &CancellationToken,
+    model: &str,
+    older: &[ChatMessage],
+) -> Result<Option<String>, RunError> {
+    let transcript: String = older
+        .iter()
+        .map(|m| format!("{}: {}\n", m.role, m.content))
+        .collect();
+    let request = ChatRequest {
+        model: model.to_string(),
+        messages: vec![
+            ChatMessage::new("system", svc.config.context.summary_prompt.clone()),
+            ChatMessage::new("user", format!("Conversation so far:\n{transcript}")),
+        ],
+        temperature: 0.0,
+        max_tokens: 512,
+        tools: Vec::new(),
+    };
+    let input = serde_json::to_string(&request).unwrap_or_default();
+    let key = step_key(fence.task_id, STEP_NO, SUMMARY);
+    let step = svc
+        .store
+        .begin_step(
+            fence,
+            &NewStep {
+                step_no: STEP_NO,
+                step_type: StepType::Llm,
+                tool_name: SUMMARY,
+                idempotency_key: &key,
+                input: &input,
+            },
+            now_ms(),
+        )
+        .await?
+        .ok_or(RunError::LostLease)?;
+    if step.status == StepStatus::Succeeded {
+        let output: ChatResponse = serde_json::from_str(step.output.as_deref().unwrap_or(""))
+            .map_err(|e| RunError::Corrupt(format!("journalled summary unreadable: {e}")))?;
+        return Ok(Some(output.content));
+    }
+    let started = Instant::now();
+    let (outcome, _) = call_with_retries(svc, fence, &step, &request, lost).await?;
+    let duration_ms = started.elapsed().as_millis() as i64;
+    let (record, summary) = match outcome {
+        Ok(answer) => (
+            StepResult {
+                step_id: step.id,
+                status: StepStatus::Succeeded,
+                output: Some(serde_json::to_string(&answer).unwrap_or_default()),
+                error: None,
+                tokens_in: answer.prompt_tokens,
+                tokens_out: answer.completion_tokens,
+                duration_ms,
+            },
+            Some(answer.content),
+        ),
+        Err(err) => {
+            tracing::warn!(error = %err, "history summary failed; leaving older turns out");
+            (
+                StepResult {
+                    step_id: step.id,
+                    status: StepStatus::Failed,
+                    output: None,
+                    error: Some(crate::domain::truncate(&err.message, 2000)),
+                    tokens_in: None,
+                    tokens_out: None,
+                    duration_ms,
+                },
+                None,
+            )
+        }
+    };
+    if !svc.store.complete_step(fence, &record, now_ms()).await? {
+        return Err(RunError::LostLease);
+    }
+    Ok(summary)
 }
 
 /// Keeps the newest turns that fit in about `budget` tokens (characters / 4); the current

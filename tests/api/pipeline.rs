@@ -242,3 +242,65 @@ impl wiremock::Respond for DelayedEcho {
         EchoModel.respond(request).set_delay(self.0)
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_over_the_token_budget_is_summarised_first() {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
+        c.context.history_token_budget = 60;
+    })
+    .await;
+    let mut last = 0;
+    for n in 1..=3 {
+        let text = format!("question {n} {}", "x".repeat(190));
+        last = task_id_of(app.post_message(&message("conv-long", n, &text)).await).await;
+        app.wait_replied(last, WAIT).await;
+    }
+    let first = app.get_task(last - 2).await;
+    assert_eq!(
+        first["steps"].as_array().unwrap().len(),
+        1,
+        "short history: one call"
+    );
+    let task = app.get_task(last).await;
+    let names: Vec<&str> = task["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["summary", "chat"]);
+    assert_eq!(
+        task["steps"][1]["idempotency_key"],
+        format!("{last}:2:chat")
+    );
+    let calls = app.model.received_requests().await.unwrap();
+    let chat: Value = serde_json::from_slice(&calls.last().unwrap().body).unwrap();
+    let messages = chat["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "system, summary, question: {chat:#}");
+    assert!(
+        messages[1]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Summary of the earlier conversation")
+    );
+    assert!(
+        messages[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("question 1"),
+        "the summary covers the first exchange"
+    );
+    assert!(
+        messages[2]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("question 3")
+    );
+    app.stop().await;
+}
