@@ -75,9 +75,13 @@ impl App {
         // A restart under the same instance id: whatever that id still holds was running in
         // the previous process, which is gone, so take it back at once.
         let instance_id = config.instance_id();
-        let (tasks, replies) = store
-            .release_leases_of(&instance_id, crate::domain::now_ms())
-            .await?;
+        let (tasks, replies) = if config.server.role.runs_workers() {
+            store
+                .release_leases_of(&instance_id, crate::domain::now_ms())
+                .await?
+        } else {
+            (0, 0)
+        };
         if tasks + replies > 0 {
             tracing::info!(
                 instance = %instance_id,
@@ -144,33 +148,50 @@ impl App {
         let svc = self.services;
         tracing::info!(
             addr = %self.listener.local_addr()?,
+            role = ?svc.config.server.role,
             instance = %svc.instance_id,
             database = ?svc.store.dialect(),
             model_endpoint = %svc.llm.endpoint(),
             "assistd listening"
         );
+        let role = svc.config.server.role;
         let mut background = tokio::task::JoinSet::new();
-        background.spawn(crate::engine::run_workers(svc.clone(), shutdown.clone()));
-        background.spawn(crate::outbox::run_outbox(svc.clone(), shutdown.clone()));
-        if let Store::Postgres(pool) = &svc.store {
-            background.spawn(listen_for_tasks(
-                svc.clone(),
-                pool.clone(),
-                shutdown.clone(),
-            ));
+        if role.runs_workers() {
+            background.spawn(crate::engine::run_workers(svc.clone(), shutdown.clone()));
+            background.spawn(crate::outbox::run_outbox(svc.clone(), shutdown.clone()));
+            if svc.config.scheduler.enabled {
+                background.spawn(crate::scheduler::run_scheduler(
+                    svc.clone(),
+                    shutdown.clone(),
+                ));
+            }
+            if let Store::Postgres(pool) = &svc.store {
+                background.spawn(listen_for_tasks(
+                    svc.clone(),
+                    pool.clone(),
+                    shutdown.clone(),
+                ));
+            }
         }
-        let router = crate::http::router(svc.clone());
+        let router = if role == crate::config::Role::Worker {
+            crate::http::health_router(svc.clone())
+        } else {
+            crate::http::router(svc.clone())
+        };
         let server_shutdown = shutdown.clone();
         axum::serve(self.listener, router)
             .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
             .await?;
         while background.join_next().await.is_some() {}
         // Whatever is left unfinished is handed over now, not after its lease runs out.
-        match svc
-            .store
-            .release_leases_of(&svc.instance_id, crate::domain::now_ms())
-            .await
-        {
+        let release = if role.runs_workers() {
+            svc.store
+                .release_leases_of(&svc.instance_id, crate::domain::now_ms())
+                .await
+        } else {
+            Ok((0, 0))
+        };
+        match release {
             Ok((0, 0)) => {}
             Ok((tasks, replies)) => {
                 tracing::info!(tasks, replies, "released leases of unfinished work")

@@ -44,6 +44,7 @@ pub struct Config {
     pub llm: LlmConfig,
     pub worker: WorkerConfig,
     pub outbox: OutboxConfig,
+    pub scheduler: SchedulerConfig,
     pub admin: AdminConfig,
     pub replies: RepliesConfig,
     pub log: LogConfig,
@@ -159,9 +160,98 @@ impl ToolConfig {
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     pub listen: String,
+    pub role: Role,
     pub body_limit_bytes: usize,
     pub request_timeout_secs: u64,
 }
+
+/// What an instance runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// HTTP, workers, outbox and scheduler.
+    All,
+    /// Webhooks and APIs only.
+    Api,
+    /// Workers, outbox and scheduler only.
+    Worker,
+}
+
+impl Role {
+    pub fn runs_workers(self) -> bool {
+        self != Role::Api
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    pub enabled: bool,
+    pub jobs: JobsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsConfig {
+    pub confirm_timeout: ConfirmTimeoutJob,
+    pub orphan_reclaim: OrphanReclaimJob,
+    pub retention: RetentionJob,
+}
+
+/// What every job has.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JobSchedule {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmTimeoutJob {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+    pub approval_callback_url: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrphanReclaimJob {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+    pub grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionJob {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+    pub ttl_days: u64,
+}
+
+macro_rules! schedule_of {
+    ($($job:ty),*) => {$(
+        impl $job {
+            pub fn schedule(&self) -> JobSchedule {
+                JobSchedule {
+                    enabled: self.enabled,
+                    cron: self.cron.clone(),
+                    batch_size: self.batch_size,
+                    lock_lease_secs: self.lock_lease_secs,
+                }
+            }
+        }
+    )*};
+}
+schedule_of!(ConfirmTimeoutJob, OrphanReclaimJob, RetentionJob);
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -254,6 +344,7 @@ pub struct RepliesConfig {
     pub failure_notice: String,
     pub cancelled_notice: String,
     pub rejected_notice: String,
+    pub timeout_notice: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -435,6 +526,28 @@ impl Config {
                 "outbox.lease_secs",
                 "must be longer than outbox.timeout_secs",
             ));
+        }
+        let jobs = &self.scheduler.jobs;
+        for (name, job) in [
+            ("confirm_timeout", jobs.confirm_timeout.schedule()),
+            ("orphan_reclaim", jobs.orphan_reclaim.schedule()),
+            ("retention", jobs.retention.schedule()),
+        ] {
+            let key = format!("scheduler.jobs.{name}");
+            if job.cron.split_whitespace().count() != 6 {
+                return Err(invalid(
+                    &format!("{key}.cron"),
+                    "needs six fields: second minute hour day-of-month month day-of-week",
+                ));
+            }
+            positive(&format!("{key}.batch_size"), u64::from(job.batch_size))?;
+            positive(&format!("{key}.lock_lease_secs"), job.lock_lease_secs)?;
+        }
+        if !jobs.confirm_timeout.approval_callback_url.is_empty() {
+            http_url(
+                "scheduler.jobs.confirm_timeout.approval_callback_url",
+                &jobs.confirm_timeout.approval_callback_url,
+            )?;
         }
         let generic = &self.channels.generic;
         if !generic.reply_url.is_empty() {

@@ -181,10 +181,19 @@ text_enum!(
         TaskResumed => "TASK_RESUMED",
         StepUnknown => "STEP_UNKNOWN",
         StepCompensated => "STEP_COMPENSATED",
+        TaskReclaimed => "TASK_RECLAIMED",
         ConfirmDenied => "CONFIRM_DENIED",
         ReplySent => "REPLY_SENT",
         ReplyFailed => "REPLY_FAILED",
         AgentVersionPublished => "AGENT_VERSION_PUBLISHED",
+    }
+);
+
+text_enum!(
+    JobRunStatus {
+        Succeeded => "SUCCEEDED",
+        Failed => "FAILED",
+        Skipped => "SKIPPED",
     }
 );
 

@@ -14,6 +14,7 @@ pub mod http;
 pub mod intake;
 pub mod llm;
 pub mod outbox;
+pub mod scheduler;
 pub mod store;
 pub mod tools;
 

@@ -25,21 +25,28 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the HTTP server, workers and reply outbox (the default).
-    Serve,
+    /// Run the HTTP server, workers, reply outbox and scheduler (the default).
+    Serve {
+        /// all, api (webhooks and APIs) or worker (workers, outbox, scheduler).
+        #[arg(long, env = "ASSISTD_ROLE")]
+        role: Option<assistd::config::Role>,
+    },
     /// Apply database migrations and exit.
     Migrate,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
+    let mut config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("assistd: invalid configuration: {e}");
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Serve { role: Some(role) }) = &cli.command {
+        config.server.role = *role;
+    }
     init_logging(&config);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -49,8 +56,8 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        match cli.command.unwrap_or(Command::Serve) {
-            Command::Serve => serve(config).await,
+        match cli.command.unwrap_or(Command::Serve { role: None }) {
+            Command::Serve { .. } => serve(config).await,
             Command::Migrate => migrate(config).await,
         }
     });

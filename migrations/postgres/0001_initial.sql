@@ -62,7 +62,8 @@ CREATE TABLE agent_task (
     created_at        BIGINT  NOT NULL,
     updated_at        BIGINT  NOT NULL,
     started_at        BIGINT,
-    finished_at       BIGINT
+    finished_at       BIGINT,
+    purged_at         BIGINT
 );
 CREATE UNIQUE INDEX agent_task_message ON agent_task (message_id);
 -- The database, not the worker, guarantees one RUNNING task per conversation.
@@ -74,6 +75,8 @@ CREATE INDEX agent_task_running ON agent_task (id, lease_expire) WHERE status = 
 CREATE INDEX agent_task_active_conversation
     ON agent_task (channel, conversation_id, id) WHERE status IN ('PENDING', 'RUNNING');
 CREATE INDEX agent_task_created ON agent_task (created_at);
+CREATE INDEX agent_task_waiting ON agent_task (confirm_deadline) WHERE status = 'WAITING_HUMAN_CONFIRM';
+CREATE INDEX agent_task_unpurged ON agent_task (finished_at) WHERE purged_at IS NULL AND finished_at IS NOT NULL;
 
 CREATE TABLE agent_step (
     id              BIGSERIAL PRIMARY KEY,
@@ -150,7 +153,8 @@ CREATE INDEX audit_log_task ON audit_log (task_id, id);
 CREATE TABLE job_lock (
     name        TEXT PRIMARY KEY,
     holder      TEXT,
-    lease_until BIGINT  NOT NULL DEFAULT 0
+    lease_until BIGINT  NOT NULL DEFAULT 0,
+    last_tick   BIGINT  NOT NULL DEFAULT 0
 );
 
 CREATE TABLE job_run (

@@ -201,10 +201,30 @@ impl GenericChannel {
             message: format!("cannot encode reply: {e}"),
             retry_after: None,
         })?;
+        self.post_signed(&self.reply_url, reply, bytes).await
+    }
+
+    /// POSTs an approval-timeout callback (the outbox row's content) to `url`, signed and
+    /// keyed like replies.
+    pub async fn send_callback(
+        &self,
+        url: &str,
+        reply: &ReplyRow,
+    ) -> Result<Delivered, DeliveryError> {
+        self.post_signed(url, reply, reply.content.clone().into_bytes())
+            .await
+    }
+
+    async fn post_signed(
+        &self,
+        url: &str,
+        reply: &ReplyRow,
+        bytes: Vec<u8>,
+    ) -> Result<Delivered, DeliveryError> {
         let timestamp = crate::domain::now_ms() / 1000;
         let response = self
             .http
-            .post(&self.reply_url)
+            .post(url)
             .header("content-type", "application/json")
             .header("idempotency-key", &reply.idempotency_key)
             .header(TIMESTAMP_HEADER, timestamp.to_string())

@@ -27,6 +27,8 @@ pub struct DeliveryError {
 #[derive(Clone)]
 pub struct Channels {
     pub generic: Option<generic::GenericChannel>,
+    /// Where approval-timeout callbacks go (empty = not sent).
+    pub approval_callback_url: String,
 }
 
 impl Channels {
@@ -38,6 +40,12 @@ impl Channels {
             } else {
                 None
             },
+            approval_callback_url: config
+                .scheduler
+                .jobs
+                .confirm_timeout
+                .approval_callback_url
+                .clone(),
         })
     }
 
@@ -49,6 +57,19 @@ impl Channels {
                 None => Err(DeliveryError {
                     message: "the generic channel is not configured \
                               (channels.generic.secret is empty)"
+                        .into(),
+                    retry_after: None,
+                }),
+            },
+            crate::scheduler::CALLBACK_CHANNEL => match &self.generic {
+                Some(channel) if !self.approval_callback_url.is_empty() => {
+                    channel
+                        .send_callback(&self.approval_callback_url, reply)
+                        .await
+                }
+                _ => Err(DeliveryError {
+                    message: "approval callbacks need channels.generic.secret and \
+                              scheduler.jobs.confirm_timeout.approval_callback_url"
                         .into(),
                     retry_after: None,
                 }),

@@ -9,6 +9,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::app::Services;
 
+pub mod admin;
 pub mod agents;
 pub mod error;
 pub mod health;
@@ -24,10 +25,19 @@ pub fn router(svc: Arc<Services>) -> Router {
         .merge(webhooks::router())
         .merge(tasks::router())
         .merge(agents::router())
+        .merge(admin::router())
         .layer(TraceLayer::new_for_http())
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             timeout,
         ))
+        .with_state(svc)
+}
+
+/// The worker role serves only liveness and readiness.
+pub fn health_router(svc: Arc<Services>) -> Router {
+    Router::new()
+        .merge(health::router())
+        .layer(TraceLayer::new_for_http())
         .with_state(svc)
 }

@@ -15,6 +15,7 @@ use crate::config::DatabaseConfig;
 
 pub mod agents;
 pub mod intake;
+pub mod jobs;
 pub mod outbox;
 pub mod tasks;
 pub mod workflow;

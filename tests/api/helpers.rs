@@ -58,6 +58,15 @@ impl TestDb {
         }
     }
 
+    /// Another handle on the same database that does not own (or drop) it.
+    pub fn share(&self) -> TestDb {
+        TestDb {
+            url: self.url.clone(),
+            _dir: None,
+            pg_admin: None,
+        }
+    }
+
     pub fn is_postgres(&self) -> bool {
         self.pg_admin.is_some()
     }

@@ -10,6 +10,7 @@ mod crash;
 mod model_failures;
 mod pipeline;
 mod reply_delivery;
+mod scheduler;
 mod webhook_errors;
 mod workflow_crash;
 mod workflows;

@@ -198,13 +198,17 @@ pub async fn calls_to(server: &MockServer, method_name: &str, prefix: &str) -> u
         .count()
 }
 
-struct Flow {
-    app: TestApp,
-    tools: MockServer,
-    _dir: tempfile::TempDir,
+pub struct Flow {
+    pub app: TestApp,
+    pub tools: MockServer,
+    pub _dir: tempfile::TempDir,
 }
 
-async fn spawn_flow(workflow: &str) -> Flow {
+pub async fn spawn_flow(workflow: &str) -> Flow {
+    spawn_flow_with(workflow, |_| {}).await
+}
+
+pub async fn spawn_flow_with(workflow: &str, tweak: impl FnOnce(&mut assistd::Config)) -> Flow {
     let model = MockServer::start().await;
     Mock::given(method("POST"))
         .and(chat_path())
@@ -224,6 +228,8 @@ async fn spawn_flow(workflow: &str) -> Flow {
         dir.path(),
         &overlay(&tools.uri(), &wf),
     );
+    let mut config = config;
+    tweak(&mut config);
     let app = TestApp::spawn_config(db, model, receiver, config).await;
     Flow {
         app,
@@ -247,7 +253,7 @@ fn statuses(task: &Value) -> Vec<(String, String)> {
 }
 
 impl TestApp {
-    async fn post_action(
+    pub async fn post_action(
         &self,
         task_id: i64,
         step_no: i64,
@@ -270,7 +276,7 @@ impl TestApp {
             .unwrap()
     }
 
-    async fn confirm(&self, task_id: i64, decision: &str, approver: &str) -> reqwest::Response {
+    pub async fn confirm(&self, task_id: i64, decision: &str, approver: &str) -> reqwest::Response {
         self.http
             .post(format!("{}/api/tasks/{task_id}/confirm", self.addr))
             .bearer_auth(ADMIN_TOKEN)

@@ -1,0 +1,325 @@
+//! Scheduled jobs: the per-job lock (one instance per tick), job_run records, and the scans
+//! the jobs run. Every scan works in bounded batches over index-backed conditions.
+
+use super::tasks::{NewReply, insert_audit, insert_reply};
+use super::{Store, StoreResult, on_pool, write_tx};
+use crate::domain::{AuditEvent, Decision, FailureType, JobRunStatus, TaskStatus};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct JobRunRow {
+    pub id: i64,
+    pub job: String,
+    pub instance: String,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub status: JobRunStatus,
+    pub scanned: i64,
+    pub affected: i64,
+    pub error: Option<String>,
+}
+
+/// One finished tick of a job.
+#[derive(Debug, Clone)]
+pub struct NewJobRun<'a> {
+    pub job: &'a str,
+    pub instance: &'a str,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub status: JobRunStatus,
+    pub scanned: i64,
+    pub affected: i64,
+    pub error: Option<String>,
+}
+
+/// A task waiting for a human past its deadline.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OverdueTask {
+    pub id: i64,
+    pub channel: String,
+    pub conversation_id: String,
+    pub resume_count: i64,
+    pub confirm_deadline: i64,
+    pub in_reply_to: String,
+}
+
+/// A RUNNING task reclaimed from a vanished instance.
+#[derive(Debug, Clone)]
+pub struct Reclaimed {
+    pub task_id: i64,
+    pub owner: Option<String>,
+    pub step: i64,
+}
+
+impl Store {
+    /// Takes job `name`'s lock for tick `tick` (seconds) until `lease_until`. Fails while
+    /// another holder's lease runs, and for a tick that was already run anywhere.
+    pub async fn try_lock_job(
+        &self,
+        name: &str,
+        holder: &str,
+        tick: i64,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let taken = write_tx!(self, tx => {
+            sqlx::query(
+                "INSERT INTO job_lock (name, holder, lease_until, last_tick) VALUES ($1, NULL, 0, 0) \
+                 ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "UPDATE job_lock SET holder = $1, lease_until = $2, last_tick = $3 \
+                 WHERE name = $4 AND lease_until < $5 AND last_tick < $3",
+            )
+            .bind(holder)
+            .bind(lease_until)
+            .bind(tick)
+            .bind(name)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1
+        });
+        Ok(taken)
+    }
+
+    /// Releases the lock if `holder` still has it.
+    pub async fn release_job(&self, name: &str, holder: &str) -> StoreResult<()> {
+        write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE job_lock SET holder = NULL, lease_until = 0 WHERE name = $1 AND holder = $2",
+            )
+            .bind(name)
+            .bind(holder)
+            .execute(&mut *tx)
+            .await?;
+        });
+        Ok(())
+    }
+
+    pub async fn record_job_run(&self, run: &NewJobRun<'_>) -> StoreResult<()> {
+        write_tx!(self, tx => {
+            sqlx::query(
+                "INSERT INTO job_run (job, instance, started_at, finished_at, status, scanned, \
+                 affected, error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(run.job)
+            .bind(run.instance)
+            .bind(run.started_at)
+            .bind(run.finished_at)
+            .bind(run.status)
+            .bind(run.scanned)
+            .bind(run.affected)
+            .bind(&run.error)
+            .execute(&mut *tx)
+            .await?;
+        });
+        Ok(())
+    }
+
+    /// Job runs, newest first.
+    pub async fn job_runs(&self, job: Option<&str>, limit: i64) -> StoreResult<Vec<JobRunRow>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, JobRunRow>(
+                "SELECT id, job, instance, started_at, finished_at, status, scanned, affected, \
+                 error FROM job_run WHERE ($1 IS NULL OR job = $1) ORDER BY id DESC LIMIT $2",
+            )
+            .bind(job)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    /// Up to `limit` tasks waiting for a human whose deadline is before `now`, oldest first.
+    pub async fn overdue_confirmations(
+        &self,
+        now: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<OverdueTask>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, OverdueTask>(
+                "SELECT t.id, t.channel, t.conversation_id, t.resume_count, t.confirm_deadline, \
+                 m.external_message_id AS in_reply_to \
+                 FROM agent_task t JOIN im_message m ON m.id = t.message_id \
+                 WHERE t.status = 'WAITING_HUMAN_CONFIRM' AND t.confirm_deadline < $1 \
+                 ORDER BY t.confirm_deadline LIMIT $2",
+            )
+            .bind(now)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    /// Cancels one overdue task (if it is still waiting and overdue): CANCELLED with
+    /// TIMEOUT, its request EXPIRED, a risk-flagged TASK_TIMEOUT_CANCELLED, the notice (and
+    /// the callback, when given) queued in the outbox. False when nothing was due any more.
+    pub async fn expire_confirmation(
+        &self,
+        task_id: i64,
+        notice: &NewReply,
+        callback: Option<&NewReply>,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            let n = sqlx::query(
+                "UPDATE agent_task SET status = $1, failure_type = $2, \
+                 error_msg = 'approval deadline passed', version = version + 1, \
+                 finished_at = $3, updated_at = $3 \
+                 WHERE id = $4 AND status = 'WAITING_HUMAN_CONFIRM' AND confirm_deadline < $3",
+            )
+            .bind(TaskStatus::Cancelled)
+            .bind(FailureType::Timeout)
+            .bind(now)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            sqlx::query(
+                "UPDATE pending_action SET decision = $1, decided_at = $2 \
+                 WHERE task_id = $3 AND decision = 'PENDING'",
+            )
+            .bind(Decision::Expired)
+            .bind(now)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+            // Due at once, even when `now` is a scan time ahead of the wall clock.
+            let due = now.min(crate::domain::now_ms());
+            insert_reply!(&mut *tx, task_id, notice, due).await?;
+            if let Some(callback) = callback {
+                insert_reply!(&mut *tx, task_id, callback, due).await?;
+            }
+            insert_audit!(
+                &mut *tx,
+                Some(task_id),
+                AuditEvent::TaskTimeoutCancelled,
+                "scheduler:confirm_timeout",
+                "approval deadline passed; task cancelled",
+                true,
+                now,
+            )?;
+            true
+        });
+        Ok(done)
+    }
+
+    /// Puts RUNNING tasks whose lease expired before `cutoff` back to PENDING (at most
+    /// `limit`), auditing the last owner and step. Returns what was reclaimed.
+    pub async fn reclaim_orphans(
+        &self,
+        cutoff: i64,
+        limit: i64,
+        now: i64,
+    ) -> StoreResult<(i64, Vec<Reclaimed>)> {
+        let candidates: Vec<(i64, Option<String>, i64)> = on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT id, owner, current_step FROM agent_task \
+                 WHERE status = 'RUNNING' AND lease_expire < $1 ORDER BY id LIMIT $2",
+            )
+            .bind(cutoff)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+        });
+        let scanned = candidates.len() as i64;
+        let mut reclaimed = Vec::new();
+        for (id, owner, step) in candidates {
+            let done = write_tx!(self, tx => {
+                let n = sqlx::query(
+                    "UPDATE agent_task SET status = 'PENDING', owner = NULL, lease_expire = NULL, \
+                     run_after = $1, version = version + 1, updated_at = $1 \
+                     WHERE id = $2 AND status = 'RUNNING' AND lease_expire < $3",
+                )
+                .bind(now)
+                .bind(id)
+                .bind(cutoff)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if n == 1 {
+                    insert_audit!(
+                        &mut *tx,
+                        Some(id),
+                        AuditEvent::TaskReclaimed,
+                        "scheduler:orphan_reclaim",
+                        &format!(
+                            "lease of {} expired at step {step}; back to PENDING",
+                            owner.as_deref().unwrap_or("unknown owner")
+                        ),
+                        false,
+                        now,
+                    )?;
+                }
+                n == 1
+            });
+            if done {
+                reclaimed.push(Reclaimed {
+                    task_id: id,
+                    owner,
+                    step,
+                });
+            }
+        }
+        Ok((scanned, reclaimed))
+    }
+
+    /// Removes bulky content of up to `limit` terminal tasks finished before `cutoff`: step
+    /// inputs and outputs, the message text and reply content. Rows, statuses, failure types
+    /// and audit stay. Returns (tasks scanned, tasks purged).
+    pub async fn purge_finished(
+        &self,
+        cutoff: i64,
+        limit: i64,
+        now: i64,
+    ) -> StoreResult<(i64, i64)> {
+        let ids: Vec<(i64, i64)> = on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT id, message_id FROM agent_task WHERE purged_at IS NULL \
+                 AND finished_at IS NOT NULL AND finished_at < $1 \
+                 AND status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') ORDER BY finished_at LIMIT $2",
+            )
+            .bind(cutoff)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+        });
+        let scanned = ids.len() as i64;
+        let mut purged = 0;
+        for (task_id, message_id) in ids {
+            write_tx!(self, tx => {
+                sqlx::query("UPDATE agent_step SET input = NULL, output = NULL WHERE task_id = $1")
+                    .bind(task_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("UPDATE im_message SET text = '' WHERE id = $1")
+                    .bind(message_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "UPDATE outbound_reply SET content = '{}' WHERE task_id = $1 AND status <> 'PENDING'",
+                )
+                .bind(task_id)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE agent_task SET result = NULL, context_summary = NULL, purged_at = $1 \
+                     WHERE id = $2",
+                )
+                .bind(now)
+                .bind(task_id)
+                .execute(&mut *tx)
+                .await?;
+            });
+            purged += 1;
+        }
+        Ok((scanned, purged))
+    }
+}
