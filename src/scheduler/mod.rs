@@ -156,9 +156,7 @@ pub async fn tick(svc: &Services, name: &str, schedule: &JobSchedule) -> JobRunS
     status
 }
 
-async fn store_err<T>(
-    r: impl Future<Output = crate::store::StoreResult<T>>,
-) -> Result<T, String> {
+async fn store_err<T>(r: impl Future<Output = crate::store::StoreResult<T>>) -> Result<T, String> {
     r.await.map_err(|e| e.to_string())
 }
 
