@@ -365,6 +365,33 @@ pub struct LogConfig {
 #[serde(deny_unknown_fields)]
 pub struct ChannelsConfig {
     pub generic: GenericChannelConfig,
+    pub slack: SlackChannelConfig,
+    pub telegram: TelegramChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlackChannelConfig {
+    pub enabled: bool,
+    pub signing_secret: String,
+    pub bot_token: String,
+    pub api_base_url: String,
+    /// The bot's own user id (its messages are ignored).
+    pub bot_user_id: String,
+    pub agent: String,
+    pub timestamp_tolerance_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelegramChannelConfig {
+    pub enabled: bool,
+    pub bot_token: String,
+    pub secret_token: String,
+    pub api_base_url: String,
+    /// The bot's @username without the @ (mentions of it are stripped).
+    pub bot_username: String,
+    pub agent: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -558,6 +585,48 @@ impl Config {
                 "channels.generic.agent",
                 format!("no agent named `{}` under [agents]", generic.agent),
             ));
+        }
+        let slack = &self.channels.slack;
+        if slack.enabled {
+            for (key, value) in [
+                ("signing_secret", &slack.signing_secret),
+                ("bot_token", &slack.bot_token),
+            ] {
+                if value.is_empty() {
+                    return Err(invalid(
+                        &format!("channels.slack.{key}"),
+                        "must be set when the channel is enabled",
+                    ));
+                }
+            }
+            http_url("channels.slack.api_base_url", &slack.api_base_url)?;
+            if !self.agents.contains_key(&slack.agent) {
+                return Err(invalid(
+                    "channels.slack.agent",
+                    format!("no agent named `{}`", slack.agent),
+                ));
+            }
+        }
+        let telegram = &self.channels.telegram;
+        if telegram.enabled {
+            for (key, value) in [
+                ("bot_token", &telegram.bot_token),
+                ("secret_token", &telegram.secret_token),
+            ] {
+                if value.is_empty() {
+                    return Err(invalid(
+                        &format!("channels.telegram.{key}"),
+                        "must be set when the channel is enabled",
+                    ));
+                }
+            }
+            http_url("channels.telegram.api_base_url", &telegram.api_base_url)?;
+            if !self.agents.contains_key(&telegram.agent) {
+                return Err(invalid(
+                    "channels.telegram.agent",
+                    format!("no agent named `{}`", telegram.agent),
+                ));
+            }
         }
         for (name, agent) in &self.agents {
             if name.is_empty() || name.len() > 64 {

@@ -66,6 +66,12 @@ async fn deliver(svc: &Services, reply: ReplyRow) {
                 .mark_reply_sent(&reply, owner, delivered.platform_message_id.as_deref(), now)
                 .await
         }
+        Err(err) if err.unknown => {
+            tracing::error!(key = %reply.idempotency_key, error = %err, "reply outcome unknown; not re-sent");
+            svc.store
+                .give_up_reply(&reply, owner, ReplyStatus::Unknown, &err.message, now)
+                .await
+        }
         Err(err) if cfg.max_attempts > 0 && reply.attempts >= i64::from(cfg.max_attempts) => {
             tracing::error!(key = %reply.idempotency_key, error = %err, "reply given up");
             svc.store

@@ -180,10 +180,9 @@ impl GenericChannel {
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
         if self.reply_url.is_empty() {
-            return Err(DeliveryError {
-                message: "channels.generic.reply_url is not set".into(),
-                retry_after: None,
-            });
+            return Err(DeliveryError::retry(
+                "channels.generic.reply_url is not set",
+            ));
         }
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let mut body = json!({
@@ -197,10 +196,8 @@ impl GenericChannel {
                 body[field] = v.clone();
             }
         }
-        let bytes = serde_json::to_vec(&body).map_err(|e| DeliveryError {
-            message: format!("cannot encode reply: {e}"),
-            retry_after: None,
-        })?;
+        let bytes = serde_json::to_vec(&body)
+            .map_err(|e| DeliveryError::retry(format!("cannot encode reply: {e}")))?;
         self.post_signed(&self.reply_url, reply, bytes).await
     }
 
@@ -232,10 +229,7 @@ impl GenericChannel {
             .body(bytes)
             .send()
             .await
-            .map_err(|e| DeliveryError {
-                message: format!("reply POST failed: {e}"),
-                retry_after: None,
-            })?;
+            .map_err(|e| DeliveryError::retry(format!("reply POST failed: {e}")))?;
         let status = response.status();
         if status.is_success() {
             return Ok(Delivered {
@@ -251,6 +245,7 @@ impl GenericChannel {
         Err(DeliveryError {
             message: format!("reply receiver answered HTTP {}", status.as_u16()),
             retry_after,
+            unknown: false,
         })
     }
 }

@@ -6,7 +6,40 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::store::outbox::ReplyRow;
 
+pub mod cards;
 pub mod generic;
+pub mod slack;
+pub mod telegram;
+
+/// What an inbound platform request asks of assistd, once verified and parsed.
+#[derive(Debug, Clone)]
+pub enum Inbound {
+    /// A chat message for intake.
+    Message(crate::store::intake::NewMessage),
+    /// An approval decision from a card button; `ack` identifies the platform callback
+    /// to acknowledge (Telegram's callback query id), when there is one.
+    Action {
+        action: generic::CardAction,
+        ack: Option<String>,
+    },
+    /// A handshake answered directly (URL verification): status, content type, body.
+    Respond {
+        status: u16,
+        content_type: &'static str,
+        body: String,
+    },
+    /// Verified but nothing to do (the bot's own message, an edit, an unknown event).
+    Ignore(&'static str),
+}
+
+/// A request refused before anything is written: 401 (verification) or 400 (malformed).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Refused {
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    BadRequest(String),
+}
 
 /// A reply the platform accepted.
 #[derive(Debug, Clone)]
@@ -21,12 +54,27 @@ pub struct DeliveryError {
     pub message: String,
     /// The platform asked for this pause before the next try.
     pub retry_after: Option<Duration>,
+    /// The send may or may not have reached the chat, and the platform has no idempotency
+    /// key to make a re-send safe: the reply becomes UNKNOWN instead of being repeated.
+    pub unknown: bool,
+}
+
+impl DeliveryError {
+    pub fn retry(message: impl Into<String>) -> Self {
+        DeliveryError {
+            message: message.into(),
+            retry_after: None,
+            unknown: false,
+        }
+    }
 }
 
 /// The configured platforms, by the channel name stored on messages and replies.
 #[derive(Clone)]
 pub struct Channels {
     pub generic: Option<generic::GenericChannel>,
+    pub slack: Option<slack::SlackChannel>,
+    pub telegram: Option<telegram::TelegramChannel>,
     /// Where approval-timeout callbacks go (empty = not sent).
     pub approval_callback_url: String,
 }
@@ -37,6 +85,22 @@ impl Channels {
         Ok(Channels {
             generic: if generic.enabled && !generic.secret.is_empty() {
                 Some(generic::GenericChannel::new(generic, &config.outbox)?)
+            } else {
+                None
+            },
+            slack: if config.channels.slack.enabled {
+                Some(slack::SlackChannel::new(
+                    &config.channels.slack,
+                    &config.outbox,
+                )?)
+            } else {
+                None
+            },
+            telegram: if config.channels.telegram.enabled {
+                Some(telegram::TelegramChannel::new(
+                    &config.channels.telegram,
+                    &config.outbox,
+                )?)
             } else {
                 None
             },
@@ -54,12 +118,9 @@ impl Channels {
         match reply.channel.as_str() {
             generic::CHANNEL => match &self.generic {
                 Some(channel) => channel.send(reply).await,
-                None => Err(DeliveryError {
-                    message: "the generic channel is not configured \
-                              (channels.generic.secret is empty)"
-                        .into(),
-                    retry_after: None,
-                }),
+                None => Err(DeliveryError::retry(
+                    "the generic channel is not configured (channels.generic.secret is empty)",
+                )),
             },
             crate::scheduler::CALLBACK_CHANNEL => match &self.generic {
                 Some(channel) if !self.approval_callback_url.is_empty() => {
@@ -67,17 +128,22 @@ impl Channels {
                         .send_callback(&self.approval_callback_url, reply)
                         .await
                 }
-                _ => Err(DeliveryError {
-                    message: "approval callbacks need channels.generic.secret and \
-                              scheduler.jobs.confirm_timeout.approval_callback_url"
-                        .into(),
-                    retry_after: None,
-                }),
+                _ => Err(DeliveryError::retry(
+                    "approval callbacks need channels.generic.secret and \
+                     scheduler.jobs.confirm_timeout.approval_callback_url",
+                )),
             },
-            other => Err(DeliveryError {
-                message: format!("no channel named `{other}` is configured"),
-                retry_after: None,
-            }),
+            slack::CHANNEL => match &self.slack {
+                Some(channel) => channel.send(reply).await,
+                None => Err(DeliveryError::retry("the slack channel is not enabled")),
+            },
+            telegram::CHANNEL => match &self.telegram {
+                Some(channel) => channel.send(reply).await,
+                None => Err(DeliveryError::retry("the telegram channel is not enabled")),
+            },
+            other => Err(DeliveryError::retry(format!(
+                "no channel named `{other}` is configured"
+            ))),
         }
     }
 }

@@ -7,13 +7,15 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use super::ApiError;
 use crate::app::Services;
-use crate::channels::generic;
+use crate::channels::{Inbound, Refused, generic, slack, telegram};
+use crate::control::DecisionResult;
 use crate::domain::now_ms;
 use crate::intake::{IntakeError, accept_message};
 
@@ -21,6 +23,9 @@ pub fn router() -> Router<Arc<Services>> {
     Router::new()
         .route("/webhooks/generic", post(generic_webhook))
         .route("/webhooks/generic/actions", post(generic_actions))
+        .route("/webhooks/telegram", post(telegram_webhook))
+        .route("/webhooks/slack", post(slack_events))
+        .route("/webhooks/slack/actions", post(slack_actions))
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
@@ -118,4 +123,139 @@ async fn generic_actions(
     )
     .await?;
     super::tasks::decision_response(&svc, action.task_id, result).await
+}
+
+impl From<Refused> for ApiError {
+    fn from(r: Refused) -> Self {
+        match r {
+            Refused::Unauthorized(m) => ApiError::Unauthorized(m),
+            Refused::BadRequest(m) => ApiError::BadRequest(m),
+        }
+    }
+}
+
+/// Carries out what a verified platform request asks. Platforms only need a quick 2xx, so
+/// decisions are reported in the body (and, for Telegram, on the button).
+async fn handle_inbound(
+    svc: &Services,
+    inbound: Inbound,
+    agent: &str,
+    platform: &str,
+) -> Result<Response, ApiError> {
+    match inbound {
+        Inbound::Message(message) => {
+            let ingested = accept_message(svc, &message, agent)
+                .await
+                .map_err(|e| match e {
+                    IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
+                    IntakeError::Store(s) => s.into(),
+                })?;
+            Ok(
+                Json(json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }))
+                    .into_response(),
+            )
+        }
+        Inbound::Action { action, ack } => {
+            let result = crate::control::decide(
+                svc,
+                action.task_id,
+                Some(action.step_no),
+                action.approve,
+                &action.approver,
+                false,
+            )
+            .await?;
+            let outcome = match &result {
+                DecisionResult::Resumed => "approved",
+                DecisionResult::Cancelled => "rejected",
+                DecisionResult::NotFound => "unknown request",
+                DecisionResult::NotWaiting(_) => "already decided",
+                DecisionResult::Forbidden => "you may not decide this request",
+            };
+            if let (Some(id), Some(channel)) = (ack, &svc.channels.telegram)
+                && platform == telegram::CHANNEL
+            {
+                channel.answer_callback(&id, outcome).await;
+            }
+            Ok(Json(json!({ "result": outcome })).into_response())
+        }
+        Inbound::Respond {
+            status,
+            content_type,
+            body,
+        } => Ok((
+            axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK),
+            [(axum::http::header::CONTENT_TYPE, content_type)],
+            body,
+        )
+            .into_response()),
+        Inbound::Ignore(reason) => Ok(Json(json!({ "ignored": reason })).into_response()),
+    }
+}
+
+async fn telegram_webhook(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let cfg = &svc.config.channels.telegram;
+    if svc.channels.telegram.is_none() {
+        return Err(ApiError::NotFound(
+            "the telegram channel is not enabled".into(),
+        ));
+    }
+    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    telegram::verify(&cfg.secret_token, header(&headers, telegram::SECRET_HEADER))?;
+    let inbound = telegram::parse(&raw, &cfg.bot_username)?;
+    handle_inbound(&svc, inbound, &cfg.agent, telegram::CHANNEL).await
+}
+
+async fn slack_verified(
+    svc: &Services,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<u8>, ApiError> {
+    let cfg = &svc.config.channels.slack;
+    if svc.channels.slack.is_none() {
+        return Err(ApiError::NotFound(
+            "the slack channel is not enabled".into(),
+        ));
+    }
+    let raw = read_body(headers, body, svc.config.server.body_limit_bytes).await?;
+    slack::verify(
+        &cfg.signing_secret,
+        header(headers, slack::TIMESTAMP_HEADER),
+        header(headers, slack::SIGNATURE_HEADER),
+        &raw,
+        now_ms() / 1000,
+        cfg.timestamp_tolerance_secs,
+    )?;
+    Ok(raw)
+}
+
+async fn slack_events(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let raw = slack_verified(&svc, &headers, body).await?;
+    let cfg = &svc.config.channels.slack;
+    let inbound = slack::parse_event(&raw, &cfg.bot_user_id)?;
+    handle_inbound(&svc, inbound, &cfg.agent, slack::CHANNEL).await
+}
+
+async fn slack_actions(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let raw = slack_verified(&svc, &headers, body).await?;
+    let inbound = slack::parse_action(&raw)?;
+    handle_inbound(
+        &svc,
+        inbound,
+        &svc.config.channels.slack.agent,
+        slack::CHANNEL,
+    )
+    .await
 }

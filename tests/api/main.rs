@@ -9,6 +9,7 @@ mod control;
 mod crash;
 mod model_failures;
 mod pipeline;
+mod platforms;
 mod reply_delivery;
 mod scheduler;
 mod webhook_errors;

@@ -1,0 +1,83 @@
+//! Card rendering: each platform's cards are minijinja templates in
+//! `templates/cards/<platform>/<card_type>.json` (compiled into the binary), rendered over
+//! `card` (the card JSON), `text` (its text fallback) and `key` (the reply key). A card type
+//! a platform has no template for goes out as its text fallback.
+
+use serde_json::{Value, json};
+
+const TEMPLATES: &[(&str, &str, &str)] = &[
+    (
+        "slack",
+        "approval_request",
+        include_str!("../../templates/cards/slack/approval_request.json"),
+    ),
+    (
+        "slack",
+        "knowledge_answer",
+        include_str!("../../templates/cards/slack/knowledge_answer.json"),
+    ),
+    (
+        "slack",
+        "agent_result",
+        include_str!("../../templates/cards/slack/agent_result.json"),
+    ),
+    (
+        "telegram",
+        "approval_request",
+        include_str!("../../templates/cards/telegram/approval_request.json"),
+    ),
+];
+
+/// Renders `card` for `platform`; `None` when the platform has no template for its type.
+pub fn render(
+    platform: &str,
+    card: &Value,
+    text: &str,
+    key: &str,
+) -> Result<Option<Value>, String> {
+    let card_type = card.get("card_type").and_then(Value::as_str).unwrap_or("");
+    let Some((_, _, template)) = TEMPLATES
+        .iter()
+        .find(|(p, t, _)| *p == platform && *t == card_type)
+    else {
+        return Ok(None);
+    };
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
+    let rendered = env
+        .render_str(
+            template,
+            minijinja::value::Serde(json!({ "card": card, "text": text, "key": key })),
+        )
+        .map_err(|e| format!("card template {platform}/{card_type}: {e}"))?;
+    serde_json::from_str(&rendered)
+        .map(Some)
+        .map_err(|e| format!("card template {platform}/{card_type} did not render JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_template_renders_json() {
+        let card = json!({
+            "card_type": "approval_request", "title": "Approval needed", "message": "Run \"x\"?",
+            "actions": [
+                {"id": "approve", "value": {"task_id": 1, "step_no": 2, "decision": "approve"}},
+                {"id": "reject", "value": {"task_id": 1, "step_no": 2, "decision": "reject"}}
+            ]
+        });
+        for (platform, card_type, _) in TEMPLATES {
+            let mut c = card.clone();
+            c["card_type"] = json!(card_type);
+            let out = render(platform, &c, "fallback", "agent-task-1").unwrap();
+            assert!(out.is_some(), "{platform}/{card_type}");
+        }
+        assert!(
+            render("slack", &json!({"card_type": "nope"}), "t", "k")
+                .unwrap()
+                .is_none()
+        );
+    }
+}

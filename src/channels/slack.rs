@@ -1,0 +1,361 @@
+//! Slack: Events API and interactivity requests verified by `X-Slack-Signature`
+//! (`v0=` + hex HMAC-SHA256(signing secret, `v0:<timestamp>:<body>`), 5-minute window),
+//! `url_verification` answered, replies with `chat.postMessage` in the question's thread,
+//! Block Kit cards, `block_actions` for approvals. Slack has no idempotency field, so every
+//! reply carries its key in message metadata, and a retry first looks for a message with
+//! that key in the thread (reconciliation) before posting again.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use super::generic::CardAction;
+use super::{Delivered, DeliveryError, Inbound, Refused};
+use crate::config::{OutboxConfig, SlackChannelConfig};
+use crate::store::intake::NewMessage;
+use crate::store::outbox::ReplyRow;
+
+pub const CHANNEL: &str = "slack";
+pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
+pub const SIGNATURE_HEADER: &str = "x-slack-signature";
+/// The metadata event type that carries a reply's key.
+const METADATA_EVENT: &str = "assistd_reply";
+
+type HmacSha256 = Hmac<Sha256>;
+
+fn mac(secret: &str, timestamp: &str, body: &[u8]) -> HmacSha256 {
+    // HMAC accepts keys of any length, so `new_from_slice` cannot fail.
+    let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    mac.update(b"v0:");
+    mac.update(timestamp.as_bytes());
+    mac.update(b":");
+    mac.update(body);
+    mac
+}
+
+/// `v0=<hex>`, as Slack signs.
+pub fn sign(secret: &str, timestamp: &str, body: &[u8]) -> String {
+    format!(
+        "v0={}",
+        hex::encode(mac(secret, timestamp, body).finalize().into_bytes())
+    )
+}
+
+pub fn verify(
+    secret: &str,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    body: &[u8],
+    now_secs: i64,
+    tolerance_secs: u64,
+) -> Result<(), Refused> {
+    let unauthorized = |m: &str| Refused::Unauthorized(m.to_string());
+    let timestamp = timestamp.ok_or_else(|| unauthorized("missing X-Slack-Request-Timestamp"))?;
+    let ts: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| unauthorized("X-Slack-Request-Timestamp is not unix seconds"))?;
+    if now_secs.abs_diff(ts) > tolerance_secs {
+        return Err(unauthorized(
+            "X-Slack-Request-Timestamp is outside the allowed window",
+        ));
+    }
+    let signature = signature.ok_or_else(|| unauthorized("missing X-Slack-Signature"))?;
+    let given = signature
+        .trim()
+        .strip_prefix("v0=")
+        .and_then(|h| hex::decode(h).ok())
+        .ok_or_else(|| unauthorized("X-Slack-Signature must be v0=<hex>"))?;
+    mac(secret, timestamp.trim(), body)
+        .verify_slice(&given)
+        .map_err(|_| unauthorized("signature does not match"))
+}
+
+/// Parses a verified Events API body.
+pub fn parse_event(body: &[u8], bot_user_id: &str) -> Result<Inbound, Refused> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
+    match v["type"].as_str() {
+        Some("url_verification") => {
+            let challenge = v["challenge"]
+                .as_str()
+                .ok_or_else(|| Refused::BadRequest("missing field `challenge`".into()))?;
+            Ok(Inbound::Respond {
+                status: 200,
+                content_type: "application/json",
+                body: json!({ "challenge": challenge }).to_string(),
+            })
+        }
+        Some("event_callback") => {
+            let event_id = v["event_id"]
+                .as_str()
+                .ok_or_else(|| Refused::BadRequest("missing field `event_id`".into()))?;
+            let event = &v["event"];
+            if !matches!(event["type"].as_str(), Some("message" | "app_mention")) {
+                return Ok(Inbound::Ignore("not a message event"));
+            }
+            if event.get("bot_id").is_some_and(|b| !b.is_null())
+                || event.get("subtype").is_some_and(|s| !s.is_null())
+            {
+                return Ok(Inbound::Ignore("bot message or edit"));
+            }
+            let user = event["user"].as_str().unwrap_or("");
+            if user.is_empty() || (!bot_user_id.is_empty() && user == bot_user_id) {
+                return Ok(Inbound::Ignore("sent by the bot"));
+            }
+            let field = |name: &str| {
+                event[name]
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| Refused::BadRequest(format!("missing field `event.{name}`")))
+            };
+            let channel = field("channel")?;
+            let ts = field("ts")?;
+            let thread = event["thread_ts"].as_str().unwrap_or(&ts).to_string();
+            let text = strip_mentions(&field("text")?);
+            if text.is_empty() {
+                return Ok(Inbound::Ignore("empty after removing mentions"));
+            }
+            Ok(Inbound::Message(NewMessage {
+                channel: CHANNEL.into(),
+                event_id: event_id.to_string(),
+                // A mention arrives as both `message` and `app_mention` (two event ids, one
+                // message): the channel+ts key makes them one task.
+                message_id: format!("{channel}:{ts}"),
+                conversation_id: format!("{channel}:{thread}"),
+                sender_id: user.to_string(),
+                sender_name: None,
+                text,
+            }))
+        }
+        _ => Ok(Inbound::Ignore("unknown request type")),
+    }
+}
+
+/// Parses a verified interactivity request (form-encoded `payload`).
+pub fn parse_action(body: &[u8]) -> Result<Inbound, Refused> {
+    let payload = url::form_urlencoded::parse(body)
+        .find(|(k, _)| k == "payload")
+        .map(|(_, v)| v.into_owned())
+        .ok_or_else(|| Refused::BadRequest("missing form field `payload`".into()))?;
+    let v: Value = serde_json::from_str(&payload)
+        .map_err(|e| Refused::BadRequest(format!("payload is not JSON: {e}")))?;
+    if v["type"].as_str() != Some("block_actions") {
+        return Ok(Inbound::Ignore("not a block action"));
+    }
+    let approver = v["user"]["id"]
+        .as_str()
+        .ok_or_else(|| Refused::BadRequest("missing field `user.id`".into()))?;
+    let Some(value) = v["actions"][0]["value"].as_str() else {
+        return Ok(Inbound::Ignore("action without a value"));
+    };
+    let Ok(value) = serde_json::from_str::<Value>(value) else {
+        return Ok(Inbound::Ignore("action value is not ours"));
+    };
+    let (Some(task_id), Some(step_no), Some(decision)) = (
+        value["task_id"].as_i64(),
+        value["step_no"].as_i64(),
+        value["decision"].as_str(),
+    ) else {
+        return Ok(Inbound::Ignore("action value is not an approval"));
+    };
+    Ok(Inbound::Action {
+        action: CardAction {
+            task_id,
+            step_no,
+            approve: decision == "approve",
+            approver: approver.to_string(),
+        },
+        ack: None,
+    })
+}
+
+/// Removes `<@U123>` user mentions.
+fn strip_mentions(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("<@") {
+        out.push_str(&rest[..start]);
+        match rest[start..].find('>') {
+            Some(end) => rest = &rest[start + end + 1..],
+            None => {
+                rest = &rest[start..];
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[derive(Clone)]
+pub struct SlackChannel {
+    http: reqwest::Client,
+    api: String,
+    token: String,
+}
+
+impl SlackChannel {
+    pub fn new(config: &SlackChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+        Ok(SlackChannel {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(outbox.timeout_secs))
+                .build()?,
+            api: config.api_base_url.trim_end_matches('/').to_string(),
+            token: config.bot_token.clone(),
+        })
+    }
+
+    fn target(reply: &ReplyRow) -> (String, String) {
+        match reply.conversation_id.split_once(':') {
+            Some((channel, thread)) => (channel.to_string(), thread.to_string()),
+            None => (reply.conversation_id.clone(), String::new()),
+        }
+    }
+
+    /// Looks in the reply's thread for a message carrying its key (a send whose answer was
+    /// lost). `Ok(Some(ts))` = already posted.
+    async fn reconcile(&self, reply: &ReplyRow) -> Result<Option<String>, DeliveryError> {
+        let (channel, thread) = Self::target(reply);
+        let response = self
+            .http
+            .get(format!("{}/conversations.replies", self.api))
+            .bearer_auth(&self.token)
+            .query(&[
+                ("channel", channel.as_str()),
+                ("ts", thread.as_str()),
+                ("include_all_metadata", "true"),
+                ("limit", "200"),
+            ])
+            .send()
+            .await
+            .map_err(|e| DeliveryError::retry(format!("conversations.replies failed: {e}")))?;
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if answer["ok"].as_bool() != Some(true) {
+            return Err(DeliveryError::retry(format!(
+                "conversations.replies: {}",
+                answer["error"].as_str().unwrap_or("unreadable answer")
+            )));
+        }
+        let found = answer["messages"].as_array().and_then(|messages| {
+            messages.iter().find(|m| {
+                m["metadata"]["event_type"] == METADATA_EVENT
+                    && m["metadata"]["event_payload"]["key"] == reply.idempotency_key.as_str()
+            })
+        });
+        Ok(found.and_then(|m| m["ts"].as_str().map(str::to_string)))
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        if reply.attempts > 1
+            && let Some(ts) = self.reconcile(reply).await?
+        {
+            tracing::info!(ts = %ts, "reply was already posted; not posting again");
+            return Ok(Delivered {
+                platform_message_id: Some(ts),
+            });
+        }
+        let (channel, thread) = Self::target(reply);
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let text = content["text"].as_str().unwrap_or("").to_string();
+        let mut body = json!({
+            "channel": channel,
+            "text": text,
+            "metadata": { "event_type": METADATA_EVENT, "event_payload": { "key": reply.idempotency_key } },
+        });
+        if !thread.is_empty() {
+            body["thread_ts"] = json!(thread);
+        }
+        if let Some(card) = content.get("card").filter(|c| c.is_object())
+            && let Some(blocks) = super::cards::render(CHANNEL, card, &text, &reply.idempotency_key)
+                .map_err(DeliveryError::retry)?
+        {
+            body["blocks"] = blocks;
+        }
+        // Timeouts and lost answers are retried: the next attempt reconciles first.
+        let response = self
+            .http
+            .post(format!("{}/chat.postMessage", self.api))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| DeliveryError::retry(format!("chat.postMessage failed: {e}")))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() && answer["ok"].as_bool() == Some(true) {
+            return Ok(Delivered {
+                platform_message_id: answer["ts"].as_str().map(str::to_string),
+            });
+        }
+        Err(DeliveryError {
+            message: format!(
+                "chat.postMessage answered HTTP {}: {}",
+                status.as_u16(),
+                answer["error"].as_str().unwrap_or("")
+            ),
+            retry_after,
+            unknown: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example from Slack's "Verifying requests from Slack".
+    #[test]
+    fn signature_known_answer_from_slack_docs() {
+        let body = "token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
+        let expected = "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503";
+        assert_eq!(
+            sign(
+                "8f742231b10e8888abcd99yyyzzz85a5",
+                "1531420618",
+                body.as_bytes()
+            ),
+            expected
+        );
+        assert!(
+            verify(
+                "8f742231b10e8888abcd99yyyzzz85a5",
+                Some("1531420618"),
+                Some(expected),
+                body.as_bytes(),
+                1_531_420_618,
+                300
+            )
+            .is_ok()
+        );
+        assert!(
+            verify(
+                "8f742231b10e8888abcd99yyyzzz85a5",
+                Some("1531420618"),
+                Some(expected),
+                body.as_bytes(),
+                1_531_420_618 + 301,
+                300
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn mentions_are_stripped() {
+        assert_eq!(
+            strip_mentions("<@U123> what is   up <@U9|bob>"),
+            "what is up"
+        );
+        assert_eq!(strip_mentions("plain"), "plain");
+    }
+}

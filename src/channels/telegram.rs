@@ -1,0 +1,259 @@
+//! Telegram Bot API: webhook updates verified by the `X-Telegram-Bot-Api-Secret-Token` given
+//! to setWebhook, replies with `sendMessage` (`reply_parameters` to the question), approval
+//! cards as inline keyboards whose `callback_query` decides, answered with
+//! `answerCallbackQuery`. Telegram has no idempotency key: a send whose outcome is unknown
+//! becomes UNKNOWN instead of being repeated.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+use super::generic::CardAction;
+use super::{Delivered, DeliveryError, Inbound, Refused};
+use crate::config::{OutboxConfig, TelegramChannelConfig};
+use crate::store::intake::NewMessage;
+use crate::store::outbox::ReplyRow;
+
+pub const CHANNEL: &str = "telegram";
+pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+
+/// Checks the secret token header in constant time.
+pub fn verify(expected: &str, given: Option<&str>) -> Result<(), Refused> {
+    let given = given
+        .ok_or_else(|| Refused::Unauthorized("missing X-Telegram-Bot-Api-Secret-Token".into()))?;
+    if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Refused::Unauthorized("secret token does not match".into()))
+    }
+}
+
+/// Parses a verified update.
+pub fn parse(body: &[u8], bot_username: &str) -> Result<Inbound, Refused> {
+    let update: Value = serde_json::from_slice(body)
+        .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
+    let update_id = update
+        .get("update_id")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| Refused::BadRequest("missing integer field `update_id`".into()))?;
+    if let Some(query) = update.get("callback_query") {
+        return parse_callback(query);
+    }
+    let Some(message) = update.get("message") else {
+        return Ok(Inbound::Ignore("not a new message"));
+    };
+    let from = &message["from"];
+    if from["is_bot"].as_bool().unwrap_or(false) {
+        return Ok(Inbound::Ignore("sent by a bot"));
+    }
+    let Some(text) = message.get("text").and_then(Value::as_str) else {
+        return Ok(Inbound::Ignore("no text"));
+    };
+    let chat = message["chat"]["id"]
+        .as_i64()
+        .ok_or_else(|| Refused::BadRequest("missing integer field `message.chat.id`".into()))?;
+    let message_id = message["message_id"]
+        .as_i64()
+        .ok_or_else(|| Refused::BadRequest("missing integer field `message.message_id`".into()))?;
+    let sender = from["id"]
+        .as_i64()
+        .ok_or_else(|| Refused::BadRequest("missing integer field `message.from.id`".into()))?;
+    let text = strip_mention(text, bot_username);
+    if text.is_empty() {
+        return Ok(Inbound::Ignore("empty after removing the mention"));
+    }
+    Ok(Inbound::Message(NewMessage {
+        channel: CHANNEL.into(),
+        event_id: update_id.to_string(),
+        message_id: format!("{chat}:{message_id}"),
+        conversation_id: chat.to_string(),
+        sender_id: sender.to_string(),
+        sender_name: from["username"]
+            .as_str()
+            .or_else(|| from["first_name"].as_str())
+            .map(str::to_string),
+        text,
+    }))
+}
+
+fn parse_callback(query: &Value) -> Result<Inbound, Refused> {
+    let id = query["id"]
+        .as_str()
+        .ok_or_else(|| Refused::BadRequest("missing field `callback_query.id`".into()))?;
+    let approver = query["from"]["id"]
+        .as_i64()
+        .ok_or_else(|| Refused::BadRequest("missing field `callback_query.from.id`".into()))?;
+    let data = query["data"].as_str().unwrap_or("");
+    let parts: Vec<&str> = data.split(':').collect();
+    let (approve, task_id, step_no) = match parts.as_slice() {
+        [decision @ ("approve" | "reject"), task, step] => (
+            *decision == "approve",
+            task.parse::<i64>()
+                .map_err(|_| Refused::BadRequest("bad callback data".into()))?,
+            step.parse::<i64>()
+                .map_err(|_| Refused::BadRequest("bad callback data".into()))?,
+        ),
+        _ => return Ok(Inbound::Ignore("callback data is not an approval")),
+    };
+    Ok(Inbound::Action {
+        action: CardAction {
+            task_id,
+            step_no,
+            approve,
+            approver: approver.to_string(),
+        },
+        ack: Some(id.to_string()),
+    })
+}
+
+/// Removes `@bot` mentions.
+fn strip_mention(text: &str, bot_username: &str) -> String {
+    if bot_username.is_empty() {
+        return text.trim().to_string();
+    }
+    text.replace(&format!("@{bot_username}"), "")
+        .trim()
+        .to_string()
+}
+
+#[derive(Clone)]
+pub struct TelegramChannel {
+    http: reqwest::Client,
+    api: String,
+}
+
+impl TelegramChannel {
+    pub fn new(config: &TelegramChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+        Ok(TelegramChannel {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(outbox.timeout_secs))
+                .build()?,
+            api: format!(
+                "{}/bot{}",
+                config.api_base_url.trim_end_matches('/'),
+                config.bot_token
+            ),
+        })
+    }
+
+    /// Answers a callback query (stops the button's spinner), best effort.
+    pub async fn answer_callback(&self, callback_id: &str, text: &str) {
+        let result = self
+            .http
+            .post(format!("{}/answerCallbackQuery", self.api))
+            .json(&json!({ "callback_query_id": callback_id, "text": text }))
+            .send()
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "answerCallbackQuery failed");
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        // A previous attempt was claimed but never recorded: it may have been sent.
+        if reply.attempts > 1 && reply.last_error.is_none() {
+            return Err(DeliveryError {
+                message:
+                    "a previous send was interrupted and Telegram cannot tell whether it arrived"
+                        .into(),
+                retry_after: None,
+                unknown: true,
+            });
+        }
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let text = content["text"].as_str().unwrap_or("").to_string();
+        let mut body = json!({ "chat_id": reply.conversation_id, "text": text });
+        if let Some(card) = content.get("card").filter(|c| c.is_object()) {
+            let rendered = super::cards::render(CHANNEL, card, &text, &reply.idempotency_key)
+                .map_err(DeliveryError::retry)?;
+            if let Some(Value::Object(fields)) = rendered {
+                for (k, v) in fields {
+                    body[k] = v;
+                }
+            }
+        }
+        if let Some(mid) = reply
+            .in_reply_to
+            .rsplit(':')
+            .next()
+            .and_then(|m| m.parse::<i64>().ok())
+        {
+            body["reply_parameters"] =
+                json!({ "message_id": mid, "allow_sending_without_reply": true });
+        }
+        let response = self
+            .http
+            .post(format!("{}/sendMessage", self.api))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| DeliveryError {
+                // Refused connections never reached Telegram; anything later might have.
+                unknown: !e.is_connect(),
+                message: format!("sendMessage failed: {e}"),
+                retry_after: None,
+            })?;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if answer["ok"].as_bool() == Some(true) {
+            return Ok(Delivered {
+                platform_message_id: answer["result"]["message_id"]
+                    .as_i64()
+                    .map(|m| m.to_string()),
+            });
+        }
+        Err(DeliveryError {
+            message: format!(
+                "sendMessage answered HTTP {}: {}",
+                status.as_u16(),
+                answer["description"].as_str().unwrap_or("")
+            ),
+            retry_after: answer["parameters"]["retry_after"]
+                .as_u64()
+                .map(Duration::from_secs),
+            unknown: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_token_is_checked() {
+        assert!(verify("s3cret", Some("s3cret")).is_ok());
+        assert!(verify("s3cret", Some("other")).is_err());
+        assert!(verify("s3cret", None).is_err());
+    }
+
+    #[test]
+    fn parses_messages_and_callbacks() {
+        let body = br#"{"update_id": 10, "message": {"message_id": 5, "from": {"id": 42, "is_bot": false, "first_name": "Ada"}, "chat": {"id": -100, "type": "group"}, "date": 1, "text": "@helper_bot what is up"}}"#;
+        match parse(body, "helper_bot").unwrap() {
+            Inbound::Message(m) => {
+                assert_eq!(m.text, "what is up");
+                assert_eq!(m.message_id, "-100:5");
+                assert_eq!(m.conversation_id, "-100");
+                assert_eq!(m.event_id, "10");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bot = br#"{"update_id": 11, "message": {"message_id": 6, "from": {"id": 1, "is_bot": true}, "chat": {"id": 1}, "text": "hi"}}"#;
+        assert!(matches!(parse(bot, "").unwrap(), Inbound::Ignore(_)));
+        let cb = br#"{"update_id": 12, "callback_query": {"id": "cq1", "from": {"id": 42, "is_bot": false}, "data": "approve:7:3"}}"#;
+        match parse(cb, "").unwrap() {
+            Inbound::Action { action, ack } => {
+                assert_eq!(
+                    (action.task_id, action.step_no, action.approve),
+                    (7, 3, true)
+                );
+                assert_eq!(action.approver, "42");
+                assert_eq!(ack.as_deref(), Some("cq1"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! Slack and Telegram: verification, dedupe, replies in the thread, cards and approvals,
+//! against mock platform APIs speaking their wire formats.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+use crate::helpers::*;
+use crate::workflows::{NOTICE, calls_to, spawn_flow_with};
+
+const TG_TOKEN: &str = "123:ABC";
+const TG_SECRET: &str = "tg-secret";
+const SLACK_SECRET: &str = "slack-signing-secret";
+
+async fn platform_api() -> MockServer {
+    let api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true, "result": {"message_id": 99}})),
+        )
+        .with_priority(5)
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/answerCallbackQuery")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})))
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/chat.postMessage"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"ok": true, "ts": "1700.9999"})),
+        )
+        .with_priority(5)
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/conversations.replies"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "messages": []})))
+        .with_priority(5)
+        .mount(&api)
+        .await;
+    api
+}
+
+fn enable_platforms(c: &mut assistd::Config, api: &str, agent: &str) {
+    c.channels.telegram.enabled = true;
+    c.channels.telegram.bot_token = TG_TOKEN.into();
+    c.channels.telegram.secret_token = TG_SECRET.into();
+    c.channels.telegram.api_base_url = api.into();
+    c.channels.telegram.bot_username = "helper_bot".into();
+    c.channels.telegram.agent = agent.into();
+    c.channels.slack.enabled = true;
+    c.channels.slack.signing_secret = SLACK_SECRET.into();
+    c.channels.slack.bot_token = "xoxb-test".into();
+    c.channels.slack.api_base_url = api.into();
+    c.channels.slack.bot_user_id = "UBOT".into();
+    c.channels.slack.agent = agent.into();
+}
+
+async fn spawn_platforms(api: &MockServer, tweak: impl FnOnce(&mut assistd::Config)) -> TestApp {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .mount(&model)
+        .await;
+    let uri = api.uri();
+    TestApp::spawn_with(model, accepting_receiver().await, move |c| {
+        enable_platforms(c, &uri, "default");
+        tweak(c);
+    })
+    .await
+}
+
+fn tg_update(update_id: i64, chat: i64, message_id: i64, from: i64, text: &str) -> Value {
+    json!({"update_id": update_id, "message": {
+        "message_id": message_id, "date": 1,
+        "from": {"id": from, "is_bot": false, "first_name": "Ada", "username": "ada"},
+        "chat": {"id": chat, "type": "group"}, "text": text}})
+}
+
+impl TestApp {
+    async fn telegram(&self, body: &Value, secret: Option<&str>) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}/webhooks/telegram", self.addr))
+            .json(body);
+        if let Some(s) = secret {
+            req = req.header("X-Telegram-Bot-Api-Secret-Token", s);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn slack(
+        &self,
+        route: &str,
+        body: Vec<u8>,
+        content_type: &str,
+        secret: &str,
+        ts: i64,
+    ) -> reqwest::Response {
+        let ts = ts.to_string();
+        let sig = assistd::channels::slack::sign(secret, &ts, &body);
+        self.http
+            .post(format!("{}{route}", self.addr))
+            .header("content-type", content_type)
+            .header("X-Slack-Request-Timestamp", ts)
+            .header("X-Slack-Signature", sig)
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn slack_event(&self, body: &Value) -> reqwest::Response {
+        self.slack(
+            "/webhooks/slack",
+            serde_json::to_vec(body).unwrap(),
+            "application/json",
+            SLACK_SECRET,
+            now(),
+        )
+        .await
+    }
+}
+
+fn now() -> i64 {
+    assistd::domain::now_ms() / 1000
+}
+
+async fn sends(api: &MockServer, p: &str) -> Vec<Value> {
+    api.received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.url.path() == p)
+        .map(|r: &Request| serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+        .collect()
+}
+
+async fn wait_sends(api: &MockServer, p: &str, n: usize) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let s = sends(api, p).await;
+        if s.len() >= n {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{p}: {} of {n} sends",
+            s.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn slack_event(event_id: &str, event: Value) -> Value {
+    json!({"token": "x", "team_id": "T1", "api_app_id": "A1", "type": "event_callback",
+           "event_id": event_id, "event_time": 1, "event": event})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_messages_are_answered_in_reply_to_the_question() {
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |_| {}).await;
+    let resp = app
+        .telegram(
+            &tg_update(1, -100, 5, 42, "@helper_bot what is up"),
+            Some(TG_SECRET),
+        )
+        .await;
+    let id = task_id_of(resp).await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["channel"], "telegram");
+    let sent = wait_sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"), 1).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0]["chat_id"], "-100");
+    assert_eq!(sent[0]["reply_parameters"]["message_id"], 5);
+    assert_eq!(sent[0]["text"], "answer to: what is up", "mention stripped");
+    assert_eq!(task["reply"]["status"], "SENT");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_requests_are_verified_and_deduplicated() {
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |_| {}).await;
+    let update = tg_update(7, 55, 9, 42, "hello");
+    assert_eq!(app.telegram(&update, None).await.status(), 401);
+    assert_eq!(app.telegram(&update, Some("wrong")).await.status(), 401);
+    assert_eq!(app.store().intake_row_counts().await.unwrap(), (0, 0, 0));
+    let responses =
+        futures::future::join_all((0..4).map(|_| app.telegram(&update, Some(TG_SECRET)))).await;
+    let mut ids = Vec::new();
+    for r in responses {
+        ids.push(task_id_of(r).await);
+    }
+    assert!(ids.iter().all(|i| *i == ids[0]), "one task: {ids:?}");
+    // The same message under a new update id (a re-delivery) is still one message.
+    let again: Value = app
+        .telegram(&tg_update(8, 55, 9, 42, "hello"), Some(TG_SECRET))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again["duplicate"], true);
+    let mut bot = tg_update(9, 55, 10, 1, "from a bot");
+    bot["message"]["from"]["is_bot"] = json!(true);
+    let ignored: Value = app
+        .telegram(&bot, Some(TG_SECRET))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(ignored["ignored"].is_string());
+    app.wait_replied(ids[0], WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"))
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(app.store().intake_row_counts().await.unwrap().1, 1);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_honours_429_retry_after() {
+    let api = platform_api().await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
+        .respond_with(ResponseTemplate::new(429).set_body_json(json!({
+            "ok": false, "error_code": 429, "description": "Too Many Requests: retry after 1",
+            "parameters": {"retry_after": 1}})))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&api)
+        .await;
+    let app = spawn_platforms(&api, |c| c.outbox.backoff_base_ms = 30_000).await;
+    let id = task_id_of(
+        app.telegram(&tg_update(1, 3, 4, 42, "hi"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, Duration::from_secs(10)).await;
+    assert_eq!(task["reply"]["attempts"], 2);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_telegram_send_with_unknown_outcome_is_not_repeated() {
+    let api = platform_api().await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true, "result": {"message_id": 1}}))
+                .set_delay(Duration::from_secs(3)),
+        )
+        .with_priority(1)
+        .mount(&api)
+        .await;
+    let app = spawn_platforms(&api, |c| {
+        c.outbox.timeout_secs = 1;
+        c.outbox.lease_secs = 5;
+    })
+    .await;
+    let id = task_id_of(
+        app.telegram(&tg_update(1, 3, 4, 42, "hi"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    let task = app
+        .wait_task(id, WAIT, |t| t["reply"]["status"] == "UNKNOWN")
+        .await;
+    let failed = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["event"] == "REPLY_FAILED")
+        .unwrap();
+    assert_eq!(failed["risk_flag"], true);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"))
+            .await
+            .len(),
+        1,
+        "not blindly re-sent"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_approvals_use_inline_keyboards() {
+    let api = platform_api().await;
+    let uri = api.uri();
+    let flow = spawn_flow_with(NOTICE, move |c| {
+        enable_platforms(c, &uri, "flow");
+        c.agents.get_mut("flow").unwrap().approvers = vec!["42".into()];
+    })
+    .await;
+    let app = &flow.app;
+    let id = task_id_of(
+        app.telegram(
+            &tg_update(1, -7, 3, 99, "end the contract"),
+            Some(TG_SECRET),
+        )
+        .await,
+    )
+    .await;
+    app.wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    let card = wait_sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"), 1)
+        .await
+        .remove(0);
+    let buttons = card["reply_markup"]["inline_keyboard"][0]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(card["text"].as_str().unwrap().contains("Approval needed"));
+    let approve = buttons[0]["callback_data"].as_str().unwrap().to_string();
+    assert!(approve.starts_with(&format!("approve:{id}:")), "{approve}");
+    let callback = |from: i64, data: &str| {
+        json!({"update_id": 50 + from, "callback_query": {
+        "id": format!("cq-{from}"), "from": {"id": from, "is_bot": false, "first_name": "X"},
+        "chat_instance": "1", "data": data}})
+    };
+    let denied: Value = app
+        .telegram(&callback(7, &approve), Some(TG_SECRET))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(denied["result"], "you may not decide this request");
+    assert_eq!(app.get_task(id).await["status"], "WAITING_HUMAN_CONFIRM");
+    let ok: Value = app
+        .telegram(&callback(42, &approve), Some(TG_SECRET))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ok["result"], "approved");
+    app.wait_task(id, WAIT, |t| t["status"] == "SUCCEEDED")
+        .await;
+    assert_eq!(calls_to(&flow.tools, "POST", "/tools/notice").await, 1);
+    let answers = sends(&api, &format!("/bot{TG_TOKEN}/answerCallbackQuery")).await;
+    assert_eq!(answers.len(), 2, "every callback query is answered");
+    assert_eq!(answers[1]["callback_query_id"], "cq-42");
+    flow.app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_requests_are_verified_and_url_verification_answered() {
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |_| {}).await;
+    let challenge = json!({"token": "t", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "type": "url_verification"});
+    let resp = app.slack_event(&challenge).await;
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["challenge"], challenge["challenge"]);
+    let event = slack_event(
+        "Ev1",
+        json!({"type": "app_mention", "user": "U1", "text": "hi", "ts": "1.1", "channel": "C1"}),
+    );
+    let raw = serde_json::to_vec(&event).unwrap();
+    assert_eq!(
+        app.slack(
+            "/webhooks/slack",
+            raw.clone(),
+            "application/json",
+            "wrong-secret",
+            now()
+        )
+        .await
+        .status(),
+        401
+    );
+    assert_eq!(
+        app.slack(
+            "/webhooks/slack",
+            raw.clone(),
+            "application/json",
+            SLACK_SECRET,
+            now() - 301
+        )
+        .await
+        .status(),
+        401
+    );
+    let unsigned = app
+        .http
+        .post(format!("{}/webhooks/slack", app.addr))
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status(), 401);
+    assert_eq!(app.store().intake_row_counts().await.unwrap(), (0, 0, 0));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_mentions_are_answered_in_the_thread_once() {
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |_| {}).await;
+    let mention = slack_event(
+        "Ev10",
+        json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> what is the wifi password?", "ts": "1700.0001", "channel": "C9"}),
+    );
+    let id = task_id_of(app.slack_event(&mention).await).await;
+    // The same message as a `message` event (another event id) and a Slack retry.
+    let as_message = slack_event(
+        "Ev11",
+        json!({"type": "message", "user": "U1", "text": "<@UBOT> what is the wifi password?", "ts": "1700.0001", "channel": "C9"}),
+    );
+    let dup: Value = app.slack_event(&as_message).await.json().await.unwrap();
+    assert_eq!(
+        (dup["task_id"].as_i64(), dup["duplicate"].as_bool()),
+        (Some(id), Some(true))
+    );
+    let retry: Value = app.slack_event(&mention).await.json().await.unwrap();
+    assert_eq!(retry["duplicate"], true);
+    let own = slack_event(
+        "Ev12",
+        json!({"type": "message", "user": "UBOT", "bot_id": "B1", "text": "answer", "ts": "1700.0002", "channel": "C9"}),
+    );
+    let ignored: Value = app.slack_event(&own).await.json().await.unwrap();
+    assert!(ignored["ignored"].is_string());
+    app.wait_replied(id, WAIT).await;
+    let posts = wait_sends(&api, "/chat.postMessage", 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sends(&api, "/chat.postMessage").await.len(), 1);
+    assert_eq!(posts[0]["channel"], "C9");
+    assert_eq!(posts[0]["thread_ts"], "1700.0001");
+    assert_eq!(posts[0]["text"], "answer to: what is the wifi password?");
+    assert_eq!(
+        posts[0]["metadata"]["event_payload"]["key"],
+        format!("agent-task-{id}")
+    );
+    let task = app.get_task(id).await;
+    assert_eq!(task["conversation_id"], "C9:1700.0001");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slack_send_is_reconciled_not_reposted() {
+    let api = MockServer::start().await;
+    // The first post is accepted by Slack but its answer never arrives in time.
+    Mock::given(method("POST"))
+        .and(path("/chat.postMessage"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true, "ts": "1700.5"}))
+                .set_delay(Duration::from_secs(3)),
+        )
+        .mount(&api)
+        .await;
+    let app = spawn_platforms(&api, |c| {
+        c.outbox.timeout_secs = 1;
+        c.outbox.lease_secs = 5;
+    })
+    .await;
+    let ev = slack_event(
+        "Ev20",
+        json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> ping", "ts": "1700.4", "channel": "C2"}),
+    );
+    let id = task_id_of(app.slack_event(&ev).await).await;
+    Mock::given(method("GET"))
+        .and(path("/conversations.replies"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "messages": [
+            {"ts": "1700.4", "text": "<@UBOT> ping"},
+            {"ts": "1700.5", "text": "answer to: ping", "metadata": {"event_type": "assistd_reply", "event_payload": {"key": format!("agent-task-{id}")}}}
+        ]})))
+        .mount(&api)
+        .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["reply"]["attempts"], 2);
+    assert_eq!(
+        sends(&api, "/chat.postMessage").await.len(),
+        1,
+        "found by its key, not posted twice"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_approvals_use_block_kit_buttons() {
+    let api = platform_api().await;
+    let uri = api.uri();
+    let flow = spawn_flow_with(NOTICE, move |c| {
+        enable_platforms(c, &uri, "flow");
+        c.agents.get_mut("flow").unwrap().approvers = vec!["U42".into()];
+    })
+    .await;
+    let app = &flow.app;
+    let ev = slack_event(
+        "Ev30",
+        json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> send the notice", "ts": "1800.1", "channel": "C3"}),
+    );
+    let id = task_id_of(app.slack_event(&ev).await).await;
+    app.wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    let card = wait_sends(&api, "/chat.postMessage", 1).await.remove(0);
+    assert_eq!(card["thread_ts"], "1800.1");
+    let buttons = card["blocks"][1]["elements"].as_array().unwrap().clone();
+    assert_eq!(buttons[0]["text"]["text"], "Approve");
+    let value = buttons[0]["value"].as_str().unwrap().to_string();
+    let payload = |user: &str| {
+        let p = json!({"type": "block_actions", "user": {"id": user}, "actions": [{"action_id": "assistd_approve", "value": value}]});
+        format!(
+            "payload={}",
+            url::form_urlencoded::byte_serialize(p.to_string().as_bytes()).collect::<String>()
+        )
+        .into_bytes()
+    };
+    let form = "application/x-www-form-urlencoded";
+    let denied: Value = app
+        .slack(
+            "/webhooks/slack/actions",
+            payload("U7"),
+            form,
+            SLACK_SECRET,
+            now(),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(denied["result"], "you may not decide this request");
+    assert_eq!(
+        app.slack(
+            "/webhooks/slack/actions",
+            payload("U42"),
+            form,
+            "bad",
+            now()
+        )
+        .await
+        .status(),
+        401
+    );
+    let ok: Value = app
+        .slack(
+            "/webhooks/slack/actions",
+            payload("U42"),
+            form,
+            SLACK_SECRET,
+            now(),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ok["result"], "approved");
+    let task = app
+        .wait_task(id, WAIT, |t| {
+            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
+        })
+        .await;
+    assert_eq!(task["result"], "notice sent");
+    assert_eq!(calls_to(&flow.tools, "POST", "/tools/notice").await, 1);
+    flow.app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn platforms_not_enabled_are_not_routed() {
+    let app = TestApp::spawn().await;
+    assert_eq!(
+        app.telegram(&tg_update(1, 1, 1, 1, "x"), Some(TG_SECRET))
+            .await
+            .status(),
+        404
+    );
+    let resp = app
+        .http
+        .post(format!("{}/webhooks/slack", app.addr))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    app.stop().await;
+}
