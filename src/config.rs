@@ -367,6 +367,21 @@ pub struct ChannelsConfig {
     pub generic: GenericChannelConfig,
     pub slack: SlackChannelConfig,
     pub telegram: TelegramChannelConfig,
+    pub matrix: MatrixChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixChannelConfig {
+    pub enabled: bool,
+    pub homeserver_url: String,
+    /// The application service's token towards the homeserver.
+    pub as_token: String,
+    /// The homeserver's token towards us (checked on every transaction).
+    pub hs_token: String,
+    /// The bot's user id, e.g. @assistd:example.org.
+    pub bot_user_id: String,
+    pub agent: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -625,6 +640,28 @@ impl Config {
                 return Err(invalid(
                     "channels.telegram.agent",
                     format!("no agent named `{}`", telegram.agent),
+                ));
+            }
+        }
+        let matrix = &self.channels.matrix;
+        if matrix.enabled {
+            for (key, value) in [
+                ("as_token", &matrix.as_token),
+                ("hs_token", &matrix.hs_token),
+                ("bot_user_id", &matrix.bot_user_id),
+            ] {
+                if value.is_empty() {
+                    return Err(invalid(
+                        &format!("channels.matrix.{key}"),
+                        "must be set when the channel is enabled",
+                    ));
+                }
+            }
+            http_url("channels.matrix.homeserver_url", &matrix.homeserver_url)?;
+            if !self.agents.contains_key(&matrix.agent) {
+                return Err(invalid(
+                    "channels.matrix.agent",
+                    format!("no agent named `{}`", matrix.agent),
                 ));
             }
         }

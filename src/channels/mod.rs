@@ -8,6 +8,7 @@ use crate::store::outbox::ReplyRow;
 
 pub mod cards;
 pub mod generic;
+pub mod matrix;
 pub mod slack;
 pub mod telegram;
 
@@ -75,6 +76,7 @@ pub struct Channels {
     pub generic: Option<generic::GenericChannel>,
     pub slack: Option<slack::SlackChannel>,
     pub telegram: Option<telegram::TelegramChannel>,
+    pub matrix: Option<matrix::MatrixChannel>,
     /// Where approval-timeout callbacks go (empty = not sent).
     pub approval_callback_url: String,
 }
@@ -99,6 +101,14 @@ impl Channels {
             telegram: if config.channels.telegram.enabled {
                 Some(telegram::TelegramChannel::new(
                     &config.channels.telegram,
+                    &config.outbox,
+                )?)
+            } else {
+                None
+            },
+            matrix: if config.channels.matrix.enabled {
+                Some(matrix::MatrixChannel::new(
+                    &config.channels.matrix,
                     &config.outbox,
                 )?)
             } else {
@@ -136,6 +146,10 @@ impl Channels {
             slack::CHANNEL => match &self.slack {
                 Some(channel) => channel.send(reply).await,
                 None => Err(DeliveryError::retry("the slack channel is not enabled")),
+            },
+            matrix::CHANNEL => match &self.matrix {
+                Some(channel) => channel.send(reply).await,
+                None => Err(DeliveryError::retry("the matrix channel is not enabled")),
             },
             telegram::CHANNEL => match &self.telegram {
                 Some(channel) => channel.send(reply).await,

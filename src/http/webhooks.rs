@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use crate::app::Services;
-use crate::channels::{Inbound, Refused, generic, slack, telegram};
+use crate::channels::{Inbound, Refused, generic, matrix, slack, telegram};
 use crate::control::DecisionResult;
 use crate::domain::now_ms;
 use crate::intake::{IntakeError, accept_message};
@@ -26,6 +26,14 @@ pub fn router() -> Router<Arc<Services>> {
         .route("/webhooks/telegram", post(telegram_webhook))
         .route("/webhooks/slack", post(slack_events))
         .route("/webhooks/slack/actions", post(slack_actions))
+        .route(
+            "/webhooks/matrix/_matrix/app/v1/transactions/{txn}",
+            axum::routing::put(matrix_transaction),
+        )
+        .route(
+            "/webhooks/matrix/transactions/{txn}",
+            axum::routing::put(matrix_transaction),
+        )
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
@@ -258,4 +266,73 @@ async fn slack_actions(
         slack::CHANNEL,
     )
     .await
+}
+
+fn matrix_error(status: axum::http::StatusCode, errcode: &str, error: &str) -> Response {
+    (status, Json(json!({ "errcode": errcode, "error": error }))).into_response()
+}
+
+/// A Matrix transaction: every event is handled; a repeated transaction repeats nothing
+/// (its messages are duplicates by event id).
+async fn matrix_transaction(
+    State(svc): State<Arc<Services>>,
+    axum::extract::Path(txn): axum::extract::Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let cfg = &svc.config.channels.matrix;
+    let Some(channel) = &svc.channels.matrix else {
+        return Ok(matrix_error(
+            axum::http::StatusCode::NOT_FOUND,
+            "M_UNRECOGNIZED",
+            "the matrix channel is not enabled",
+        ));
+    };
+    let query_token = query.as_deref().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "access_token")
+            .map(|(_, v)| v.into_owned())
+    });
+    match matrix::verify(
+        &cfg.hs_token,
+        header(&headers, "authorization"),
+        query_token.as_deref(),
+    ) {
+        Ok(()) => {}
+        Err(matrix::MatrixRefusal::Unauthorized) => {
+            return Ok(matrix_error(
+                axum::http::StatusCode::UNAUTHORIZED,
+                "M_UNAUTHORIZED",
+                "missing token",
+            ));
+        }
+        Err(matrix::MatrixRefusal::Forbidden) => {
+            return Ok(matrix_error(
+                axum::http::StatusCode::FORBIDDEN,
+                "M_FORBIDDEN",
+                "bad token",
+            ));
+        }
+    }
+    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    let events = matrix::parse(&raw, &cfg.bot_user_id)?;
+    let mut created = 0;
+    for event in events {
+        match event {
+            matrix::MatrixEvent::Invite(room) => channel.join(&room).await,
+            matrix::MatrixEvent::Message(message) => {
+                let ingested =
+                    accept_message(&svc, &message, &cfg.agent)
+                        .await
+                        .map_err(|e| match e {
+                            IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
+                            IntakeError::Store(s) => s.into(),
+                        })?;
+                created += usize::from(!ingested.duplicate);
+            }
+        }
+    }
+    tracing::debug!(txn = %txn, created, "matrix transaction");
+    Ok(Json(json!({})).into_response())
 }

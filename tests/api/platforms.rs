@@ -588,3 +588,115 @@ async fn platforms_not_enabled_are_not_routed() {
     assert_eq!(resp.status(), 404);
     app.stop().await;
 }
+
+const HS_TOKEN: &str = "hs-token";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_transactions_are_authorised_answered_and_idempotent() {
+    use wiremock::matchers::path_regex;
+    let hs = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path_regex(
+            r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
+        ))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"event_id": "$reply"})))
+        .mount(&hs)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/_matrix/client/v3/rooms/.*/join$"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"room_id": "!new:hs"})))
+        .mount(&hs)
+        .await;
+    let uri = hs.uri();
+    let app = spawn_platforms(&hs, move |c| {
+        c.channels.matrix.enabled = true;
+        c.channels.matrix.homeserver_url = uri;
+        c.channels.matrix.as_token = "as-token".into();
+        c.channels.matrix.hs_token = HS_TOKEN.into();
+        c.channels.matrix.bot_user_id = "@assistd:hs".into();
+    })
+    .await;
+    let txn = json!({"events": [
+        {"type": "m.room.message", "room_id": "!r:hs", "sender": "@ada:hs", "event_id": "$q1",
+         "origin_server_ts": 1, "content": {"msgtype": "m.text", "body": "@assistd:hs: where is the office?"}},
+        {"type": "m.room.message", "room_id": "!r:hs", "sender": "@assistd:hs", "event_id": "$own",
+         "origin_server_ts": 2, "content": {"msgtype": "m.text", "body": "my own words"}},
+        {"type": "m.room.member", "room_id": "!new:hs", "sender": "@ada:hs", "state_key": "@assistd:hs",
+         "event_id": "$inv", "content": {"membership": "invite"}}
+    ]});
+    let put = |token: Option<&str>| {
+        let mut req = app
+            .http
+            .put(format!(
+                "{}/webhooks/matrix/_matrix/app/v1/transactions/t1",
+                app.addr
+            ))
+            .json(&txn);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    let resp = put(None).await.unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["errcode"],
+        "M_UNAUTHORIZED"
+    );
+    let resp = put(Some("wrong")).await.unwrap();
+    assert_eq!(resp.status(), 403);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["errcode"],
+        "M_FORBIDDEN"
+    );
+    assert_eq!(app.store().intake_row_counts().await.unwrap(), (0, 0, 0));
+    assert_eq!(put(Some(HS_TOKEN)).await.unwrap().status(), 200);
+    assert_eq!(
+        put(Some(HS_TOKEN)).await.unwrap().status(),
+        200,
+        "a repeated transaction"
+    );
+    assert_eq!(
+        app.store().intake_row_counts().await.unwrap().1,
+        1,
+        "one task; the bot's own message ignored"
+    );
+    let tasks: Value = app.list("conversation=!r:hs").await.json().await.unwrap();
+    let id = tasks["tasks"][0]["id"].as_i64().unwrap();
+    app.wait_replied(id, WAIT).await;
+    let sent: Vec<Request> = hs
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.method.as_str() == "PUT")
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent[0]
+            .url
+            .path()
+            .ends_with(&format!("/send/m.room.message/agent-task-{id}")),
+        "{}",
+        sent[0].url
+    );
+    assert_eq!(
+        sent[0].headers.get("authorization").unwrap(),
+        "Bearer as-token"
+    );
+    let body: Value = serde_json::from_slice(&sent[0].body).unwrap();
+    assert_eq!(body["body"], "answer to: where is the office?");
+    assert_eq!(body["m.relates_to"]["m.in_reply_to"]["event_id"], "$q1");
+    let joins = hs
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.url.path().ends_with("/join"))
+        .count();
+    assert_eq!(
+        joins, 2,
+        "invited rooms are joined (once per delivery of the invite)"
+    );
+    app.stop().await;
+}

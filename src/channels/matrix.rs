@@ -1,0 +1,218 @@
+//! Matrix application service: the homeserver PUTs transactions of events to
+//! `/webhooks/matrix/_matrix/app/v1/transactions/{txnId}` with `Authorization: Bearer
+//! <hs_token>`; `m.room.message` events become messages, invites of the bot are accepted.
+//! Replies are `PUT /_matrix/client/v3/rooms/{room}/send/m.room.message/{txnId}` with the
+//! reply key as txnId, which the homeserver deduplicates, so a re-send is safe.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+use super::{Delivered, DeliveryError, Refused};
+use crate::config::{MatrixChannelConfig, OutboxConfig};
+use crate::store::intake::NewMessage;
+use crate::store::outbox::ReplyRow;
+
+pub const CHANNEL: &str = "matrix";
+
+/// Why a transaction was refused, with the Matrix error code to answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatrixRefusal {
+    /// 401 M_UNAUTHORIZED: no token.
+    Unauthorized,
+    /// 403 M_FORBIDDEN: a wrong token.
+    Forbidden,
+}
+
+/// Checks the homeserver token (header, or the legacy `access_token` query parameter).
+pub fn verify(
+    hs_token: &str,
+    bearer: Option<&str>,
+    query_token: Option<&str>,
+) -> Result<(), MatrixRefusal> {
+    let given = bearer
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .or(query_token)
+        .ok_or(MatrixRefusal::Unauthorized)?;
+    if bool::from(given.trim().as_bytes().ct_eq(hs_token.as_bytes())) {
+        Ok(())
+    } else {
+        Err(MatrixRefusal::Forbidden)
+    }
+}
+
+/// One event of a transaction that concerns assistd.
+#[derive(Debug, Clone)]
+pub enum MatrixEvent {
+    Message(NewMessage),
+    /// The bot was invited to this room.
+    Invite(String),
+}
+
+/// Parses a verified transaction body.
+pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
+    let events = v["events"]
+        .as_array()
+        .ok_or_else(|| Refused::BadRequest("missing array field `events`".into()))?;
+    let mut out = Vec::new();
+    for event in events {
+        let room = event["room_id"].as_str().unwrap_or("");
+        match event["type"].as_str() {
+            Some("m.room.member")
+                if event["state_key"].as_str() == Some(bot_user_id)
+                    && event["content"]["membership"].as_str() == Some("invite") =>
+            {
+                out.push(MatrixEvent::Invite(room.to_string()));
+            }
+            Some("m.room.message") => {
+                let sender = event["sender"].as_str().unwrap_or("");
+                let event_id = event["event_id"].as_str().unwrap_or("");
+                let text = event["content"]["body"].as_str().unwrap_or("");
+                if sender.is_empty()
+                    || sender == bot_user_id
+                    || event_id.is_empty()
+                    || room.is_empty()
+                {
+                    continue;
+                }
+                if event["content"]["msgtype"].as_str() != Some("m.text") {
+                    continue;
+                }
+                let text = text
+                    .replace(bot_user_id, "")
+                    .trim_start_matches([':', ',', ' '])
+                    .trim()
+                    .to_string();
+                if text.is_empty() {
+                    continue;
+                }
+                out.push(MatrixEvent::Message(NewMessage {
+                    channel: CHANNEL.into(),
+                    event_id: event_id.to_string(),
+                    message_id: event_id.to_string(),
+                    conversation_id: room.to_string(),
+                    sender_id: sender.to_string(),
+                    sender_name: None,
+                    text,
+                }));
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Clone)]
+pub struct MatrixChannel {
+    http: reqwest::Client,
+    homeserver: String,
+    as_token: String,
+}
+
+fn encode(segment: &str) -> String {
+    url::form_urlencoded::byte_serialize(segment.as_bytes()).collect()
+}
+
+impl MatrixChannel {
+    pub fn new(config: &MatrixChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+        Ok(MatrixChannel {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(outbox.timeout_secs))
+                .build()?,
+            homeserver: config.homeserver_url.trim_end_matches('/').to_string(),
+            as_token: config.as_token.clone(),
+        })
+    }
+
+    /// Joins a room the bot was invited to, best effort.
+    pub async fn join(&self, room: &str) {
+        let result = self
+            .http
+            .post(format!(
+                "{}/_matrix/client/v3/rooms/{}/join",
+                self.homeserver,
+                encode(room)
+            ))
+            .bearer_auth(&self.as_token)
+            .json(&json!({}))
+            .send()
+            .await;
+        match result {
+            Ok(r) if r.status().is_success() => tracing::info!(room, "joined room"),
+            Ok(r) => tracing::warn!(room, status = r.status().as_u16(), "could not join room"),
+            Err(e) => tracing::warn!(room, error = %e, "could not join room"),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let text = content["text"].as_str().unwrap_or("");
+        let body = json!({
+            "msgtype": "m.text",
+            "body": text,
+            "m.relates_to": { "m.in_reply_to": { "event_id": reply.in_reply_to } },
+        });
+        let url = format!(
+            "{}/_matrix/client/v3/rooms/{}/send/m.room.message/{}",
+            self.homeserver,
+            encode(&reply.conversation_id),
+            encode(&reply.idempotency_key)
+        );
+        let response = self
+            .http
+            .put(url)
+            .bearer_auth(&self.as_token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| DeliveryError::retry(format!("room send failed: {e}")))?;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(Delivered {
+                platform_message_id: answer["event_id"].as_str().map(str::to_string),
+            });
+        }
+        Err(DeliveryError {
+            message: format!(
+                "room send answered HTTP {}: {}",
+                status.as_u16(),
+                answer["errcode"].as_str().unwrap_or("")
+            ),
+            retry_after: answer["retry_after_ms"].as_u64().map(Duration::from_millis),
+            unknown: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_and_events() {
+        assert_eq!(verify("hs", Some("Bearer hs"), None), Ok(()));
+        assert_eq!(verify("hs", None, Some("hs")), Ok(()));
+        assert_eq!(
+            verify("hs", Some("Bearer no"), None),
+            Err(MatrixRefusal::Forbidden)
+        );
+        assert_eq!(verify("hs", None, None), Err(MatrixRefusal::Unauthorized));
+        let body = br#"{"events": [
+            {"type": "m.room.message", "room_id": "!r:hs", "sender": "@ada:hs", "event_id": "$e1", "content": {"msgtype": "m.text", "body": "@bot:hs: hello"}},
+            {"type": "m.room.message", "room_id": "!r:hs", "sender": "@bot:hs", "event_id": "$e2", "content": {"msgtype": "m.text", "body": "mine"}},
+            {"type": "m.room.member", "room_id": "!new:hs", "sender": "@ada:hs", "state_key": "@bot:hs", "event_id": "$e3", "content": {"membership": "invite"}}
+        ]}"#;
+        let events = parse(body, "@bot:hs").unwrap();
+        assert_eq!(events.len(), 2);
+        match &events[0] {
+            MatrixEvent::Message(m) => assert_eq!(m.text, "hello"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(&events[1], MatrixEvent::Invite(r) if r == "!new:hs"));
+    }
+}
