@@ -368,6 +368,21 @@ pub struct ChannelsConfig {
     pub slack: SlackChannelConfig,
     pub telegram: TelegramChannelConfig,
     pub matrix: MatrixChannelConfig,
+    pub lark: LarkChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LarkChannelConfig {
+    pub enabled: bool,
+    pub app_id: String,
+    pub app_secret: String,
+    pub verification_token: String,
+    /// Empty = events arrive in plain text (then only the token is checked).
+    pub encrypt_key: String,
+    pub api_base_url: String,
+    pub agent: String,
+    pub timestamp_tolerance_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -640,6 +655,28 @@ impl Config {
                 return Err(invalid(
                     "channels.telegram.agent",
                     format!("no agent named `{}`", telegram.agent),
+                ));
+            }
+        }
+        let lark = &self.channels.lark;
+        if lark.enabled {
+            for (key, value) in [
+                ("app_id", &lark.app_id),
+                ("app_secret", &lark.app_secret),
+                ("verification_token", &lark.verification_token),
+            ] {
+                if value.is_empty() {
+                    return Err(invalid(
+                        &format!("channels.lark.{key}"),
+                        "must be set when the channel is enabled",
+                    ));
+                }
+            }
+            http_url("channels.lark.api_base_url", &lark.api_base_url)?;
+            if !self.agents.contains_key(&lark.agent) {
+                return Err(invalid(
+                    "channels.lark.agent",
+                    format!("no agent named `{}`", lark.agent),
                 ));
             }
         }

@@ -5,27 +5,31 @@
 
 use serde_json::{Value, json};
 
+/// `(platform, card type, template)`, read from `templates/cards/` at compile time.
+macro_rules! card {
+    ($platform:literal, $card_type:literal) => {
+        (
+            $platform,
+            $card_type,
+            include_str!(concat!(
+                "../../templates/cards/",
+                $platform,
+                "/",
+                $card_type,
+                ".json"
+            )),
+        )
+    };
+}
+
 const TEMPLATES: &[(&str, &str, &str)] = &[
-    (
-        "slack",
-        "approval_request",
-        include_str!("../../templates/cards/slack/approval_request.json"),
-    ),
-    (
-        "slack",
-        "knowledge_answer",
-        include_str!("../../templates/cards/slack/knowledge_answer.json"),
-    ),
-    (
-        "slack",
-        "agent_result",
-        include_str!("../../templates/cards/slack/agent_result.json"),
-    ),
-    (
-        "telegram",
-        "approval_request",
-        include_str!("../../templates/cards/telegram/approval_request.json"),
-    ),
+    card!("slack", "approval_request"),
+    card!("slack", "knowledge_answer"),
+    card!("slack", "agent_result"),
+    card!("telegram", "approval_request"),
+    card!("lark", "approval_request"),
+    card!("lark", "knowledge_answer"),
+    card!("lark", "agent_result"),
 ];
 
 /// Renders `card` for `platform`; `None` when the platform has no template for its type.

@@ -8,6 +8,7 @@ use crate::store::outbox::ReplyRow;
 
 pub mod cards;
 pub mod generic;
+pub mod lark;
 pub mod matrix;
 pub mod slack;
 pub mod telegram;
@@ -77,6 +78,7 @@ pub struct Channels {
     pub slack: Option<slack::SlackChannel>,
     pub telegram: Option<telegram::TelegramChannel>,
     pub matrix: Option<matrix::MatrixChannel>,
+    pub lark: Option<std::sync::Arc<lark::LarkChannel>>,
     /// Where approval-timeout callbacks go (empty = not sent).
     pub approval_callback_url: String,
 }
@@ -114,6 +116,14 @@ impl Channels {
             } else {
                 None
             },
+            lark: if config.channels.lark.enabled {
+                Some(std::sync::Arc::new(lark::LarkChannel::new(
+                    &config.channels.lark,
+                    &config.outbox,
+                )?))
+            } else {
+                None
+            },
             approval_callback_url: config
                 .scheduler
                 .jobs
@@ -146,6 +156,10 @@ impl Channels {
             slack::CHANNEL => match &self.slack {
                 Some(channel) => channel.send(reply).await,
                 None => Err(DeliveryError::retry("the slack channel is not enabled")),
+            },
+            lark::CHANNEL => match &self.lark {
+                Some(channel) => channel.send(reply).await,
+                None => Err(DeliveryError::retry("the lark channel is not enabled")),
             },
             matrix::CHANNEL => match &self.matrix {
                 Some(channel) => channel.send(reply).await,

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use crate::app::Services;
-use crate::channels::{Inbound, Refused, generic, matrix, slack, telegram};
+use crate::channels::{Inbound, Refused, generic, lark, matrix, slack, telegram};
 use crate::control::DecisionResult;
 use crate::domain::now_ms;
 use crate::intake::{IntakeError, accept_message};
@@ -26,6 +26,8 @@ pub fn router() -> Router<Arc<Services>> {
         .route("/webhooks/telegram", post(telegram_webhook))
         .route("/webhooks/slack", post(slack_events))
         .route("/webhooks/slack/actions", post(slack_actions))
+        .route("/webhooks/lark", post(lark_events))
+        .route("/webhooks/lark/card", post(lark_card))
         .route(
             "/webhooks/matrix/_matrix/app/v1/transactions/{txn}",
             axum::routing::put(matrix_transaction),
@@ -335,4 +337,44 @@ async fn matrix_transaction(
     }
     tracing::debug!(txn = %txn, created, "matrix transaction");
     Ok(Json(json!({})).into_response())
+}
+
+async fn lark_request(
+    svc: &Services,
+    headers: &HeaderMap,
+    body: Body,
+    card: bool,
+) -> Result<Response, ApiError> {
+    let cfg = &svc.config.channels.lark;
+    if svc.channels.lark.is_none() {
+        return Err(ApiError::NotFound("the lark channel is not enabled".into()));
+    }
+    let raw = read_body(headers, body, svc.config.server.body_limit_bytes).await?;
+    let parts = (
+        header(headers, lark::TIMESTAMP_HEADER),
+        header(headers, lark::NONCE_HEADER),
+        header(headers, lark::SIGNATURE_HEADER),
+    );
+    let inbound = if card {
+        lark::parse_card_action(cfg, parts, &raw, now_ms() / 1000)?
+    } else {
+        lark::parse_event(cfg, parts, &raw, now_ms() / 1000)?
+    };
+    handle_inbound(svc, inbound, &cfg.agent, lark::CHANNEL).await
+}
+
+async fn lark_events(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    lark_request(&svc, &headers, body, false).await
+}
+
+async fn lark_card(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    lark_request(&svc, &headers, body, true).await
 }
