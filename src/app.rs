@@ -116,7 +116,7 @@ impl App {
                 )
             })?;
         let services = Arc::new(Services {
-            channels: Channels::from_config(&config)?,
+            channels: Channels::from_config(&config, &store)?,
             llm: OpenAiClient::new(&config.llm)?,
             tools,
             instance_id,

@@ -369,6 +369,21 @@ pub struct ChannelsConfig {
     pub telegram: TelegramChannelConfig,
     pub matrix: MatrixChannelConfig,
     pub lark: LarkChannelConfig,
+    pub dingtalk: DingTalkChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DingTalkChannelConfig {
+    pub enabled: bool,
+    pub app_key: String,
+    /// Signs inbound requests and authenticates the robot API.
+    pub app_secret: String,
+    pub robot_code: String,
+    pub api_base_url: String,
+    pub agent: String,
+    /// Accepted age of the `timestamp` header, in seconds (DingTalk: one hour).
+    pub timestamp_tolerance_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -655,6 +670,28 @@ impl Config {
                 return Err(invalid(
                     "channels.telegram.agent",
                     format!("no agent named `{}`", telegram.agent),
+                ));
+            }
+        }
+        let dingtalk = &self.channels.dingtalk;
+        if dingtalk.enabled {
+            for (key, value) in [
+                ("app_key", &dingtalk.app_key),
+                ("app_secret", &dingtalk.app_secret),
+                ("robot_code", &dingtalk.robot_code),
+            ] {
+                if value.is_empty() {
+                    return Err(invalid(
+                        &format!("channels.dingtalk.{key}"),
+                        "must be set when the channel is enabled",
+                    ));
+                }
+            }
+            http_url("channels.dingtalk.api_base_url", &dingtalk.api_base_url)?;
+            if !self.agents.contains_key(&dingtalk.agent) {
+                return Err(invalid(
+                    "channels.dingtalk.agent",
+                    format!("no agent named `{}`", dingtalk.agent),
                 ));
             }
         }

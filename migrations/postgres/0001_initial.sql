@@ -28,6 +28,7 @@ CREATE TABLE im_message (
     sender_id           TEXT    NOT NULL,
     sender_name         TEXT,
     text                TEXT    NOT NULL,
+    reply_context       TEXT,
     received_at         BIGINT  NOT NULL,
     UNIQUE (channel, external_message_id),
     UNIQUE (channel, external_event_id)

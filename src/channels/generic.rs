@@ -95,6 +95,7 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
         Some(_) => return Err("field `sender_name` must be a string".into()),
     };
     Ok(NewMessage {
+        reply_context: None,
         channel: CHANNEL.to_string(),
         event_id: required(&object, "event_id", MAX_ID_LEN)?,
         message_id: required(&object, "message_id", MAX_ID_LEN)?,

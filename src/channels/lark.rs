@@ -139,6 +139,7 @@ pub fn parse_event(
         .unwrap_or("")
         .to_string();
     Ok(Inbound::Message(NewMessage {
+        reply_context: None,
         channel: CHANNEL.into(),
         event_id: event_id.to_string(),
         message_id: field("message_id")?,

@@ -90,6 +90,7 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                     continue;
                 }
                 out.push(MatrixEvent::Message(NewMessage {
+                    reply_context: None,
                     channel: CHANNEL.into(),
                     event_id: event_id.to_string(),
                     message_id: event_id.to_string(),

@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::store::outbox::ReplyRow;
 
 pub mod cards;
+pub mod dingtalk;
 pub mod generic;
 pub mod lark;
 pub mod matrix;
@@ -79,12 +80,13 @@ pub struct Channels {
     pub telegram: Option<telegram::TelegramChannel>,
     pub matrix: Option<matrix::MatrixChannel>,
     pub lark: Option<std::sync::Arc<lark::LarkChannel>>,
+    pub dingtalk: Option<std::sync::Arc<dingtalk::DingTalkChannel>>,
     /// Where approval-timeout callbacks go (empty = not sent).
     pub approval_callback_url: String,
 }
 
 impl Channels {
-    pub fn from_config(config: &Config) -> anyhow::Result<Channels> {
+    pub fn from_config(config: &Config, store: &crate::store::Store) -> anyhow::Result<Channels> {
         let generic = &config.channels.generic;
         Ok(Channels {
             generic: if generic.enabled && !generic.secret.is_empty() {
@@ -124,6 +126,15 @@ impl Channels {
             } else {
                 None
             },
+            dingtalk: if config.channels.dingtalk.enabled {
+                Some(std::sync::Arc::new(dingtalk::DingTalkChannel::new(
+                    &config.channels.dingtalk,
+                    &config.outbox,
+                    store.clone(),
+                )?))
+            } else {
+                None
+            },
             approval_callback_url: config
                 .scheduler
                 .jobs
@@ -156,6 +167,10 @@ impl Channels {
             slack::CHANNEL => match &self.slack {
                 Some(channel) => channel.send(reply).await,
                 None => Err(DeliveryError::retry("the slack channel is not enabled")),
+            },
+            dingtalk::CHANNEL => match &self.dingtalk {
+                Some(channel) => channel.send(reply).await,
+                None => Err(DeliveryError::retry("the dingtalk channel is not enabled")),
             },
             lark::CHANNEL => match &self.lark {
                 Some(channel) => channel.send(reply).await,

@@ -119,6 +119,7 @@ pub fn parse_event(body: &[u8], bot_user_id: &str) -> Result<Inbound, Refused> {
                 return Ok(Inbound::Ignore("empty after removing mentions"));
             }
             Ok(Inbound::Message(NewMessage {
+                reply_context: None,
                 channel: CHANNEL.into(),
                 event_id: event_id.to_string(),
                 // A mention arrives as both `message` and `app_mention` (two event ids, one

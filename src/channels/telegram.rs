@@ -64,6 +64,7 @@ pub fn parse(body: &[u8], bot_username: &str) -> Result<Inbound, Refused> {
         return Ok(Inbound::Ignore("empty after removing the mention"));
     }
     Ok(Inbound::Message(NewMessage {
+        reply_context: None,
         channel: CHANNEL.into(),
         event_id: update_id.to_string(),
         message_id: format!("{chat}:{message_id}"),

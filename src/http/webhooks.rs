@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use crate::app::Services;
-use crate::channels::{Inbound, Refused, generic, lark, matrix, slack, telegram};
+use crate::channels::{Inbound, Refused, dingtalk, generic, lark, matrix, slack, telegram};
 use crate::control::DecisionResult;
 use crate::domain::now_ms;
 use crate::intake::{IntakeError, accept_message};
@@ -26,6 +26,7 @@ pub fn router() -> Router<Arc<Services>> {
         .route("/webhooks/telegram", post(telegram_webhook))
         .route("/webhooks/slack", post(slack_events))
         .route("/webhooks/slack/actions", post(slack_actions))
+        .route("/webhooks/dingtalk", post(dingtalk_webhook))
         .route("/webhooks/lark", post(lark_events))
         .route("/webhooks/lark/card", post(lark_card))
         .route(
@@ -377,4 +378,27 @@ async fn lark_card(
     body: Body,
 ) -> Result<Response, ApiError> {
     lark_request(&svc, &headers, body, true).await
+}
+
+async fn dingtalk_webhook(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let cfg = &svc.config.channels.dingtalk;
+    if svc.channels.dingtalk.is_none() {
+        return Err(ApiError::NotFound(
+            "the dingtalk channel is not enabled".into(),
+        ));
+    }
+    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    dingtalk::verify(
+        &cfg.app_secret,
+        header(&headers, "timestamp"),
+        header(&headers, "sign"),
+        now_ms(),
+        cfg.timestamp_tolerance_secs,
+    )?;
+    let inbound = dingtalk::parse(&raw)?;
+    handle_inbound(&svc, inbound, &cfg.agent, dingtalk::CHANNEL).await
 }

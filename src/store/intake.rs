@@ -14,6 +14,9 @@ pub struct NewMessage {
     pub sender_id: String,
     pub sender_name: Option<String>,
     pub text: String,
+    /// What the platform needs later to answer this message (JSON), e.g. DingTalk's
+    /// session webhook.
+    pub reply_context: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +47,8 @@ impl Store {
         let ingested = write_tx!(self, tx => {
             let inserted: Option<(i64,)> = sqlx::query_as(
                 "INSERT INTO im_message (channel, external_event_id, external_message_id, \
-                 conversation_id, sender_id, sender_name, text, received_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING id",
+                 conversation_id, sender_id, sender_name, text, received_at, reply_context) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING RETURNING id",
             )
             .bind(&message.channel)
             .bind(&message.event_id)
@@ -55,6 +58,7 @@ impl Store {
             .bind(&message.sender_name)
             .bind(&message.text)
             .bind(now)
+            .bind(&message.reply_context)
             .fetch_optional(&mut *tx)
             .await?;
             match inserted {
@@ -148,5 +152,25 @@ impl Store {
         });
         rows.reverse();
         Ok(rows)
+    }
+}
+
+impl Store {
+    /// The reply context a platform stored with message `external_message_id`.
+    pub async fn reply_context(
+        &self,
+        channel: &str,
+        external_message_id: &str,
+    ) -> StoreResult<Option<String>> {
+        let row: Option<(Option<String>,)> = super::on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT reply_context FROM im_message WHERE channel = $1 AND external_message_id = $2",
+            )
+            .bind(channel)
+            .bind(external_message_id)
+            .fetch_optional(pool)
+            .await?
+        });
+        Ok(row.and_then(|r| r.0))
     }
 }

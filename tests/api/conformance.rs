@@ -28,6 +28,7 @@ async fn publish(store: &Store, cfg: &assistd::Config) {
 
 fn msg(conversation: &str, n: u32) -> NewMessage {
     NewMessage {
+        reply_context: None,
         channel: "generic".into(),
         event_id: format!("e-{conversation}-{n}"),
         message_id: format!("m-{conversation}-{n}"),

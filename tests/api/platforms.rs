@@ -936,3 +936,116 @@ async fn lark_approvals_use_interactive_cards() {
     assert_eq!(calls_to(&flow.tools, "POST", "/tools/notice").await, 1);
     flow.app.stop().await;
 }
+
+const DT_SECRET: &str = "dt-app-secret";
+
+fn dingtalk_message(
+    msg_id: &str,
+    conversation_type: &str,
+    session: &str,
+    expires: i64,
+    text: &str,
+) -> Value {
+    json!({"msgtype": "text", "text": {"content": text}, "msgId": msg_id, "createAt": 1,
+        "conversationType": conversation_type, "conversationId": "cid-group", "senderId": "$:LWCP:$user",
+        "senderNick": "Ada", "senderStaffId": "staff-1", "chatbotUserId": "$:LWCP:$bot",
+        "sessionWebhook": session, "sessionWebhookExpiredTime": expires, "robotCode": "ding-robot", "isInAtList": true})
+}
+
+impl TestApp {
+    async fn dingtalk(&self, body: &Value, secret: &str, ts_ms: i64) -> reqwest::Response {
+        let ts = ts_ms.to_string();
+        self.http
+            .post(format!("{}/webhooks/dingtalk", self.addr))
+            .header("timestamp", &ts)
+            .header("sign", assistd::channels::dingtalk::sign(secret, &ts))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot_api() {
+    let api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/robot/sendBySession"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"errcode": 0, "errmsg": "ok"})),
+        )
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1.0/oauth2/accessToken"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"accessToken": "dt-token", "expireIn": 7200})),
+        )
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1.0/robot/groupMessages/send"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"processQueryKey": "pqk-1"})))
+        .mount(&api)
+        .await;
+    let uri = api.uri();
+    let app = spawn_platforms(&api, move |c| {
+        c.channels.dingtalk.enabled = true;
+        c.channels.dingtalk.app_key = "dt-key".into();
+        c.channels.dingtalk.app_secret = DT_SECRET.into();
+        c.channels.dingtalk.robot_code = "ding-robot".into();
+        c.channels.dingtalk.api_base_url = uri;
+    })
+    .await;
+    let now_ms = assistd::domain::now_ms();
+    let session = format!("{}/robot/sendBySession?session=s1", api.uri());
+    let live = dingtalk_message("msg-1", "2", &session, now_ms + 3_600_000, " hello robot");
+    assert_eq!(app.dingtalk(&live, "wrong", now_ms).await.status(), 401);
+    assert_eq!(
+        app.dingtalk(&live, DT_SECRET, now_ms - 3_601_000)
+            .await
+            .status(),
+        401,
+        "older than an hour"
+    );
+    assert_eq!(app.store().intake_row_counts().await.unwrap(), (0, 0, 0));
+    let id = task_id_of(app.dingtalk(&live, DT_SECRET, now_ms).await).await;
+    let dup: Value = app
+        .dingtalk(&live, DT_SECRET, now_ms)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(dup["duplicate"], true);
+    app.wait_replied(id, WAIT).await;
+    let session_sends = sends(&api, "/robot/sendBySession").await;
+    assert_eq!(session_sends.len(), 1);
+    assert_eq!(
+        session_sends[0]["text"]["content"],
+        "answer to: hello robot"
+    );
+
+    // An expired session webhook: the robot API answers instead.
+    let expired = dingtalk_message("msg-2", "2", &session, now_ms - 1_000, "second question");
+    let id2 = task_id_of(app.dingtalk(&expired, DT_SECRET, now_ms).await).await;
+    app.wait_replied(id2, WAIT).await;
+    let robot: Vec<Request> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.url.path() == "/v1.0/robot/groupMessages/send")
+        .collect();
+    assert_eq!(robot.len(), 1);
+    assert_eq!(
+        robot[0].headers.get("x-acs-dingtalk-access-token").unwrap(),
+        "dt-token"
+    );
+    let body: Value = serde_json::from_slice(&robot[0].body).unwrap();
+    assert_eq!(body["openConversationId"], "cid-group");
+    assert_eq!(body["robotCode"], "ding-robot");
+    let param: Value = serde_json::from_str(body["msgParam"].as_str().unwrap()).unwrap();
+    assert_eq!(param["content"], "answer to: second question");
+    app.stop().await;
+}

@@ -284,6 +284,7 @@ async fn orphaned_running_tasks_go_back_to_pending_with_an_audit_event() {
     let store = store_for(&db).await;
     let now = now_ms();
     let msg = NewMessage {
+        reply_context: None,
         channel: "generic".into(),
         event_id: "e1".into(),
         message_id: "m1".into(),

@@ -1,0 +1,293 @@
+//! DingTalk robot (HTTP mode): requests carry `timestamp` (ms) and `sign` = base64
+//! HMAC-SHA256(app secret, timestamp + "\n" + app secret), valid for an hour; messages are
+//! deduplicated on `msgId`. Replies go to the message's `sessionWebhook` while it lives, else
+//! through the robot API (`/v1.0/robot/groupMessages/send` or `oToMessages/batchSend`) with a
+//! cached access token. DingTalk has no idempotency key: a send whose outcome is unknown
+//! becomes UNKNOWN instead of being repeated. Action cards link out, so approvals are decided
+//! through the API, not by buttons.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use super::{Delivered, DeliveryError, Inbound, Refused};
+use crate::config::{DingTalkChannelConfig, OutboxConfig};
+use crate::store::Store;
+use crate::store::intake::NewMessage;
+use crate::store::outbox::ReplyRow;
+
+pub const CHANNEL: &str = "dingtalk";
+
+/// base64 HMAC-SHA256(secret, "<timestamp>\n<secret>").
+pub fn sign(secret: &str, timestamp: &str) -> String {
+    // HMAC accepts keys of any length, so `new_from_slice` cannot fail.
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    mac.update(timestamp.as_bytes());
+    mac.update(b"\n");
+    mac.update(secret.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+}
+
+pub fn verify(
+    secret: &str,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    now_ms: i64,
+    tolerance_secs: u64,
+) -> Result<(), Refused> {
+    let unauthorized = |m: &str| Refused::Unauthorized(m.to_string());
+    let timestamp = timestamp.ok_or_else(|| unauthorized("missing timestamp header"))?;
+    let ts: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| unauthorized("timestamp is not milliseconds"))?;
+    if now_ms.abs_diff(ts) > tolerance_secs * 1000 {
+        return Err(unauthorized("timestamp is outside the allowed window"));
+    }
+    let signature = signature.ok_or_else(|| unauthorized("missing sign header"))?;
+    let expected = sign(secret, timestamp.trim());
+    if bool::from(expected.as_bytes().ct_eq(signature.trim().as_bytes())) {
+        Ok(())
+    } else {
+        Err(unauthorized("sign does not match"))
+    }
+}
+
+/// Parses a verified robot message.
+pub fn parse(body: &[u8]) -> Result<Inbound, Refused> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
+    if v["msgtype"].as_str() != Some("text") {
+        return Ok(Inbound::Ignore("not a text message"));
+    }
+    let field = |name: &str| {
+        v[name]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| Refused::BadRequest(format!("missing field `{name}`")))
+    };
+    let sender = field("senderId")?;
+    if v["chatbotUserId"].as_str() == Some(sender.as_str()) {
+        return Ok(Inbound::Ignore("sent by the robot"));
+    }
+    let text = v["text"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    if text.is_empty() {
+        return Ok(Inbound::Ignore("empty message"));
+    }
+    let msg_id = field("msgId")?;
+    let context = json!({
+        "session_webhook": v["sessionWebhook"],
+        "session_webhook_expires": v["sessionWebhookExpiredTime"],
+        "conversation_type": v["conversationType"],
+        "conversation_id": v["conversationId"],
+        "staff_id": v["senderStaffId"],
+    });
+    Ok(Inbound::Message(NewMessage {
+        channel: CHANNEL.into(),
+        event_id: msg_id.clone(),
+        message_id: msg_id,
+        conversation_id: field("conversationId")?,
+        sender_id: v["senderStaffId"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or(sender),
+        sender_name: v["senderNick"].as_str().map(str::to_string),
+        text,
+        reply_context: Some(context.to_string()),
+    }))
+}
+
+pub struct DingTalkChannel {
+    http: reqwest::Client,
+    api: String,
+    app_key: String,
+    app_secret: String,
+    robot_code: String,
+    store: Store,
+    token: Mutex<Option<(String, Instant)>>,
+}
+
+impl DingTalkChannel {
+    pub fn new(
+        config: &DingTalkChannelConfig,
+        outbox: &OutboxConfig,
+        store: Store,
+    ) -> anyhow::Result<Self> {
+        Ok(DingTalkChannel {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(outbox.timeout_secs))
+                .build()?,
+            api: config.api_base_url.trim_end_matches('/').to_string(),
+            app_key: config.app_key.clone(),
+            app_secret: config.app_secret.clone(),
+            robot_code: config.robot_code.clone(),
+            store,
+            token: Mutex::new(None),
+        })
+    }
+
+    async fn access_token(&self) -> Result<String, DeliveryError> {
+        if let Some((token, until)) = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            && Instant::now() < until
+        {
+            return Ok(token);
+        }
+        let answer: Value = self
+            .http
+            .post(format!("{}/v1.0/oauth2/accessToken", self.api))
+            .json(&json!({ "appKey": self.app_key, "appSecret": self.app_secret }))
+            .send()
+            .await
+            .map_err(|e| DeliveryError::retry(format!("accessToken failed: {e}")))?
+            .json()
+            .await
+            .map_err(|e| DeliveryError::retry(format!("accessToken unreadable: {e}")))?;
+        let token = answer["accessToken"]
+            .as_str()
+            .ok_or_else(|| DeliveryError::retry(format!("accessToken refused: {answer}")))?
+            .to_string();
+        let ttl = answer["expireIn"]
+            .as_u64()
+            .unwrap_or(7200)
+            .saturating_sub(60);
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((token.clone(), Instant::now() + Duration::from_secs(ttl)));
+        Ok(token)
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        if reply.attempts > 1 && reply.last_error.is_none() {
+            return Err(DeliveryError {
+                message:
+                    "a previous send was interrupted and DingTalk cannot tell whether it arrived"
+                        .into(),
+                retry_after: None,
+                unknown: true,
+            });
+        }
+        let context: Value = self
+            .store
+            .reply_context(CHANNEL, &reply.in_reply_to)
+            .await
+            .map_err(|e| DeliveryError::retry(format!("reply context unavailable: {e}")))?
+            .and_then(|c| serde_json::from_str(&c).ok())
+            .unwrap_or(Value::Null);
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let mut text = content["text"].as_str().unwrap_or("").to_string();
+        if let Some(card) = content.get("card").filter(|c| c.is_object())
+            && card["card_type"] == "approval_request"
+        {
+            text.push_str(&format!(
+                "\n\n(Approve or reject with POST /api/tasks/{}/confirm.)",
+                reply.task_id
+            ));
+        }
+        let unknown = |e: reqwest::Error| DeliveryError {
+            unknown: !e.is_connect(),
+            message: format!("DingTalk send failed: {e}"),
+            retry_after: None,
+        };
+        let alive = context["session_webhook"].as_str().filter(|_| {
+            context["session_webhook_expires"].as_i64().unwrap_or(0)
+                > crate::domain::now_ms() + 5_000
+        });
+        let response = if let Some(webhook) = alive {
+            self.http
+                .post(webhook)
+                .json(&json!({ "msgtype": "text", "text": { "content": text } }))
+                .send()
+                .await
+                .map_err(unknown)?
+        } else {
+            let token = self.access_token().await?;
+            let param = json!({ "content": text }).to_string();
+            let (path, body) = if context["conversation_type"] == "1" {
+                (
+                    "/v1.0/robot/oToMessages/batchSend",
+                    json!({ "robotCode": self.robot_code, "userIds": [context["staff_id"]],
+                            "msgKey": "sampleText", "msgParam": param }),
+                )
+            } else {
+                (
+                    "/v1.0/robot/groupMessages/send",
+                    json!({ "robotCode": self.robot_code, "openConversationId": reply.conversation_id,
+                            "msgKey": "sampleText", "msgParam": param }),
+                )
+            };
+            self.http
+                .post(format!("{}{path}", self.api))
+                .header("x-acs-dingtalk-access-token", token)
+                .json(&body)
+                .send()
+                .await
+                .map_err(unknown)?
+        };
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        let ok = status.is_success() && answer["errcode"].as_i64().unwrap_or(0) == 0;
+        if ok {
+            return Ok(Delivered {
+                platform_message_id: answer["processQueryKey"].as_str().map(str::to_string),
+            });
+        }
+        Err(DeliveryError {
+            message: format!("DingTalk answered HTTP {}: {answer}", status.as_u16()),
+            retry_after: (status.as_u16() == 429).then(|| Duration::from_secs(1)),
+            unknown: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_matches_openssl() {
+        // printf '1700000000000\nSEC123' | openssl dgst -sha256 -hmac SEC123 -binary | base64
+        assert_eq!(sign("SEC123", "1700000000000"), OPENSSL_SIGN);
+        assert!(
+            verify(
+                "SEC123",
+                Some("1700000000000"),
+                Some(OPENSSL_SIGN),
+                1_700_000_000_000,
+                3600
+            )
+            .is_ok()
+        );
+        assert!(
+            verify(
+                "SEC123",
+                Some("1700000000000"),
+                Some(OPENSSL_SIGN),
+                1_700_003_600_001,
+                3600
+            )
+            .is_err()
+        );
+        assert!(
+            verify(
+                "other",
+                Some("1700000000000"),
+                Some(OPENSSL_SIGN),
+                1_700_000_000_000,
+                3600
+            )
+            .is_err()
+        );
+    }
+
+    const OPENSSL_SIGN: &str = "lkcPI1uoxBY1gUnCnnPH1Kkru0Hqjo7rFpA3haIVhEQ=";
+}
