@@ -370,6 +370,23 @@ pub struct ChannelsConfig {
     pub matrix: MatrixChannelConfig,
     pub lark: LarkChannelConfig,
     pub dingtalk: DingTalkChannelConfig,
+    pub wecom: WeComChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeComChannelConfig {
+    pub enabled: bool,
+    pub corp_id: String,
+    pub agent_id: String,
+    /// The app's secret, for the send-message API's access token.
+    pub secret: String,
+    /// Callback token (signatures).
+    pub token: String,
+    /// Callback EncodingAESKey (43 characters).
+    pub encoding_aes_key: String,
+    pub api_base_url: String,
+    pub agent: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -670,6 +687,35 @@ impl Config {
                 return Err(invalid(
                     "channels.telegram.agent",
                     format!("no agent named `{}`", telegram.agent),
+                ));
+            }
+        }
+        let wecom = &self.channels.wecom;
+        if wecom.enabled {
+            for (key, value) in [
+                ("corp_id", &wecom.corp_id),
+                ("agent_id", &wecom.agent_id),
+                ("secret", &wecom.secret),
+                ("token", &wecom.token),
+            ] {
+                if value.is_empty() {
+                    return Err(invalid(
+                        &format!("channels.wecom.{key}"),
+                        "must be set when the channel is enabled",
+                    ));
+                }
+            }
+            if wecom.encoding_aes_key.len() != 43 {
+                return Err(invalid(
+                    "channels.wecom.encoding_aes_key",
+                    "must be the 43-character EncodingAESKey",
+                ));
+            }
+            http_url("channels.wecom.api_base_url", &wecom.api_base_url)?;
+            if !self.agents.contains_key(&wecom.agent) {
+                return Err(invalid(
+                    "channels.wecom.agent",
+                    format!("no agent named `{}`", wecom.agent),
                 ));
             }
         }

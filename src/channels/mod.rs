@@ -13,6 +13,7 @@ pub mod lark;
 pub mod matrix;
 pub mod slack;
 pub mod telegram;
+pub mod wecom;
 
 /// What an inbound platform request asks of assistd, once verified and parsed.
 #[derive(Debug, Clone)]
@@ -81,6 +82,7 @@ pub struct Channels {
     pub matrix: Option<matrix::MatrixChannel>,
     pub lark: Option<std::sync::Arc<lark::LarkChannel>>,
     pub dingtalk: Option<std::sync::Arc<dingtalk::DingTalkChannel>>,
+    pub wecom: Option<std::sync::Arc<wecom::WeComChannel>>,
     /// Where approval-timeout callbacks go (empty = not sent).
     pub approval_callback_url: String,
 }
@@ -135,6 +137,14 @@ impl Channels {
             } else {
                 None
             },
+            wecom: if config.channels.wecom.enabled {
+                Some(std::sync::Arc::new(wecom::WeComChannel::new(
+                    &config.channels.wecom,
+                    &config.outbox,
+                )?))
+            } else {
+                None
+            },
             approval_callback_url: config
                 .scheduler
                 .jobs
@@ -171,6 +181,10 @@ impl Channels {
             dingtalk::CHANNEL => match &self.dingtalk {
                 Some(channel) => channel.send(reply).await,
                 None => Err(DeliveryError::retry("the dingtalk channel is not enabled")),
+            },
+            wecom::CHANNEL => match &self.wecom {
+                Some(channel) => channel.send(reply).await,
+                None => Err(DeliveryError::retry("the wecom channel is not enabled")),
             },
             lark::CHANNEL => match &self.lark {
                 Some(channel) => channel.send(reply).await,

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use crate::app::Services;
-use crate::channels::{Inbound, Refused, dingtalk, generic, lark, matrix, slack, telegram};
+use crate::channels::{Inbound, Refused, dingtalk, generic, lark, matrix, slack, telegram, wecom};
 use crate::control::DecisionResult;
 use crate::domain::now_ms;
 use crate::intake::{IntakeError, accept_message};
@@ -27,6 +27,10 @@ pub fn router() -> Router<Arc<Services>> {
         .route("/webhooks/slack", post(slack_events))
         .route("/webhooks/slack/actions", post(slack_actions))
         .route("/webhooks/dingtalk", post(dingtalk_webhook))
+        .route(
+            "/webhooks/wecom",
+            axum::routing::get(wecom_verify).post(wecom_message),
+        )
         .route("/webhooks/lark", post(lark_events))
         .route("/webhooks/lark/card", post(lark_card))
         .route(
@@ -401,4 +405,55 @@ async fn dingtalk_webhook(
     )?;
     let inbound = dingtalk::parse(&raw)?;
     handle_inbound(&svc, inbound, &cfg.agent, dingtalk::CHANNEL).await
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct WeComQuery {
+    msg_signature: Option<String>,
+    timestamp: Option<String>,
+    nonce: Option<String>,
+    echostr: Option<String>,
+}
+
+impl WeComQuery {
+    fn parts(&self) -> wecom::CallbackQuery<'_> {
+        wecom::CallbackQuery {
+            msg_signature: self.msg_signature.as_deref(),
+            timestamp: self.timestamp.as_deref(),
+            nonce: self.nonce.as_deref(),
+            echostr: self.echostr.as_deref(),
+        }
+    }
+}
+
+async fn wecom_verify(
+    State(svc): State<Arc<Services>>,
+    axum::extract::Query(q): axum::extract::Query<WeComQuery>,
+) -> Result<Response, ApiError> {
+    if svc.channels.wecom.is_none() {
+        return Err(ApiError::NotFound(
+            "the wecom channel is not enabled".into(),
+        ));
+    }
+    let echo = wecom::verify_url(&svc.config.channels.wecom, &q.parts())?;
+    Ok(echo.into_response())
+}
+
+async fn wecom_message(
+    State(svc): State<Arc<Services>>,
+    axum::extract::Query(q): axum::extract::Query<WeComQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let cfg = &svc.config.channels.wecom;
+    if svc.channels.wecom.is_none() {
+        return Err(ApiError::NotFound(
+            "the wecom channel is not enabled".into(),
+        ));
+    }
+    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    let inbound = wecom::parse(cfg, &q.parts(), &raw)?;
+    handle_inbound(&svc, inbound, &cfg.agent, wecom::CHANNEL).await?;
+    // WeCom reads a non-empty answer as a passive reply: answer nothing.
+    Ok(String::new().into_response())
 }

@@ -1049,3 +1049,150 @@ async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot
     assert_eq!(param["content"], "answer to: second question");
     app.stop().await;
 }
+
+mod wecom_sample {
+    pub const TOKEN: &str = "QDG6eK";
+    pub const CORP: &str = "wx5823bf96d3bd56c7";
+    pub const AES_KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
+}
+
+impl TestApp {
+    async fn wecom_post(&self, xml_message: &str, token: &str) -> reqwest::Response {
+        use assistd::channels::wecom;
+        let encrypted = wecom::encrypt(
+            wecom_sample::AES_KEY,
+            wecom_sample::CORP,
+            xml_message,
+            [3; 16],
+        )
+        .unwrap();
+        let ts = now().to_string();
+        let sig = wecom::signature(token, &ts, "nonce9", &encrypted);
+        let body = format!(
+            "<xml><ToUserName><![CDATA[{}]]></ToUserName><Encrypt><![CDATA[{encrypted}]]></Encrypt><AgentID><![CDATA[1000002]]></AgentID></xml>",
+            wecom_sample::CORP
+        );
+        self.http
+            .post(format!(
+                "{}/webhooks/wecom?msg_signature={sig}&timestamp={ts}&nonce=nonce9",
+                self.addr
+            ))
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+fn wecom_text(msg_id: &str, text: &str) -> String {
+    format!(
+        "<xml><ToUserName><![CDATA[{}]]></ToUserName><FromUserName><![CDATA[zhangsan]]></FromUserName><CreateTime>1348831860</CreateTime><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[{text}]]></Content><MsgId>{msg_id}</MsgId><AgentID>1000002</AgentID></xml>",
+        wecom_sample::CORP
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wecom_callbacks_are_verified_decrypted_and_answered() {
+    let api = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/cgi-bin/gettoken"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"errcode": 0, "errmsg": "ok", "access_token": "wc-token", "expires_in": 7200}),
+        ))
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/cgi-bin/message/send"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"errcode": 0, "errmsg": "ok", "msgid": "m-1"})),
+        )
+        .mount(&api)
+        .await;
+    let uri = api.uri();
+    let app = spawn_platforms(&api, move |c| {
+        c.channels.wecom.enabled = true;
+        c.channels.wecom.corp_id = wecom_sample::CORP.into();
+        c.channels.wecom.agent_id = "1000002".into();
+        c.channels.wecom.secret = "app-secret".into();
+        c.channels.wecom.token = wecom_sample::TOKEN.into();
+        c.channels.wecom.encoding_aes_key = wecom_sample::AES_KEY.into();
+        c.channels.wecom.api_base_url = uri;
+    })
+    .await;
+    // URL verification with the sample request of WeCom's documentation.
+    let verify = app
+        .http
+        .get(format!(
+            "{}/webhooks/wecom?msg_signature=5c45ff5e21c57e6ad56bac8758b79b1d9ac89fd3&timestamp=1409659589&nonce=263014780&echostr={}",
+            app.addr,
+            url::form_urlencoded::byte_serialize(b"P9nAzCzyDtyTWESHep1vC5X9xho/qYX3Zpb4yKa9SKld1DsH3Iyt3tP3zNdtp+4RPcs8TgAE7OaBO+FZXvnaqQ==").collect::<String>()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(verify.status(), 200);
+    assert_eq!(verify.text().await.unwrap(), "1616140317555161061");
+
+    assert_eq!(
+        app.wecom_post(&wecom_text("1001", "hello"), "wrong-token")
+            .await
+            .status(),
+        401
+    );
+    assert_eq!(app.store().intake_row_counts().await.unwrap(), (0, 0, 0));
+    let resp = app
+        .wecom_post(
+            &wecom_text("1001", "where is the canteen?"),
+            wecom_sample::TOKEN,
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "",
+        "an empty answer, not a passive reply"
+    );
+    assert_eq!(
+        app.wecom_post(
+            &wecom_text("1001", "where is the canteen?"),
+            wecom_sample::TOKEN
+        )
+        .await
+        .status(),
+        200
+    );
+    assert_eq!(
+        app.store().intake_row_counts().await.unwrap().1,
+        1,
+        "deduplicated on MsgId"
+    );
+    let tasks: Value = app
+        .list("conversation=zhangsan")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = tasks["tasks"][0]["id"].as_i64().unwrap();
+    app.wait_replied(id, WAIT).await;
+    let sent: Vec<Request> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.url.path() == "/cgi-bin/message/send")
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent[0]
+            .url
+            .query()
+            .unwrap()
+            .contains("access_token=wc-token")
+    );
+    let body: Value = serde_json::from_slice(&sent[0].body).unwrap();
+    assert_eq!(body["touser"], "zhangsan");
+    assert_eq!(body["agentid"], 1000002);
+    assert_eq!(body["text"]["content"], "answer to: where is the canteen?");
+    app.stop().await;
+}

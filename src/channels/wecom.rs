@@ -1,0 +1,336 @@
+//! WeCom (WeChat Work) app callbacks: `msg_signature` = SHA-1 of the sorted token,
+//! timestamp, nonce and encrypted message; AES-256-CBC with the key from the EncodingAESKey
+//! (IV = its first 16 bytes) and PKCS#7 padding to 32-byte blocks; the plaintext is 16 random
+//! bytes, a 4-byte length, the message and the receive id (the corp id, checked). GET
+//! verifies the URL by echoing the decrypted `echostr`; POST carries XML messages, answered
+//! with an empty 200. Replies use the send-message API with a cached access token; WeCom
+//! has no idempotency key, so an unknown outcome becomes UNKNOWN.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit, block_padding::NoPadding};
+use base64::Engine;
+use serde_json::{Value, json};
+use sha1::{Digest, Sha1};
+use subtle::ConstantTimeEq;
+
+use super::{Delivered, DeliveryError, Inbound, Refused};
+use crate::config::{OutboxConfig, WeComChannelConfig};
+use crate::store::intake::NewMessage;
+use crate::store::outbox::ReplyRow;
+
+pub const CHANNEL: &str = "wecom";
+/// WeCom pads to 32-byte blocks, not to the AES block size.
+const PAD_BLOCK: usize = 32;
+
+/// The EncodingAESKey's last character carries spare bits that WeCom does not zero, so the
+/// decoder must allow them.
+const KEY_ENGINE: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
+fn aes_key(encoding_aes_key: &str) -> Result<Vec<u8>, String> {
+    let key = KEY_ENGINE
+        .decode(format!("{encoding_aes_key}="))
+        .map_err(|_| "EncodingAESKey is not base64".to_string())?;
+    if key.len() != 32 {
+        return Err("EncodingAESKey does not give a 32-byte key".into());
+    }
+    Ok(key)
+}
+
+/// SHA-1 of the sorted parts, hex.
+pub fn signature(token: &str, timestamp: &str, nonce: &str, encrypted: &str) -> String {
+    let mut parts = [token, timestamp, nonce, encrypted];
+    parts.sort_unstable();
+    hex::encode(Sha1::digest(parts.concat().as_bytes()))
+}
+
+/// Decrypts a message and checks its receive id; returns the message.
+pub fn decrypt(encoding_aes_key: &str, corp_id: &str, encrypted: &str) -> Result<String, String> {
+    let key = aes_key(encoding_aes_key)?;
+    let mut data = base64::engine::general_purpose::STANDARD
+        .decode(encrypted.trim())
+        .map_err(|_| "message is not base64".to_string())?;
+    if data.is_empty() || data.len() % 16 != 0 {
+        return Err("message has a bad length".into());
+    }
+    let plain = cbc::Decryptor::<aes::Aes256>::new(key.as_slice().into(), key[..16].into())
+        .decrypt_padded_mut::<NoPadding>(&mut data)
+        .map_err(|_| "message does not decrypt".to_string())?;
+    let pad = *plain.last().ok_or("empty message")? as usize;
+    if pad == 0 || pad > PAD_BLOCK || pad > plain.len() {
+        return Err("bad padding".into());
+    }
+    let plain = &plain[..plain.len() - pad];
+    if plain.len() < 20 {
+        return Err("message too short".into());
+    }
+    let len = u32::from_be_bytes([plain[16], plain[17], plain[18], plain[19]]) as usize;
+    let body = plain.get(20..20 + len).ok_or("bad message length")?;
+    let receive_id = &plain[20 + len..];
+    if receive_id != corp_id.as_bytes() {
+        return Err("receive id is not this corp".into());
+    }
+    String::from_utf8(body.to_vec()).map_err(|_| "message is not UTF-8".into())
+}
+
+/// Encrypts `message` as WeCom does (for passive replies and tests); `random` is the
+/// 16-byte prefix.
+pub fn encrypt(
+    encoding_aes_key: &str,
+    corp_id: &str,
+    message: &str,
+    random: [u8; 16],
+) -> Result<String, String> {
+    let key = aes_key(encoding_aes_key)?;
+    let mut plain = random.to_vec();
+    plain.extend((message.len() as u32).to_be_bytes());
+    plain.extend(message.as_bytes());
+    plain.extend(corp_id.as_bytes());
+    let pad = PAD_BLOCK - plain.len() % PAD_BLOCK;
+    plain.extend(std::iter::repeat_n(pad as u8, pad));
+    let len = plain.len();
+    let cipher = cbc::Encryptor::<aes::Aes256>::new(key.as_slice().into(), key[..16].into())
+        .encrypt_padded_mut::<NoPadding>(&mut plain, len)
+        .map_err(|_| "cannot encrypt".to_string())?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(cipher))
+}
+
+/// The text of element `name` of a flat WeCom XML document (CDATA or plain).
+pub fn xml_field(xml: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let close = format!("</{name}>");
+    let start = xml.find(&open)? + open.len();
+    let end = start + xml[start..].find(&close)?;
+    let inner = xml[start..end].trim();
+    Some(
+        inner
+            .strip_prefix("<![CDATA[")
+            .and_then(|s| s.strip_suffix("]]>"))
+            .unwrap_or(inner)
+            .to_string(),
+    )
+}
+
+/// The query of a callback request.
+pub struct CallbackQuery<'a> {
+    pub msg_signature: Option<&'a str>,
+    pub timestamp: Option<&'a str>,
+    pub nonce: Option<&'a str>,
+    pub echostr: Option<&'a str>,
+}
+
+fn check(config: &WeComChannelConfig, q: &CallbackQuery, encrypted: &str) -> Result<(), Refused> {
+    let (Some(sig), Some(ts), Some(nonce)) = (q.msg_signature, q.timestamp, q.nonce) else {
+        return Err(Refused::Unauthorized(
+            "missing msg_signature, timestamp or nonce".into(),
+        ));
+    };
+    let expected = signature(&config.token, ts, nonce, encrypted);
+    if bool::from(expected.as_bytes().ct_eq(sig.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Refused::Unauthorized("msg_signature does not match".into()))
+    }
+}
+
+/// GET URL verification: the decrypted `echostr`.
+pub fn verify_url(config: &WeComChannelConfig, q: &CallbackQuery) -> Result<String, Refused> {
+    let echostr = q
+        .echostr
+        .ok_or_else(|| Refused::BadRequest("missing echostr".into()))?;
+    check(config, q, echostr)?;
+    decrypt(&config.encoding_aes_key, &config.corp_id, echostr).map_err(Refused::Unauthorized)
+}
+
+/// POST: verifies, decrypts and parses a message.
+pub fn parse(
+    config: &WeComChannelConfig,
+    q: &CallbackQuery,
+    body: &[u8],
+) -> Result<Inbound, Refused> {
+    let xml =
+        std::str::from_utf8(body).map_err(|_| Refused::BadRequest("body is not UTF-8".into()))?;
+    let encrypted =
+        xml_field(xml, "Encrypt").ok_or_else(|| Refused::BadRequest("missing <Encrypt>".into()))?;
+    check(config, q, &encrypted)?;
+    let message = decrypt(&config.encoding_aes_key, &config.corp_id, &encrypted)
+        .map_err(Refused::Unauthorized)?;
+    if xml_field(&message, "MsgType").as_deref() != Some("text") {
+        return Ok(Inbound::Ignore("not a text message"));
+    }
+    let field = |name: &str| {
+        xml_field(&message, name).ok_or_else(|| Refused::BadRequest(format!("missing <{name}>")))
+    };
+    let from = field("FromUserName")?;
+    let msg_id = field("MsgId")?;
+    let text = field("Content")?.trim().to_string();
+    if text.is_empty() {
+        return Ok(Inbound::Ignore("empty message"));
+    }
+    Ok(Inbound::Message(NewMessage {
+        channel: CHANNEL.into(),
+        event_id: msg_id.clone(),
+        message_id: msg_id,
+        conversation_id: from.clone(),
+        sender_id: from,
+        sender_name: None,
+        text,
+        reply_context: None,
+    }))
+}
+
+pub struct WeComChannel {
+    http: reqwest::Client,
+    api: String,
+    corp_id: String,
+    secret: String,
+    agent_id: String,
+    token: Mutex<Option<(String, Instant)>>,
+}
+
+impl WeComChannel {
+    pub fn new(config: &WeComChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+        Ok(WeComChannel {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(outbox.timeout_secs))
+                .build()?,
+            api: config.api_base_url.trim_end_matches('/').to_string(),
+            corp_id: config.corp_id.clone(),
+            secret: config.secret.clone(),
+            agent_id: config.agent_id.clone(),
+            token: Mutex::new(None),
+        })
+    }
+
+    async fn access_token(&self) -> Result<String, DeliveryError> {
+        if let Some((token, until)) = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            && Instant::now() < until
+        {
+            return Ok(token);
+        }
+        let answer: Value = self
+            .http
+            .get(format!("{}/cgi-bin/gettoken", self.api))
+            .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
+            .send()
+            .await
+            .map_err(|e| DeliveryError::retry(format!("gettoken failed: {e}")))?
+            .json()
+            .await
+            .map_err(|e| DeliveryError::retry(format!("gettoken unreadable: {e}")))?;
+        let token = answer["access_token"]
+            .as_str()
+            .filter(|_| answer["errcode"].as_i64().unwrap_or(0) == 0)
+            .ok_or_else(|| DeliveryError::retry(format!("gettoken refused: {answer}")))?
+            .to_string();
+        let ttl = answer["expires_in"]
+            .as_u64()
+            .unwrap_or(7200)
+            .saturating_sub(60);
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((token.clone(), Instant::now() + Duration::from_secs(ttl)));
+        Ok(token)
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        if reply.attempts > 1 && reply.last_error.is_none() {
+            return Err(DeliveryError {
+                message: "a previous send was interrupted and WeCom cannot tell whether it arrived"
+                    .into(),
+                retry_after: None,
+                unknown: true,
+            });
+        }
+        let token = self.access_token().await?;
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let mut text = content["text"].as_str().unwrap_or("").to_string();
+        if content["card"]["card_type"] == "approval_request" {
+            text.push_str(&format!(
+                "\n\n(Approve or reject with POST /api/tasks/{}/confirm.)",
+                reply.task_id
+            ));
+        }
+        let response = self
+            .http
+            .post(format!("{}/cgi-bin/message/send", self.api))
+            .query(&[("access_token", token.as_str())])
+            .json(&json!({
+                "touser": reply.conversation_id,
+                "msgtype": "text",
+                "agentid": self.agent_id.parse::<i64>().unwrap_or(0),
+                "text": { "content": text },
+                "enable_duplicate_check": 1,
+                "duplicate_check_interval": 1800,
+            }))
+            .send()
+            .await
+            .map_err(|e| DeliveryError {
+                unknown: !e.is_connect(),
+                message: format!("message/send failed: {e}"),
+                retry_after: None,
+            })?;
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        match answer["errcode"].as_i64() {
+            Some(0) => Ok(Delivered {
+                platform_message_id: answer["msgid"].as_str().map(str::to_string),
+            }),
+            Some(code) => {
+                if matches!(code, 40014 | 42001) {
+                    *self.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                Err(DeliveryError {
+                    message: format!("message/send: {answer}"),
+                    retry_after: (code == 45009).then(|| Duration::from_secs(1)),
+                    unknown: false,
+                })
+            }
+            None => Err(DeliveryError::retry(format!(
+                "message/send unreadable answer: {answer}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The URL-verification example of WeCom's WXBizMsgCrypt samples.
+    const TOKEN: &str = "QDG6eK";
+    const CORP: &str = "wx5823bf96d3bd56c7";
+    const AES_KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
+    const ECHOSTR: &str =
+        "P9nAzCzyDtyTWESHep1vC5X9xho/qYX3Zpb4yKa9SKld1DsH3Iyt3tP3zNdtp+4RPcs8TgAE7OaBO+FZXvnaqQ==";
+
+    #[test]
+    fn known_answer_from_the_wecom_samples() {
+        assert_eq!(
+            signature(TOKEN, "1409659589", "263014780", ECHOSTR),
+            "5c45ff5e21c57e6ad56bac8758b79b1d9ac89fd3"
+        );
+        assert_eq!(
+            decrypt(AES_KEY, CORP, ECHOSTR).unwrap(),
+            "1616140317555161061"
+        );
+        assert!(decrypt(AES_KEY, "another-corp", ECHOSTR).is_err());
+    }
+
+    #[test]
+    fn encrypt_round_trips() {
+        let enc = encrypt(AES_KEY, CORP, "<xml><Content>hi</Content></xml>", [7; 16]).unwrap();
+        assert_eq!(
+            decrypt(AES_KEY, CORP, &enc).unwrap(),
+            "<xml><Content>hi</Content></xml>"
+        );
+        assert_eq!(
+            xml_field("<xml><A><![CDATA[x y]]></A><B>2</B></xml>", "A").as_deref(),
+            Some("x y")
+        );
+        assert_eq!(xml_field("<xml><B>2</B></xml>", "B").as_deref(), Some("2"));
+    }
+}
