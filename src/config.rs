@@ -648,143 +648,78 @@ impl Config {
                 format!("no agent named `{}` under [agents]", generic.agent),
             ));
         }
-        let slack = &self.channels.slack;
-        if slack.enabled {
-            for (key, value) in [
-                ("signing_secret", &slack.signing_secret),
-                ("bot_token", &slack.bot_token),
-            ] {
-                if value.is_empty() {
-                    return Err(invalid(
-                        &format!("channels.slack.{key}"),
-                        "must be set when the channel is enabled",
-                    ));
-                }
-            }
-            http_url("channels.slack.api_base_url", &slack.api_base_url)?;
-            if !self.agents.contains_key(&slack.agent) {
-                return Err(invalid(
-                    "channels.slack.agent",
-                    format!("no agent named `{}`", slack.agent),
-                ));
-            }
+        let c = &self.channels;
+        self.check_channel(
+            "slack",
+            c.slack.enabled,
+            &[
+                ("signing_secret", &c.slack.signing_secret),
+                ("bot_token", &c.slack.bot_token),
+            ],
+            ("api_base_url", &c.slack.api_base_url),
+            &c.slack.agent,
+        )?;
+        self.check_channel(
+            "telegram",
+            c.telegram.enabled,
+            &[
+                ("bot_token", &c.telegram.bot_token),
+                ("secret_token", &c.telegram.secret_token),
+            ],
+            ("api_base_url", &c.telegram.api_base_url),
+            &c.telegram.agent,
+        )?;
+        self.check_channel(
+            "wecom",
+            c.wecom.enabled,
+            &[
+                ("corp_id", &c.wecom.corp_id),
+                ("agent_id", &c.wecom.agent_id),
+                ("secret", &c.wecom.secret),
+                ("token", &c.wecom.token),
+            ],
+            ("api_base_url", &c.wecom.api_base_url),
+            &c.wecom.agent,
+        )?;
+        if c.wecom.enabled && c.wecom.encoding_aes_key.len() != 43 {
+            return Err(invalid(
+                "channels.wecom.encoding_aes_key",
+                "must be the 43-character EncodingAESKey",
+            ));
         }
-        let telegram = &self.channels.telegram;
-        if telegram.enabled {
-            for (key, value) in [
-                ("bot_token", &telegram.bot_token),
-                ("secret_token", &telegram.secret_token),
-            ] {
-                if value.is_empty() {
-                    return Err(invalid(
-                        &format!("channels.telegram.{key}"),
-                        "must be set when the channel is enabled",
-                    ));
-                }
-            }
-            http_url("channels.telegram.api_base_url", &telegram.api_base_url)?;
-            if !self.agents.contains_key(&telegram.agent) {
-                return Err(invalid(
-                    "channels.telegram.agent",
-                    format!("no agent named `{}`", telegram.agent),
-                ));
-            }
-        }
-        let wecom = &self.channels.wecom;
-        if wecom.enabled {
-            for (key, value) in [
-                ("corp_id", &wecom.corp_id),
-                ("agent_id", &wecom.agent_id),
-                ("secret", &wecom.secret),
-                ("token", &wecom.token),
-            ] {
-                if value.is_empty() {
-                    return Err(invalid(
-                        &format!("channels.wecom.{key}"),
-                        "must be set when the channel is enabled",
-                    ));
-                }
-            }
-            if wecom.encoding_aes_key.len() != 43 {
-                return Err(invalid(
-                    "channels.wecom.encoding_aes_key",
-                    "must be the 43-character EncodingAESKey",
-                ));
-            }
-            http_url("channels.wecom.api_base_url", &wecom.api_base_url)?;
-            if !self.agents.contains_key(&wecom.agent) {
-                return Err(invalid(
-                    "channels.wecom.agent",
-                    format!("no agent named `{}`", wecom.agent),
-                ));
-            }
-        }
-        let dingtalk = &self.channels.dingtalk;
-        if dingtalk.enabled {
-            for (key, value) in [
-                ("app_key", &dingtalk.app_key),
-                ("app_secret", &dingtalk.app_secret),
-                ("robot_code", &dingtalk.robot_code),
-            ] {
-                if value.is_empty() {
-                    return Err(invalid(
-                        &format!("channels.dingtalk.{key}"),
-                        "must be set when the channel is enabled",
-                    ));
-                }
-            }
-            http_url("channels.dingtalk.api_base_url", &dingtalk.api_base_url)?;
-            if !self.agents.contains_key(&dingtalk.agent) {
-                return Err(invalid(
-                    "channels.dingtalk.agent",
-                    format!("no agent named `{}`", dingtalk.agent),
-                ));
-            }
-        }
-        let lark = &self.channels.lark;
-        if lark.enabled {
-            for (key, value) in [
-                ("app_id", &lark.app_id),
-                ("app_secret", &lark.app_secret),
-                ("verification_token", &lark.verification_token),
-            ] {
-                if value.is_empty() {
-                    return Err(invalid(
-                        &format!("channels.lark.{key}"),
-                        "must be set when the channel is enabled",
-                    ));
-                }
-            }
-            http_url("channels.lark.api_base_url", &lark.api_base_url)?;
-            if !self.agents.contains_key(&lark.agent) {
-                return Err(invalid(
-                    "channels.lark.agent",
-                    format!("no agent named `{}`", lark.agent),
-                ));
-            }
-        }
-        let matrix = &self.channels.matrix;
-        if matrix.enabled {
-            for (key, value) in [
-                ("as_token", &matrix.as_token),
-                ("hs_token", &matrix.hs_token),
-                ("bot_user_id", &matrix.bot_user_id),
-            ] {
-                if value.is_empty() {
-                    return Err(invalid(
-                        &format!("channels.matrix.{key}"),
-                        "must be set when the channel is enabled",
-                    ));
-                }
-            }
-            http_url("channels.matrix.homeserver_url", &matrix.homeserver_url)?;
-            if !self.agents.contains_key(&matrix.agent) {
-                return Err(invalid(
-                    "channels.matrix.agent",
-                    format!("no agent named `{}`", matrix.agent),
-                ));
-            }
-        }
+        self.check_channel(
+            "dingtalk",
+            c.dingtalk.enabled,
+            &[
+                ("app_key", &c.dingtalk.app_key),
+                ("app_secret", &c.dingtalk.app_secret),
+                ("robot_code", &c.dingtalk.robot_code),
+            ],
+            ("api_base_url", &c.dingtalk.api_base_url),
+            &c.dingtalk.agent,
+        )?;
+        self.check_channel(
+            "lark",
+            c.lark.enabled,
+            &[
+                ("app_id", &c.lark.app_id),
+                ("app_secret", &c.lark.app_secret),
+                ("verification_token", &c.lark.verification_token),
+            ],
+            ("api_base_url", &c.lark.api_base_url),
+            &c.lark.agent,
+        )?;
+        self.check_channel(
+            "matrix",
+            c.matrix.enabled,
+            &[
+                ("as_token", &c.matrix.as_token),
+                ("hs_token", &c.matrix.hs_token),
+                ("bot_user_id", &c.matrix.bot_user_id),
+            ],
+            ("homeserver_url", &c.matrix.homeserver_url),
+            &c.matrix.agent,
+        )?;
         for (name, agent) in &self.agents {
             if name.is_empty() || name.len() > 64 {
                 return Err(invalid("agents", "agent names are 1 to 64 characters"));
@@ -801,6 +736,36 @@ impl Config {
                     "workflow agents need a workflow_file",
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// An enabled platform needs its secrets, an http(s) API URL and an agent that exists.
+    fn check_channel(
+        &self,
+        platform: &str,
+        enabled: bool,
+        required: &[(&str, &String)],
+        api: (&str, &String),
+        agent: &str,
+    ) -> Result<(), ConfigError> {
+        if !enabled {
+            return Ok(());
+        }
+        for (key, value) in required {
+            if value.is_empty() {
+                return Err(invalid(
+                    &format!("channels.{platform}.{key}"),
+                    "must be set when the channel is enabled",
+                ));
+            }
+        }
+        http_url(&format!("channels.{platform}.{}", api.0), api.1)?;
+        if !self.agents.contains_key(agent) {
+            return Err(invalid(
+                &format!("channels.{platform}.agent"),
+                format!("no agent named `{agent}`"),
+            ));
         }
         Ok(())
     }
@@ -974,6 +939,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("listne"), "{e}");
+    }
+
+    #[test]
+    fn an_enabled_platform_needs_its_secrets() {
+        let e = Config::load_with_env(None, env(&[("ASSISTD_CHANNELS__SLACK__ENABLED", "true")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("channels.slack.signing_secret"), "{e}");
+        let e = Config::load_with_env(
+            None,
+            env(&[
+                ("ASSISTD_CHANNELS__TELEGRAM__ENABLED", "true"),
+                ("ASSISTD_CHANNELS__TELEGRAM__BOT_TOKEN", "t"),
+                ("ASSISTD_CHANNELS__TELEGRAM__SECRET_TOKEN", "s"),
+                ("ASSISTD_CHANNELS__TELEGRAM__AGENT", "ghost"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("channels.telegram.agent"), "{e}");
     }
 
     #[test]

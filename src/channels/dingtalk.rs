@@ -6,8 +6,7 @@
 //! becomes UNKNOWN instead of being repeated. Action cards link out, so approvals are decided
 //! through the API, not by buttons.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -114,7 +113,7 @@ pub struct DingTalkChannel {
     app_secret: String,
     robot_code: String,
     store: Store,
-    token: Mutex<Option<(String, Instant)>>,
+    token: super::TokenCache,
 }
 
 impl DingTalkChannel {
@@ -132,37 +131,32 @@ impl DingTalkChannel {
             app_secret: config.app_secret.clone(),
             robot_code: config.robot_code.clone(),
             store,
-            token: Mutex::new(None),
+            token: super::TokenCache::default(),
         })
     }
 
     async fn access_token(&self) -> Result<String, DeliveryError> {
-        if let Some((token, until)) = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            && Instant::now() < until
-        {
-            return Ok(token);
-        }
-        let answer: Value = self
-            .http
-            .post(format!("{}/v1.0/oauth2/accessToken", self.api))
-            .json(&json!({ "appKey": self.app_key, "appSecret": self.app_secret }))
-            .send()
+        self.token
+            .get(|| async {
+                let answer: Value = self
+                    .http
+                    .post(format!("{}/v1.0/oauth2/accessToken", self.api))
+                    .json(&json!({ "appKey": self.app_key, "appSecret": self.app_secret }))
+                    .send()
+                    .await
+                    .map_err(|e| DeliveryError::retry(format!("accessToken failed: {e}")))?
+                    .json()
+                    .await
+                    .map_err(|e| DeliveryError::retry(format!("accessToken unreadable: {e}")))?;
+                let token = answer["accessToken"].as_str().ok_or_else(|| {
+                    DeliveryError::retry(format!("accessToken refused: {answer}"))
+                })?;
+                Ok((
+                    token.to_string(),
+                    answer["expireIn"].as_u64().unwrap_or(7200),
+                ))
+            })
             .await
-            .map_err(|e| DeliveryError::retry(format!("accessToken failed: {e}")))?
-            .json()
-            .await
-            .map_err(|e| DeliveryError::retry(format!("accessToken unreadable: {e}")))?;
-        let token = answer["accessToken"]
-            .as_str()
-            .ok_or_else(|| DeliveryError::retry(format!("accessToken refused: {answer}")))?
-            .to_string();
-        let ttl = answer["expireIn"]
-            .as_u64()
-            .unwrap_or(7200)
-            .saturating_sub(60);
-        *self.token.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((token.clone(), Instant::now() + Duration::from_secs(ttl)));
-        Ok(token)
     }
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]

@@ -5,8 +5,7 @@
 //! `POST /open-apis/im/v1/messages/{message_id}/reply` with `uuid` = the reply key, which Lark
 //! deduplicates, so a re-send is safe. The tenant access token is cached until it expires.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aes::cipher::{BlockDecryptMut, KeyIvInit, block_padding::Pkcs7};
 use base64::Engine;
@@ -231,7 +230,7 @@ pub struct LarkChannel {
     api: String,
     app_id: String,
     app_secret: String,
-    token: Mutex<Option<(String, Instant)>>,
+    token: super::TokenCache,
 }
 
 impl LarkChannel {
@@ -243,39 +242,38 @@ impl LarkChannel {
             api: config.api_base_url.trim_end_matches('/').to_string(),
             app_id: config.app_id.clone(),
             app_secret: config.app_secret.clone(),
-            token: Mutex::new(None),
+            token: super::TokenCache::default(),
         })
     }
 
     /// The tenant access token, fetched when missing or within a minute of expiry.
     async fn tenant_token(&self) -> Result<String, DeliveryError> {
-        if let Some((token, until)) = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            && Instant::now() < until
-        {
-            return Ok(token);
-        }
-        let answer: Value = self
-            .http
-            .post(format!(
-                "{}/open-apis/auth/v3/tenant_access_token/internal",
-                self.api
-            ))
-            .json(&json!({ "app_id": self.app_id, "app_secret": self.app_secret }))
-            .send()
+        self.token
+            .get(|| async {
+                let answer: Value = self
+                    .http
+                    .post(format!(
+                        "{}/open-apis/auth/v3/tenant_access_token/internal",
+                        self.api
+                    ))
+                    .json(&json!({ "app_id": self.app_id, "app_secret": self.app_secret }))
+                    .send()
+                    .await
+                    .map_err(|e| DeliveryError::retry(format!("tenant_access_token failed: {e}")))?
+                    .json()
+                    .await
+                    .map_err(|e| {
+                        DeliveryError::retry(format!("tenant_access_token unreadable: {e}"))
+                    })?;
+                let token = answer["tenant_access_token"]
+                    .as_str()
+                    .filter(|_| answer["code"].as_i64() == Some(0))
+                    .ok_or_else(|| {
+                        DeliveryError::retry(format!("tenant_access_token refused: {answer}"))
+                    })?;
+                Ok((token.to_string(), answer["expire"].as_u64().unwrap_or(7200)))
+            })
             .await
-            .map_err(|e| DeliveryError::retry(format!("tenant_access_token failed: {e}")))?
-            .json()
-            .await
-            .map_err(|e| DeliveryError::retry(format!("tenant_access_token unreadable: {e}")))?;
-        let token = answer["tenant_access_token"]
-            .as_str()
-            .filter(|_| answer["code"].as_i64() == Some(0))
-            .ok_or_else(|| DeliveryError::retry(format!("tenant_access_token refused: {answer}")))?
-            .to_string();
-        let ttl = answer["expire"].as_u64().unwrap_or(7200).saturating_sub(60);
-        *self.token.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((token.clone(), Instant::now() + Duration::from_secs(ttl)));
-        Ok(token)
     }
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
@@ -315,7 +313,7 @@ impl LarkChannel {
         }
         if matches!(answer["code"].as_i64(), Some(99991663 | 99991661)) {
             // The token was revoked or expired early: fetch a new one next time.
-            *self.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            self.token.forget();
         }
         Err(DeliveryError {
             message: format!(

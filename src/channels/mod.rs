@@ -45,6 +45,36 @@ pub enum Refused {
     BadRequest(String),
 }
 
+/// A platform access token fetched on demand and kept until a minute before it expires.
+#[derive(Default)]
+pub struct TokenCache(std::sync::Mutex<Option<(String, std::time::Instant)>>);
+
+impl TokenCache {
+    /// The cached token, or a new one from `fetch` (which returns it with its lifetime in
+    /// seconds).
+    pub async fn get<F, Fut>(&self, fetch: F) -> Result<String, DeliveryError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(String, u64), DeliveryError>>,
+    {
+        let cached = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some((token, until)) = cached
+            && std::time::Instant::now() < until
+        {
+            return Ok(token);
+        }
+        let (token, ttl) = fetch().await?;
+        let until = std::time::Instant::now() + Duration::from_secs(ttl.saturating_sub(60));
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((token.clone(), until));
+        Ok(token)
+    }
+
+    /// Drops the token (the platform said it is no longer valid).
+    pub fn forget(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
 /// A reply the platform accepted.
 #[derive(Debug, Clone)]
 pub struct Delivered {

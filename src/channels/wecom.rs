@@ -6,8 +6,7 @@
 //! with an empty 200. Replies use the send-message API with a cached access token; WeCom
 //! has no idempotency key, so an unknown outcome becomes UNKNOWN.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit, block_padding::NoPadding};
 use base64::Engine;
@@ -189,7 +188,7 @@ pub struct WeComChannel {
     corp_id: String,
     secret: String,
     agent_id: String,
-    token: Mutex<Option<(String, Instant)>>,
+    token: super::TokenCache,
 }
 
 impl WeComChannel {
@@ -202,38 +201,33 @@ impl WeComChannel {
             corp_id: config.corp_id.clone(),
             secret: config.secret.clone(),
             agent_id: config.agent_id.clone(),
-            token: Mutex::new(None),
+            token: super::TokenCache::default(),
         })
     }
 
     async fn access_token(&self) -> Result<String, DeliveryError> {
-        if let Some((token, until)) = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            && Instant::now() < until
-        {
-            return Ok(token);
-        }
-        let answer: Value = self
-            .http
-            .get(format!("{}/cgi-bin/gettoken", self.api))
-            .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
-            .send()
+        self.token
+            .get(|| async {
+                let answer: Value = self
+                    .http
+                    .get(format!("{}/cgi-bin/gettoken", self.api))
+                    .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
+                    .send()
+                    .await
+                    .map_err(|e| DeliveryError::retry(format!("gettoken failed: {e}")))?
+                    .json()
+                    .await
+                    .map_err(|e| DeliveryError::retry(format!("gettoken unreadable: {e}")))?;
+                let token = answer["access_token"]
+                    .as_str()
+                    .filter(|_| answer["errcode"].as_i64().unwrap_or(0) == 0)
+                    .ok_or_else(|| DeliveryError::retry(format!("gettoken refused: {answer}")))?;
+                Ok((
+                    token.to_string(),
+                    answer["expires_in"].as_u64().unwrap_or(7200),
+                ))
+            })
             .await
-            .map_err(|e| DeliveryError::retry(format!("gettoken failed: {e}")))?
-            .json()
-            .await
-            .map_err(|e| DeliveryError::retry(format!("gettoken unreadable: {e}")))?;
-        let token = answer["access_token"]
-            .as_str()
-            .filter(|_| answer["errcode"].as_i64().unwrap_or(0) == 0)
-            .ok_or_else(|| DeliveryError::retry(format!("gettoken refused: {answer}")))?
-            .to_string();
-        let ttl = answer["expires_in"]
-            .as_u64()
-            .unwrap_or(7200)
-            .saturating_sub(60);
-        *self.token.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((token.clone(), Instant::now() + Duration::from_secs(ttl)));
-        Ok(token)
     }
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
@@ -281,7 +275,7 @@ impl WeComChannel {
             }),
             Some(code) => {
                 if matches!(code, 40014 | 42001) {
-                    *self.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    self.token.forget();
                 }
                 Err(DeliveryError {
                     message: format!("message/send: {answer}"),

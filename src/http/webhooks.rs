@@ -71,29 +71,39 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn generic_webhook(
-    State(svc): State<Arc<Services>>,
-    headers: HeaderMap,
+/// The raw body of a generic-channel request whose signature and timestamp check out.
+async fn generic_verified(
+    svc: &Services,
+    headers: &HeaderMap,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Vec<u8>, ApiError> {
     let cfg = &svc.config.channels.generic;
     if !cfg.enabled || cfg.secret.is_empty() {
         return Err(ApiError::NotFound(
             "the generic channel is not configured".into(),
         ));
     }
-    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    let raw = read_body(headers, body, svc.config.server.body_limit_bytes).await?;
     generic::verify(
         &cfg.secret,
-        header(&headers, generic::TIMESTAMP_HEADER),
-        header(&headers, generic::SIGNATURE_HEADER),
+        header(headers, generic::TIMESTAMP_HEADER),
+        header(headers, generic::SIGNATURE_HEADER),
         &raw,
         now_ms() / 1000,
         cfg.timestamp_tolerance_secs,
     )
     .map_err(ApiError::Unauthorized)?;
+    Ok(raw)
+}
+
+async fn generic_webhook(
+    State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let raw = generic_verified(&svc, &headers, body).await?;
     let message = generic::parse(&raw).map_err(ApiError::BadRequest)?;
-    let ingested = accept_message(&svc, &message, &cfg.agent)
+    let ingested = accept_message(&svc, &message, &svc.config.channels.generic.agent)
         .await
         .map_err(|e| match e {
             IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
@@ -111,22 +121,7 @@ async fn generic_actions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let cfg = &svc.config.channels.generic;
-    if !cfg.enabled || cfg.secret.is_empty() {
-        return Err(ApiError::NotFound(
-            "the generic channel is not configured".into(),
-        ));
-    }
-    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
-    generic::verify(
-        &cfg.secret,
-        header(&headers, generic::TIMESTAMP_HEADER),
-        header(&headers, generic::SIGNATURE_HEADER),
-        &raw,
-        now_ms() / 1000,
-        cfg.timestamp_tolerance_secs,
-    )
-    .map_err(ApiError::Unauthorized)?;
+    let raw = generic_verified(&svc, &headers, body).await?;
     let action = generic::parse_action(&raw).map_err(ApiError::BadRequest)?;
     let result = crate::control::decide(
         &svc,
