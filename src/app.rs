@@ -63,6 +63,10 @@ pub struct App {
 
 impl App {
     pub async fn build(config: Config) -> anyhow::Result<App> {
+        // Validated with the config, so this cannot fail here.
+        if let Ok(redactor) = crate::redaction::Redactor::new(&config.redaction.extra_patterns) {
+            crate::redaction::install(redactor);
+        }
         let store = Store::connect(&config.database).await.map_err(|e| {
             anyhow::anyhow!(
                 "cannot open database.url {}: {e}",

@@ -51,9 +51,17 @@ pub struct Config {
     pub channels: ChannelsConfig,
     pub agents: BTreeMap<String, AgentConfig>,
     pub context: ContextConfig,
+    pub redaction: RedactionConfig,
     pub tooling: ToolingConfig,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedactionConfig {
+    /// Regular expressions redacted in addition to the built-in ones.
+    pub extra_patterns: Vec<String>,
 }
 
 /// How long model contexts are kept short.
@@ -602,6 +610,9 @@ impl Config {
             "context.history_token_budget",
             self.context.history_token_budget as u64,
         )?;
+        if let Err(message) = crate::redaction::Redactor::new(&self.redaction.extra_patterns) {
+            return Err(invalid("redaction.extra_patterns", message));
+        }
         if self.worker.lease_secs < 3 {
             return Err(invalid("worker.lease_secs", "must be at least 3"));
         }

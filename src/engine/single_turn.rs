@@ -110,6 +110,7 @@ pub async fn run(
     } else {
         call_with_retries(svc, fence, &step, &request, lost).await?
     };
+    crate::metrics::STEP_SECONDS.observe(started.elapsed());
     let duration_ms = started.elapsed().as_millis() as i64;
     // Retries made by this run; earlier runs' retries are already counted on the task.
     let retries = (attempts - step.attempt - 1).max(0);

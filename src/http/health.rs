@@ -14,6 +14,7 @@ pub fn router() -> Router<Arc<Services>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
 }
 
 async fn healthz() -> Json<Value> {
@@ -26,4 +27,18 @@ async fn readyz(State(svc): State<Arc<Services>>) -> Result<Json<Value>, ApiErro
         .await
         .map_err(|e| ApiError::Unavailable(format!("database not reachable: {e}")))?;
     Ok(Json(json!({ "status": "ready" })))
+}
+
+/// Prometheus text exposition.
+async fn metrics(
+    State(svc): State<Arc<Services>>,
+) -> Result<impl axum::response::IntoResponse, ApiError> {
+    let counts = svc.store.metric_counts().await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        crate::metrics::render(&counts),
+    ))
 }

@@ -26,6 +26,7 @@ pub fn router(svc: Arc<Services>) -> Router {
         .merge(tasks::router())
         .merge(agents::router())
         .merge(admin::router())
+        .layer(axum::middleware::from_fn(count_webhooks))
         .layer(TraceLayer::new_for_http())
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
@@ -40,4 +41,21 @@ pub fn health_router(svc: Arc<Services>) -> Router {
         .merge(health::router())
         .layer(TraceLayer::new_for_http())
         .with_state(svc)
+}
+
+/// Counts webhook requests by channel and answer, for `/metrics`.
+async fn count_webhooks(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let channel = request
+        .uri()
+        .path()
+        .strip_prefix("/webhooks/")
+        .map(|rest| rest.split('/').next().unwrap_or("").to_string());
+    let response = next.run(request).await;
+    if let Some(channel) = channel {
+        crate::metrics::count_webhook(&channel, response.status().as_u16());
+    }
+    response
 }

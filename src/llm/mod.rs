@@ -145,7 +145,10 @@ impl OpenAiClient {
         if !self.api_key.is_empty() {
             call = call.bearer_auth(&self.api_key);
         }
-        let response = call.send().await.map_err(classify_transport)?;
+        let started = std::time::Instant::now();
+        let response = call.send().await.map_err(classify_transport);
+        crate::metrics::MODEL_CALL_SECONDS.observe(started.elapsed());
+        let response = response?;
         let status = response.status();
         let retry_after = parse_retry_after(response.headers());
         let body = response.text().await.map_err(classify_transport)?;

@@ -18,7 +18,9 @@ macro_rules! insert_audit {
         .bind($task_id)
         .bind($event)
         .bind($actor)
-        .bind($crate::domain::truncate($summary, 2000))
+        .bind($crate::redaction::redact(&$crate::domain::truncate(
+            $summary, 2000,
+        )))
         .bind($risk)
         .bind($now)
         .execute($tx)

@@ -7,6 +7,7 @@ mod binary;
 mod conformance;
 mod control;
 mod crash;
+mod dashboard;
 mod model_failures;
 mod pipeline;
 mod platforms;

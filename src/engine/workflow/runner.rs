@@ -768,6 +768,7 @@ impl<'a> Runner<'a> {
                 },
             }
         };
+        crate::metrics::STEP_SECONDS.observe(started.elapsed());
         let duration_ms = started.elapsed().as_millis() as i64;
         let (record, done) = match result {
             Ok(ok) => (

@@ -1,0 +1,151 @@
+//! In-process metrics for `GET /metrics` (Prometheus text format). Latency histograms and
+//! webhook counters live here; task, reply and job counts are read from the database at
+//! scrape time, so every instance reports the shared truth for those.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::store::summary::MetricCounts;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BOUNDS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+pub struct Histogram {
+    buckets: [AtomicU64; BOUNDS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    const fn new() -> Self {
+        Histogram {
+            buckets: [const { AtomicU64::new(0) }; BOUNDS.len()],
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        for (i, bound) in BOUNDS.iter().enumerate() {
+            if secs <= *bound {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, bound) in BOUNDS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                self.buckets[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// Model calls, each try.
+pub static MODEL_CALL_SECONDS: Histogram = Histogram::new();
+/// Journalled steps, from start to recorded end (including retries).
+pub static STEP_SECONDS: Histogram = Histogram::new();
+/// Webhook requests by (channel, status code).
+static WEBHOOKS: Mutex<BTreeMap<(String, u16), u64>> = Mutex::new(BTreeMap::new());
+
+pub fn count_webhook(channel: &str, status: u16) {
+    let mut map = WEBHOOKS.lock().unwrap_or_else(|p| p.into_inner());
+    *map.entry((channel.to_string(), status)).or_default() += 1;
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The whole exposition: database counts plus this instance's histograms and counters.
+pub fn render(counts: &MetricCounts) -> String {
+    let mut out = String::new();
+    family(&mut out, "assistd_tasks", "gauge", "Tasks by status.");
+    for (status, n) in &counts.tasks_by_status {
+        let _ = writeln!(out, "assistd_tasks{{status=\"{status}\"}} {n}");
+    }
+    family(
+        &mut out,
+        "assistd_task_failures",
+        "gauge",
+        "Tasks by failure type.",
+    );
+    for (failure, n) in &counts.failures_by_type {
+        let _ = writeln!(
+            out,
+            "assistd_task_failures{{failure_type=\"{failure}\"}} {n}"
+        );
+    }
+    family(
+        &mut out,
+        "assistd_replies",
+        "gauge",
+        "Outbox replies by status (PENDING = backlog).",
+    );
+    for (status, n) in &counts.replies_by_status {
+        let _ = writeln!(out, "assistd_replies{{status=\"{status}\"}} {n}");
+    }
+    family(
+        &mut out,
+        "assistd_lease_takeovers",
+        "gauge",
+        "Claims of a task beyond its first.",
+    );
+    let _ = writeln!(out, "assistd_lease_takeovers {}", counts.lease_takeovers);
+    family(
+        &mut out,
+        "assistd_job_runs",
+        "gauge",
+        "Scheduled job runs by job and status.",
+    );
+    for (job, status, n) in &counts.job_runs {
+        let _ = writeln!(
+            out,
+            "assistd_job_runs{{job=\"{job}\",status=\"{status}\"}} {n}"
+        );
+    }
+    family(
+        &mut out,
+        "assistd_webhook_requests_total",
+        "counter",
+        "Webhook requests by channel and HTTP status (this instance).",
+    );
+    for ((channel, status), n) in WEBHOOKS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let _ = writeln!(
+            out,
+            "assistd_webhook_requests_total{{channel=\"{channel}\",status=\"{status}\"}} {n}"
+        );
+    }
+    MODEL_CALL_SECONDS.render(
+        &mut out,
+        "assistd_model_call_seconds",
+        "Model call latency (this instance).",
+    );
+    STEP_SECONDS.render(
+        &mut out,
+        "assistd_step_seconds",
+        "Step latency including retries (this instance).",
+    );
+    out
+}

@@ -1,0 +1,196 @@
+//! The admin failure summary, redaction and metrics, on seeded data.
+
+use serde_json::Value;
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use crate::helpers::*;
+
+/// Echoes, except: "fail-auth" → 401 (with an email in the error), "fail-provider" → 500.
+struct ScriptedFailures;
+
+impl Respond for ScriptedFailures {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body = String::from_utf8_lossy(&request.body);
+        if body.contains("fail-auth") {
+            return ResponseTemplate::new(401)
+                .set_body_string(r#"{"error":"invalid key, contact ops@example.com"}"#);
+        }
+        if body.contains("fail-provider") {
+            return ResponseTemplate::new(500).set_body_string("upstream exploded");
+        }
+        EchoModel.respond(request)
+    }
+}
+
+async fn seeded() -> (TestApp, Vec<i64>) {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(ScriptedFailures)
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
+        c.llm.retry.provider_error.max_attempts = 1;
+    })
+    .await;
+    let mut ids = Vec::new();
+    for (n, text) in [
+        "ok one",
+        "ok two",
+        "ok three",
+        "fail-auth a",
+        "fail-auth b",
+        "fail-provider",
+    ]
+    .iter()
+    .enumerate()
+    {
+        ids.push(
+            task_id_of(
+                app.post_message(&message(&format!("dash{n}"), 1, text))
+                    .await,
+            )
+            .await,
+        );
+    }
+    for id in &ids {
+        app.wait_replied(*id, WAIT).await;
+    }
+    (app, ids)
+}
+
+impl TestApp {
+    async fn summary(&self, query: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}/api/admin/failure-summary?{query}", self.addr))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failure_summary_matches_seeded_tasks() {
+    let (app, _) = seeded().await;
+    let s: Value = app.summary("bucket=hour").await.json().await.unwrap();
+    let totals = &s["totals"];
+    assert_eq!(totals["tasks"], 6);
+    assert_eq!(totals["by_status"]["SUCCEEDED"], 3);
+    assert_eq!(totals["by_status"]["FAILED"], 3);
+    assert_eq!(totals["by_failure_type"]["AUTH_FAILED"], 2);
+    assert_eq!(totals["by_failure_type"]["PROVIDER_ERROR"], 1);
+    assert_eq!(totals["success_rate"], 0.5);
+    let buckets = s["buckets"].as_array().unwrap();
+    assert!(!buckets.is_empty());
+    assert_eq!(
+        buckets
+            .iter()
+            .map(|b| b["tasks"].as_i64().unwrap())
+            .sum::<i64>(),
+        6
+    );
+    assert_eq!(s["by_agent"][0]["agent"], "default");
+    assert_eq!(s["by_agent"][0]["version"], 1);
+    assert_eq!(s["latency_ms"]["count"], 6);
+    assert!(s["latency_ms"]["p50"].as_i64().unwrap() <= s["latency_ms"]["p95"].as_i64().unwrap());
+    let auth = &s["top_errors"]["AUTH_FAILED"][0];
+    assert_eq!(auth["count"], 2);
+    let msg = auth["message"].as_str().unwrap();
+    assert!(
+        msg.contains("401") && msg.contains("[email]") && !msg.contains("ops@example.com"),
+        "{msg}"
+    );
+
+    let only_auth: Value = app
+        .summary("failure_type=auth_failed&bucket=day")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(only_auth["totals"]["tasks"], 2);
+    let other_channel: Value = app.summary("channel=slack").await.json().await.unwrap();
+    assert_eq!(other_channel["totals"]["tasks"], 0);
+    let none_yet: Value = app
+        .summary("since=1000&until=2000")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(none_yet["totals"]["tasks"], 0);
+    assert!(none_yet["totals"]["success_rate"].is_null());
+    assert_eq!(app.summary("bucket=week").await.status(), 400);
+    assert_eq!(app.summary("since=5&until=4").await.status(), 400);
+    assert_eq!(app.summary("failure_type=NOPE").await.status(), 400);
+    let url = format!("{}/api/admin/failure-summary", app.addr);
+    assert_eq!(app.http.get(&url).send().await.unwrap().status(), 401);
+    assert_eq!(
+        app.http
+            .get(&url)
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_summaries_are_redacted() {
+    let (app, ids) = seeded().await;
+    let task = app.get_task(ids[3]).await;
+    let failed = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["event"] == "TASK_FAILED")
+        .unwrap();
+    let summary = failed["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("[email]") && !summary.contains("ops@example.com"),
+        "{summary}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_exposed_in_prometheus_format() {
+    let (app, _) = seeded().await;
+    let resp = app
+        .http
+        .get(format!("{}/metrics", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = resp.text().await.unwrap();
+    for line in [
+        "assistd_tasks{status=\"SUCCEEDED\"} 3",
+        "assistd_tasks{status=\"FAILED\"} 3",
+        "assistd_task_failures{failure_type=\"AUTH_FAILED\"} 2",
+        "assistd_replies{status=\"SENT\"} 6",
+        "# TYPE assistd_model_call_seconds histogram",
+        "assistd_step_seconds_bucket{le=\"+Inf\"}",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in\n{text}");
+    }
+    // Webhook counters are per process, and tests share one: at least this test's six.
+    let webhooks: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("assistd_webhook_requests_total{channel=\"generic\",status=\"200\"} ")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(webhooks >= 6, "{text}");
+    app.stop().await;
+}
