@@ -344,6 +344,7 @@ pub struct OutboxConfig {
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     pub token: String,
+    pub session_hours: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -379,6 +380,16 @@ pub struct ChannelsConfig {
     pub lark: LarkChannelConfig,
     pub dingtalk: DingTalkChannelConfig,
     pub wecom: WeComChannelConfig,
+    pub console: ConsoleChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleChannelConfig {
+    pub enabled: bool,
+    /// Only answer requests from loopback addresses.
+    pub loopback_only: bool,
+    pub agent: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -660,6 +671,12 @@ impl Config {
             ));
         }
         let c = &self.channels;
+        if c.console.enabled && !self.agents.contains_key(&c.console.agent) {
+            return Err(invalid(
+                "channels.console.agent",
+                format!("no agent named `{}`", c.console.agent),
+            ));
+        }
         self.check_channel(
             "slack",
             c.slack.enabled,

@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::store::outbox::ReplyRow;
 
 pub mod cards;
+pub mod console;
 pub mod dingtalk;
 pub mod generic;
 pub mod lark;
@@ -208,6 +209,10 @@ impl Channels {
                 Some(channel) => channel.send(reply).await,
                 None => Err(DeliveryError::retry("the slack channel is not enabled")),
             },
+            // The console page reads its replies from the outbox: delivery is the record itself.
+            console::CHANNEL => Ok(Delivered {
+                platform_message_id: None,
+            }),
             dingtalk::CHANNEL => match &self.dingtalk {
                 Some(channel) => channel.send(reply).await,
                 None => Err(DeliveryError::retry("the dingtalk channel is not enabled")),

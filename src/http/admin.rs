@@ -27,14 +27,14 @@ const LATENCY_SAMPLE: i64 = 100_000;
 /// Top error messages kept per failure type.
 const TOP_ERRORS: usize = 5;
 
-#[derive(Debug, Deserialize)]
-struct SummaryQuery {
-    since: Option<String>,
-    until: Option<String>,
-    bucket: Option<String>,
-    agent: Option<String>,
-    channel: Option<String>,
-    failure_type: Option<String>,
+#[derive(Debug, Default, Deserialize)]
+pub struct SummaryQuery {
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub bucket: Option<String>,
+    pub agent: Option<String>,
+    pub channel: Option<String>,
+    pub failure_type: Option<String>,
 }
 
 fn millis(field: &str, value: Option<&str>, default: i64) -> Result<i64, ApiError> {
@@ -61,6 +61,11 @@ async fn failure_summary(
     State(svc): State<Arc<Services>>,
     Query(q): Query<SummaryQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    build_summary(&svc, q).await.map(Json)
+}
+
+/// The failure summary as JSON, shared by the API and the admin page.
+pub async fn build_summary(svc: &Services, q: SummaryQuery) -> Result<Value, ApiError> {
     use std::collections::BTreeMap;
     let bucket_ms = match q.bucket.as_deref().unwrap_or("hour") {
         "hour" => 3_600_000,
@@ -142,7 +147,7 @@ async fn failure_summary(
             }));
         }
     }
-    Ok(Json(json!({
+    Ok(json!({
         "since": since,
         "until": until,
         "bucket": if bucket_ms == 3_600_000 { "hour" } else { "day" },
@@ -164,7 +169,7 @@ async fn failure_summary(
             "p95": percentile(&latencies, 0.95),
         },
         "top_errors": top,
-    })))
+    }))
 }
 
 #[derive(Debug, Deserialize)]

@@ -11,8 +11,10 @@ use crate::app::Services;
 
 pub mod admin;
 pub mod agents;
+pub mod console;
 pub mod error;
 pub mod health;
+pub mod pages;
 pub mod tasks;
 pub mod webhooks;
 
@@ -26,6 +28,8 @@ pub fn router(svc: Arc<Services>) -> Router {
         .merge(tasks::router())
         .merge(agents::router())
         .merge(admin::router())
+        .merge(pages::router())
+        .merge(console::router())
         .layer(axum::middleware::from_fn(count_webhooks))
         .layer(TraceLayer::new_for_http())
         .layer(TimeoutLayer::with_status_code(

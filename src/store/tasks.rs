@@ -524,19 +524,44 @@ impl Store {
         conversation_id: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<TaskRow>> {
+        self.find_tasks(status, None, conversation_id, limit).await
+    }
+
+    /// Tasks, newest first, by status, failure type and/or conversation.
+    pub async fn find_tasks(
+        &self,
+        status: Option<TaskStatus>,
+        failure_type: Option<FailureType>,
+        conversation_id: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<TaskRow>> {
         let sql = format!(
             "SELECT {TASK_COLUMNS} FROM agent_task \
              WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR conversation_id = $2) \
-             ORDER BY id DESC LIMIT $3"
+             AND ($4 IS NULL OR failure_type = $4) ORDER BY id DESC LIMIT $3"
         );
         let status = status.map(|s| s.as_str());
+        let failure_type = failure_type.map(|f| f.as_str());
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, TaskRow>(&sql)
                 .bind(status)
                 .bind(conversation_id)
                 .bind(limit)
+                .bind(failure_type)
                 .fetch_all(pool)
                 .await?
+        }))
+    }
+
+    /// Instances holding leases on running tasks: (owner, tasks, earliest lease end).
+    pub async fn lease_holders(&self) -> StoreResult<Vec<(String, i64, i64)>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT owner, COUNT(*), MIN(lease_expire) FROM agent_task \
+                 WHERE status = 'RUNNING' AND owner IS NOT NULL GROUP BY owner ORDER BY owner",
+            )
+            .fetch_all(pool)
+            .await?
         }))
     }
 

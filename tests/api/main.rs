@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod admin_pages;
 mod binary;
 mod conformance;
 mod control;

@@ -1,0 +1,128 @@
+//! The console page (`GET /`) and its small JSON API.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, Path, State};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use super::ApiError;
+use crate::app::Services;
+use crate::channels::console;
+use crate::intake::{IntakeError, accept_message};
+
+pub fn router() -> Router<Arc<Services>> {
+    Router::new()
+        .route("/", get(page))
+        .route("/console/messages", post(send))
+        .route("/console/conversations/{id}", get(conversation))
+        .route("/console/status", get(status))
+}
+
+fn allowed(svc: &Services, peer: SocketAddr) -> Result<(), ApiError> {
+    let cfg = &svc.config.channels.console;
+    if !cfg.enabled {
+        return Err(ApiError::NotFound(
+            "the console is not enabled (channels.console.enabled)".into(),
+        ));
+    }
+    if cfg.loopback_only && !peer.ip().is_loopback() {
+        return Err(ApiError::Forbidden(
+            "the console answers loopback only (channels.console.loopback_only)".into(),
+        ));
+    }
+    Ok(())
+}
+
+async fn page(
+    State(svc): State<Arc<Services>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> Result<Response, ApiError> {
+    allowed(&svc, peer)?;
+    Ok(super::pages::render(
+        "console.html",
+        json!({ "model_endpoint": svc.llm.endpoint(), "agent": svc.config.channels.console.agent }),
+    ))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ConsoleMessage {
+    conversation_id: String,
+    text: String,
+}
+
+async fn send(
+    State(svc): State<Arc<Services>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    body: Result<Json<ConsoleMessage>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    allowed(&svc, peer)?;
+    let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let message =
+        console::message(&body.conversation_id, &body.text).map_err(ApiError::BadRequest)?;
+    let ingested = accept_message(&svc, &message, &svc.config.channels.console.agent)
+        .await
+        .map_err(|e| match e {
+            IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
+            IntakeError::Store(s) => s.into(),
+        })?;
+    Ok(Json(json!({ "task_id": ingested.task_id })))
+}
+
+/// The conversation as the page shows it: each question with its task and answer.
+async fn conversation(
+    State(svc): State<Arc<Services>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    allowed(&svc, peer)?;
+    let mut out = Vec::new();
+    for task in svc.store.conversation_tasks(console::CHANNEL, &id).await? {
+        let message = svc.store.message(task.message_id).await?;
+        let reply = svc.store.task_reply(task.id).await?;
+        let answer = reply
+            .as_ref()
+            .and_then(|r| serde_json::from_str::<Value>(&r.content).ok())
+            .and_then(|c| c["text"].as_str().map(str::to_string));
+        out.push(json!({
+            "task_id": task.id,
+            "status": task.status,
+            "failure_type": task.failure_type,
+            "text": message.map(|m| m.text),
+            "answer": answer,
+        }));
+    }
+    Ok(Json(json!({ "messages": out })))
+}
+
+/// Whether the model endpoint answers at all, with the setting to change when it does not.
+async fn status(
+    State(svc): State<Arc<Services>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> Result<Json<Value>, ApiError> {
+    allowed(&svc, peer)?;
+    let base = svc.config.llm.base_url.trim_end_matches('/').to_string();
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| ApiError::Internal(e.into()))?
+        .get(format!("{base}/models"))
+        .send()
+        .await;
+    Ok(Json(match probe {
+        Ok(_) => json!({ "model_endpoint": base, "reachable": true }),
+        Err(e) => json!({
+            "model_endpoint": base,
+            "reachable": false,
+            "error": e.to_string(),
+            "hint": format!(
+                "The model endpoint {base} does not answer. Start an OpenAI-compatible server there \
+                 or set ASSISTD_LLM__BASE_URL (llm.base_url), ASSISTD_LLM__MODEL and ASSISTD_LLM__API_KEY."
+            ),
+        }),
+    }))
+}

@@ -1,0 +1,427 @@
+//! The admin pages (`/admin`): failure summary with a trend chart, task lists and timelines,
+//! approvals, scheduler runs and leases, with resume/cancel/approve actions. Sign-in with the
+//! admin token sets a stateless session cookie (HttpOnly, SameSite=Strict) signed with that
+//! token, so any instance accepts it; every form carries a CSRF token derived from the
+//! session; actions are audited with the admin as actor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use super::ApiError;
+use super::admin::{SummaryQuery, build_summary};
+use crate::app::Services;
+use crate::domain::{FailureType, TaskStatus, now_ms};
+use crate::store::tasks::Control;
+
+const COOKIE: &str = "assistd_session";
+/// Rows shown in lists.
+const LIST_LIMIT: i64 = 200;
+
+pub fn router() -> Router<Arc<Services>> {
+    Router::new()
+        .route("/admin/login", get(login_page).post(login))
+        .route("/admin/logout", post(logout))
+        .route("/admin", get(dashboard))
+        .route("/admin/tasks", get(tasks_page))
+        .route("/admin/tasks/{id}", get(task_page))
+        .route("/admin/tasks/{id}/{action}", post(task_action))
+}
+
+fn templates() -> &'static minijinja::Environment<'static> {
+    static ENV: OnceLock<minijinja::Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = minijinja::Environment::new();
+        for (name, source) in [
+            (
+                "layout.html",
+                include_str!("../../templates/admin/layout.html"),
+            ),
+            (
+                "login.html",
+                include_str!("../../templates/admin/login.html"),
+            ),
+            (
+                "dashboard.html",
+                include_str!("../../templates/admin/dashboard.html"),
+            ),
+            (
+                "tasks.html",
+                include_str!("../../templates/admin/tasks.html"),
+            ),
+            ("task.html", include_str!("../../templates/admin/task.html")),
+            ("console.html", include_str!("../../templates/console.html")),
+        ] {
+            // The templates are part of the binary and checked by the page tests.
+            env.add_template(name, source).expect("valid template");
+        }
+        env
+    })
+}
+
+/// Renders a page (HTML auto-escaped by the `.html` name).
+pub fn render(name: &str, context: Value) -> Response {
+    match templates()
+        .get_template(name)
+        .and_then(|t| t.render(minijinja::value::Serde(&context)))
+    {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => ApiError::Internal(anyhow::anyhow!("template {name}: {e}")).into_response(),
+    }
+}
+
+fn sign(key: &str, data: &str) -> String {
+    // HMAC accepts keys of any length, so `new_from_slice` cannot fail.
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes any key length");
+    mac.update(data.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// `<expiry ms>.<signature>`.
+fn session_value(token: &str, expires: i64) -> String {
+    format!("{expires}.{}", sign(token, &format!("session:{expires}")))
+}
+
+fn session_valid(token: &str, value: &str, now: i64) -> bool {
+    let Some((expires, signature)) = value.split_once('.') else {
+        return false;
+    };
+    let Ok(expires) = expires.parse::<i64>() else {
+        return false;
+    };
+    let expected = sign(token, &format!("session:{expires}"));
+    expires > now && bool::from(expected.as_bytes().ct_eq(signature.as_bytes()))
+}
+
+fn csrf_for(token: &str, session: &str) -> String {
+    sign(token, &format!("csrf:{session}"))
+}
+
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+}
+
+/// A signed-in admin; pages without one redirect to the sign-in form.
+pub struct AdminPage {
+    csrf: String,
+}
+
+impl FromRequestParts<Arc<Services>> for AdminPage {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        svc: &Arc<Services>,
+    ) -> Result<Self, Self::Rejection> {
+        match cookie(&parts.headers, COOKIE) {
+            Some(value) if session_valid(&svc.admin_token, &value, now_ms()) => Ok(AdminPage {
+                csrf: csrf_for(&svc.admin_token, &value),
+            }),
+            _ if parts.method == axum::http::Method::GET => {
+                Err(Redirect::to("/admin/login").into_response())
+            }
+            _ => Err(ApiError::Unauthorized("sign in at /admin/login".into()).into_response()),
+        }
+    }
+}
+
+async fn login_page() -> Response {
+    render("login.html", json!({}))
+}
+
+async fn login(
+    State(svc): State<Arc<Services>>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    let given = form.get("token").map(String::as_str).unwrap_or("");
+    if !bool::from(given.as_bytes().ct_eq(svc.admin_token.as_bytes())) {
+        let mut page = render("login.html", json!({ "error": "wrong admin token" }));
+        *page.status_mut() = StatusCode::UNAUTHORIZED;
+        return page;
+    }
+    let hours = svc.config.admin.session_hours.max(1) as i64;
+    let value = session_value(&svc.admin_token, now_ms() + hours * 3_600_000);
+    let cookie = format!(
+        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+        hours * 3600
+    );
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/admin")).into_response()
+}
+
+async fn logout() -> Response {
+    let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/admin/login")).into_response()
+}
+
+/// `YYYY-MM-DD HH:MM:SS` UTC for milliseconds since the epoch.
+pub fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct DashboardQuery {
+    hours: Option<i64>,
+    bucket: Option<String>,
+    agent: Option<String>,
+    channel: Option<String>,
+    failure_type: Option<String>,
+}
+
+async fn dashboard(
+    _admin: AdminPage,
+    State(svc): State<Arc<Services>>,
+    Query(q): Query<DashboardQuery>,
+) -> Result<Response, ApiError> {
+    let hours = q.hours.unwrap_or(24).clamp(1, 24 * 400);
+    let now = now_ms();
+    let bucket = q.bucket.clone().unwrap_or_else(|| {
+        if hours > 72 {
+            "day".into()
+        } else {
+            "hour".into()
+        }
+    });
+    let summary = build_summary(
+        &svc,
+        SummaryQuery {
+            since: Some((now - hours * 3_600_000).to_string()),
+            until: Some((now + 1).to_string()),
+            bucket: Some(bucket.clone()),
+            agent: q.agent.clone(),
+            channel: q.channel.clone(),
+            failure_type: q.failure_type.clone(),
+        },
+    )
+    .await?;
+    let chart = chart(&summary["buckets"]);
+    let waiting: Vec<Value> = svc
+        .store
+        .find_tasks(Some(TaskStatus::WaitingHumanConfirm), None, None, LIST_LIMIT)
+        .await?
+        .iter()
+        .map(|t| json!({ "id": t.id, "conversation_id": t.conversation_id, "deadline": t.confirm_deadline.map(utc) }))
+        .collect();
+    let job_runs: Vec<Value> = svc
+        .store
+        .job_runs(None, 20)
+        .await?
+        .iter()
+        .map(|r| json!({ "job": r.job, "instance": r.instance, "started": utc(r.started_at), "status": r.status,
+                         "scanned": r.scanned, "affected": r.affected, "error": r.error }))
+        .collect();
+    let leases: Vec<Value> = svc
+        .store
+        .lease_holders()
+        .await?
+        .iter()
+        .map(
+            |(owner, tasks, until)| json!({ "owner": owner, "tasks": tasks, "until": utc(*until) }),
+        )
+        .collect();
+    Ok(render(
+        "dashboard.html",
+        json!({ "s": summary, "chart": chart, "hours": hours, "bucket": bucket, "agent": q.agent,
+                "channel": q.channel, "failure_type": q.failure_type, "waiting": waiting,
+                "job_runs": job_runs, "leases": leases }),
+    ))
+}
+
+/// Stacked bars (succeeded / the rest) per bucket, as coordinates for the inline SVG.
+fn chart(buckets: &Value) -> Value {
+    const WIDTH: f64 = 720.0;
+    const HEIGHT: f64 = 160.0;
+    let buckets = buckets.as_array().cloned().unwrap_or_default();
+    let max = buckets
+        .iter()
+        .filter_map(|b| b["tasks"].as_i64())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let slot = WIDTH / buckets.len().max(1) as f64;
+    let bars: Vec<Value> = buckets
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let total = b["tasks"].as_i64().unwrap_or(0);
+            let ok = b["by_status"]["SUCCEEDED"].as_i64().unwrap_or(0);
+            let bad = total - ok;
+            let ok_h = ok as f64 / max * HEIGHT;
+            let bad_h = bad as f64 / max * HEIGHT;
+            json!({
+                "x": (i as f64 * slot + 2.0).round(), "w": (slot - 4.0).max(1.0).round(),
+                "ok_y": (HEIGHT - ok_h).round(), "ok_h": ok_h.round(),
+                "bad_y": (HEIGHT - ok_h - bad_h).round(), "bad_h": bad_h.round(),
+                "ok": ok, "bad": bad, "label": utc(b["start"].as_i64().unwrap_or(0)),
+            })
+        })
+        .collect();
+    json!({ "width": WIDTH, "height": HEIGHT, "bars": bars })
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct TasksQuery {
+    status: Option<String>,
+    failure_type: Option<String>,
+    conversation: Option<String>,
+}
+
+async fn tasks_page(
+    _admin: AdminPage,
+    State(svc): State<Arc<Services>>,
+    Query(q): Query<TasksQuery>,
+) -> Result<Response, ApiError> {
+    let status = q
+        .status
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .and_then(TaskStatus::parse);
+    let failure = q
+        .failure_type
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .and_then(FailureType::parse);
+    let tasks: Vec<Value> = svc
+        .store
+        .find_tasks(status, failure, q.conversation.as_deref().filter(|c| !c.is_empty()), LIST_LIMIT)
+        .await?
+        .iter()
+        .map(|t| json!({ "id": t.id, "status": t.status, "failure_type": t.failure_type, "channel": t.channel,
+                         "conversation_id": t.conversation_id, "created": utc(t.created_at) }))
+        .collect();
+    Ok(render(
+        "tasks.html",
+        json!({ "tasks": tasks, "status": status.map(|s| s.as_str()), "failure_type": failure.map(|f| f.as_str()) }),
+    ))
+}
+
+async fn task_page(
+    admin: AdminPage,
+    State(svc): State<Arc<Services>>,
+    Path(id): Path<i64>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let mut task = super::tasks::task_json(&svc, id).await?;
+    for event in task["audit"].as_array_mut().into_iter().flatten() {
+        event["at"] = json!(utc(event["at"].as_i64().unwrap_or(0)));
+    }
+    for action in task["pending_actions"].as_array_mut().into_iter().flatten() {
+        action["deadline"] = json!(utc(action["deadline"].as_i64().unwrap_or(0)));
+    }
+    Ok(render(
+        "task.html",
+        json!({ "t": task, "csrf": admin.csrf, "message": q.get("message") }),
+    ))
+}
+
+async fn task_action(
+    admin: AdminPage,
+    State(svc): State<Arc<Services>>,
+    Path((id, action)): Path<(i64, String)>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let given = form.get("csrf").map(String::as_str).unwrap_or("");
+    if !bool::from(given.as_bytes().ct_eq(admin.csrf.as_bytes())) {
+        return Err(ApiError::Forbidden("missing or wrong CSRF token".into()));
+    }
+    let actor = "admin:web";
+    let outcome: Option<String> = match action.as_str() {
+        "resume" => conflict_text(crate::control::resume_task(&svc, id, actor).await?),
+        "cancel" => conflict_text(crate::control::cancel_task(&svc, id, actor).await?),
+        "confirm" => {
+            let approve = form.get("decision").map(String::as_str) == Some("approve");
+            let approver = form
+                .get("approver")
+                .map(|a| a.trim())
+                .filter(|a| !a.is_empty())
+                .unwrap_or("admin");
+            match crate::control::decide(&svc, id, None, approve, approver, true).await? {
+                crate::control::DecisionResult::Resumed
+                | crate::control::DecisionResult::Cancelled => None,
+                crate::control::DecisionResult::Forbidden => {
+                    Some(format!("{approver} may not decide this request"))
+                }
+                other => Some(format!("not decided: {other:?}")),
+            }
+        }
+        other => return Err(ApiError::NotFound(format!("no action {other}"))),
+    };
+    let target = match outcome {
+        None => format!("/admin/tasks/{id}"),
+        Some(message) => format!(
+            "/admin/tasks/{id}?message={}",
+            url::form_urlencoded::byte_serialize(message.as_bytes()).collect::<String>()
+        ),
+    };
+    Ok(Redirect::to(&target).into_response())
+}
+
+fn conflict_text(control: Control) -> Option<String> {
+    match control {
+        Control::Done => None,
+        Control::NotFound => Some("no such task".into()),
+        Control::Conflict(status) => Some(format!("not possible while the task is {status}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_and_dates() {
+        let v = session_value("tok", 2_000);
+        assert!(session_valid("tok", &v, 1_000));
+        assert!(!session_valid("tok", &v, 2_001), "expired");
+        assert!(
+            !session_valid("other", &v, 1_000),
+            "signed with another token"
+        );
+        assert!(!session_valid("tok", "3000.deadbeef", 1_000));
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_700_000_000_000), "2023-11-14 22:13:20");
+        for name in [
+            "login.html",
+            "dashboard.html",
+            "tasks.html",
+            "task.html",
+            "console.html",
+        ] {
+            assert!(templates().get_template(name).is_ok(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The admin pages (sign-in, summary, timeline, actions with CSRF) and the chat console,
+//! through HTTP as a browser would use them.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+
+fn browser() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn sign_in(app: &TestApp, http: &reqwest::Client) -> String {
+    let resp = http
+        .post(format!("{}/admin/login", app.addr))
+        .form(&[("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303);
+    let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    cookie.split(';').next().unwrap().to_string()
+}
+
+fn csrf_of(html: &str) -> String {
+    let at =
+        html.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
+    html[at..at + 64].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_sign_in_see_failures_and_resume_a_task() {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(ResponseTemplate::new(401).set_body_string("bad key"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&model)
+        .await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .with_priority(2)
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
+    let failed = task_id_of(app.post_message(&message("pg", 1, "first")).await).await;
+    app.wait_replied(failed, WAIT).await;
+    let ok = task_id_of(app.post_message(&message("pg2", 1, "second")).await).await;
+    app.wait_replied(ok, WAIT).await;
+
+    let http = browser();
+    let resp = http
+        .get(format!("{}/admin", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303, "not signed in: redirected");
+    assert_eq!(resp.headers()["location"], "/admin/login");
+    let wrong = http
+        .post(format!("{}/admin/login", app.addr))
+        .form(&[("token", "nope")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let cookie = sign_in(&app, &http).await;
+
+    let page = http
+        .get(format!("{}/admin", app.addr))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("id=\"total-tasks\">2<"), "two tasks counted");
+    assert!(
+        html.contains("id=\"failures-AUTH_FAILED\">1<"),
+        "one AUTH_FAILED"
+    );
+    assert!(html.contains("<svg id=\"trend\""), "inline chart");
+    assert!(
+        !html.contains("<script src") && !html.contains("http://") && !html.contains("https://"),
+        "no external assets"
+    );
+
+    let list = http
+        .get(format!("{}/admin/tasks?failure_type=AUTH_FAILED", app.addr))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains(&format!("href=\"/admin/tasks/{failed}\"")));
+    assert!(!list.contains(&format!("href=\"/admin/tasks/{ok}\"")));
+
+    let timeline = http
+        .get(format!("{}/admin/tasks/{failed}", app.addr))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(timeline.contains("id=\"resume\"") && timeline.contains("TASK_FAILED"), "{timeline}");
+    let csrf = csrf_of(&timeline);
+    let forged = http
+        .post(format!("{}/admin/tasks/{failed}/resume", app.addr))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "0".repeat(64))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403, "CSRF token required");
+    let anonymous = http
+        .post(format!("{}/admin/tasks/{failed}/resume", app.addr))
+        .form(&[("csrf", csrf.clone())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401, "signed-in session required");
+    assert_eq!(app.get_task(failed).await["status"], "FAILED");
+    let resumed = http
+        .post(format!("{}/admin/tasks/{failed}/resume", app.addr))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 303);
+    let task = app
+        .wait_task(failed, WAIT, |t| t["status"] == "SUCCEEDED")
+        .await;
+    let event = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["event"] == "TASK_RESUMED")
+        .unwrap();
+    assert_eq!(event["actor"], "admin:web");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_a_channel_that_shows_replies() {
+    let app = TestApp::spawn().await;
+    let http = browser();
+    let page = http.get(format!("{}/", app.addr)).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("id=\"send\""));
+    let resp = http
+        .post(format!("{}/console/messages", app.addr))
+        .json(&json!({"conversation_id": "c-1", "text": "hello console"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let id = resp.json::<Value>().await.unwrap()["task_id"]
+        .as_i64()
+        .unwrap();
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["channel"], "console");
+    let conv: Value = http
+        .get(format!("{}/console/conversations/c-1", app.addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(conv["messages"][0]["answer"], "answer to: hello console");
+    assert_eq!(conv["messages"][0]["task_id"], id);
+    let bad = http
+        .post(format!("{}/console/messages", app.addr))
+        .json(&json!({"conversation_id": "c-1", "text": "  "}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let status: Value = http
+        .get(format!("{}/console/status", app.addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["reachable"], true);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_names_the_setting_when_the_model_is_unreachable() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let app = TestApp::spawn_with(
+        MockServer::start().await,
+        accepting_receiver().await,
+        move |c| {
+            c.llm.base_url = format!("http://127.0.0.1:{port}/v1");
+        },
+    )
+    .await;
+    let status: Value = browser()
+        .get(format!("{}/console/status", app.addr))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["reachable"], false);
+    assert!(
+        status["hint"]
+            .as_str()
+            .unwrap()
+            .contains("ASSISTD_LLM__BASE_URL")
+    );
+    app.stop().await;
+}
