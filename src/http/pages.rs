@@ -228,7 +228,7 @@ async fn dashboard(
         },
     )
     .await?;
-    let chart = chart(&summary["buckets"]);
+    let chart = chart(&summary);
     let waiting: Vec<Value> = svc
         .store
         .find_tasks(Some(TaskStatus::WaitingHumanConfirm), None, None, LIST_LIMIT)
@@ -261,32 +261,52 @@ async fn dashboard(
     ))
 }
 
-/// Stacked bars (succeeded / the rest) per bucket, as coordinates for the inline SVG.
-fn chart(buckets: &Value) -> Value {
+/// Most bars the trend chart draws.
+const CHART_BARS_MAX: i64 = 800;
+
+/// Stacked bars (succeeded / the rest) for every bucket of the summary's range, empty ones
+/// included, as coordinates for the inline SVG.
+fn chart(summary: &Value) -> Value {
     const WIDTH: f64 = 720.0;
     const HEIGHT: f64 = 160.0;
-    let buckets = buckets.as_array().cloned().unwrap_or_default();
-    let max = buckets
-        .iter()
+    let width_ms = if summary["bucket"] == "day" {
+        86_400_000
+    } else {
+        3_600_000
+    };
+    let since = summary["since"].as_i64().unwrap_or(0);
+    let until = summary["until"].as_i64().unwrap_or(since + width_ms);
+    let first = since.div_euclid(width_ms) * width_ms;
+    let count = ((until - first + width_ms - 1) / width_ms).clamp(1, CHART_BARS_MAX);
+    let by_start: HashMap<i64, &Value> = summary["buckets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["start"].as_i64().map(|s| (s, b)))
+        .collect();
+    let max = by_start
+        .values()
         .filter_map(|b| b["tasks"].as_i64())
         .max()
         .unwrap_or(0)
         .max(1) as f64;
-    let slot = WIDTH / buckets.len().max(1) as f64;
-    let bars: Vec<Value> = buckets
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let total = b["tasks"].as_i64().unwrap_or(0);
-            let ok = b["by_status"]["SUCCEEDED"].as_i64().unwrap_or(0);
+    let slot = WIDTH / count as f64;
+    let bars: Vec<Value> = (0..count)
+        .map(|i| {
+            let start = first + i * width_ms;
+            let b = by_start.get(&start);
+            let total = b.and_then(|b| b["tasks"].as_i64()).unwrap_or(0);
+            let ok = b
+                .and_then(|b| b["by_status"]["SUCCEEDED"].as_i64())
+                .unwrap_or(0);
             let bad = total - ok;
             let ok_h = ok as f64 / max * HEIGHT;
             let bad_h = bad as f64 / max * HEIGHT;
             json!({
-                "x": (i as f64 * slot + 2.0).round(), "w": (slot - 4.0).max(1.0).round(),
+                "x": (i as f64 * slot).round(), "w": (slot - 1.0).max(1.0).round(),
                 "ok_y": (HEIGHT - ok_h).round(), "ok_h": ok_h.round(),
                 "bad_y": (HEIGHT - ok_h - bad_h).round(), "bad_h": bad_h.round(),
-                "ok": ok, "bad": bad, "label": utc(b["start"].as_i64().unwrap_or(0)),
+                "ok": ok, "bad": bad, "label": utc(start),
             })
         })
         .collect();

@@ -117,7 +117,10 @@ async fn admins_sign_in_see_failures_and_resume_a_task() {
         .text()
         .await
         .unwrap();
-    assert!(timeline.contains("id=\"resume\"") && timeline.contains("TASK_FAILED"), "{timeline}");
+    assert!(
+        timeline.contains("id=\"resume\"") && timeline.contains("TASK_FAILED"),
+        "{timeline}"
+    );
     let csrf = csrf_of(&timeline);
     let forged = http
         .post(format!("{}/admin/tasks/{failed}/resume", app.addr))

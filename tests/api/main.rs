@@ -5,6 +5,7 @@ mod helpers;
 
 mod admin_pages;
 mod binary;
+mod browser;
 mod conformance;
 mod control;
 mod crash;

@@ -1,0 +1,265 @@
+//! A real headless Chromium, driven over WebDriver (chromedriver), using the admin pages and
+//! the console as a person would. CI installs Debian's `chromium` and `chromium-driver`;
+//! elsewhere the test is skipped with a message when they are missing (never under CI=true).
+//! Screenshots go to `target/screenshots/`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+    http: reqwest::Client,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium session, or `None` when they are not
+    /// installed (outside CI).
+    async fn start() -> Option<Browser> {
+        if !std::path::Path::new(CHROMIUM).exists() || !std::path::Path::new(CHROMEDRIVER).exists()
+        {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must install chromium and chromium-driver (see .ci/run)"
+            );
+            eprintln!("skipping the browser test: {CHROMIUM} or {CHROMEDRIVER} is not installed");
+            return None;
+        }
+        let port = crate::binary::free_port();
+        let driver = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http.get(format!("{base}/status")).send().await.is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let profile = tempfile::tempdir().unwrap();
+        let caps = json!({"capabilities": {"alwaysMatch": {"goog:chromeOptions": {
+            "binary": CHROMIUM,
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-quic", "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--window-size=1280,1000",
+                     format!("--user-data-dir={}", profile.path().display())]
+        }}}});
+        let created: Value = http
+            .post(format!("{base}/session"))
+            .json(&caps)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = created["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_string();
+        Some(Browser {
+            driver,
+            base,
+            session,
+            http,
+            _profile: profile,
+        })
+    }
+
+    async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let mut req = self.http.request(method, url);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let v: Value = req.send().await.unwrap().json().await.unwrap();
+        v["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.cmd(reqwest::Method::POST, "/url", Some(json!({"url": url})))
+            .await;
+    }
+
+    /// Waits for the element matching `css`, up to 10 s.
+    async fn find(&self, css: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self
+                .cmd(
+                    reqwest::Method::POST,
+                    "/element",
+                    Some(json!({"using": "css selector", "value": css})),
+                )
+                .await;
+            if let Some(id) = v[ELEMENT].as_str() {
+                return id.to_string();
+            }
+            if Instant::now() > deadline {
+                let url = self.cmd(reqwest::Method::GET, "/url", None).await;
+                let source = self.cmd(reqwest::Method::GET, "/source", None).await;
+                let source = source.as_str().unwrap_or("");
+                panic!(
+                    "no element {css} on {url}: {v} {}",
+                    &source[..source.len().min(600)]
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let id = self.find(css).await;
+        self.cmd(reqwest::Method::GET, &format!("/element/{id}/text"), None)
+            .await
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let id = self.find(css).await;
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{id}/value"),
+            Some(json!({"text": text})),
+        )
+        .await;
+    }
+
+    async fn click(&self, css: &str) {
+        let id = self.find(css).await;
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{id}/click"),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    /// Waits until the text of `css` satisfies `pred`, up to 20 s, reloading when asked.
+    async fn wait_text(
+        &self,
+        css: &str,
+        reload: Option<&str>,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let t = self.text(css).await;
+            if pred(&t) {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "{css} stayed `{t}`");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Some(url) = reload {
+                self.goto(url).await;
+            }
+        }
+    }
+
+    async fn screenshot(&self, name: &str) {
+        use base64::Engine;
+        let png = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
+        if let Some(data) = png
+            .as_str()
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(dir.join(format!("{name}.png")), data);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(ResponseTemplate::new(401).set_body_string("bad key"))
+        .up_to_n_times(2)
+        .with_priority(1)
+        .mount(&model)
+        .await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .with_priority(2)
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
+    let mut failed = Vec::new();
+    for n in 0..2 {
+        let id = task_id_of(
+            app.post_message(&message(&format!("br{n}"), 1, "will fail"))
+                .await,
+        )
+        .await;
+        app.wait_replied(id, WAIT).await;
+        failed.push(id);
+    }
+    let ok = task_id_of(app.post_message(&message("br-ok", 1, "fine")).await).await;
+    app.wait_replied(ok, WAIT).await;
+
+    // Sign in and read the counts of the seeded data.
+    browser.goto(&format!("{}/admin", app.addr)).await;
+    browser.type_into("#token", ADMIN_TOKEN).await;
+    browser.click("#login").await;
+    assert_eq!(browser.text("#total-tasks").await, "3");
+    assert_eq!(browser.text("#failures-AUTH_FAILED").await, "2");
+    browser.screenshot("admin-dashboard").await;
+
+    // Drill down to a failed task and resume it.
+    browser.click("#failures-AUTH_FAILED").await;
+    browser
+        .click(&format!("a[href='/admin/tasks/{}']", failed[0]))
+        .await;
+    assert_eq!(browser.text("#status").await, "FAILED");
+    browser.click("#resume").await;
+    let url = format!("{}/admin/tasks/{}", app.addr, failed[0]);
+    browser
+        .wait_text("#status", Some(&url), |s| s == "SUCCEEDED")
+        .await;
+    browser.screenshot("admin-task-resumed").await;
+
+    // The console: type a message and see the answer.
+    browser.goto(&format!("{}/", app.addr)).await;
+    browser.type_into("#text", "hello from the browser").await;
+    browser.click("#submit").await;
+    let answer = browser
+        .wait_text(".answer", None, |t| t.starts_with("answer to:"))
+        .await;
+    assert_eq!(answer, "answer to: hello from the browser");
+    browser.screenshot("console").await;
+    let _ = browser.cmd(reqwest::Method::DELETE, "", None).await;
+    app.stop().await;
+}
