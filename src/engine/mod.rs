@@ -71,6 +71,7 @@ async fn load_context(svc: &Services, task_id: i64) -> Result<TaskContext, RunEr
 
 async fn run_task(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Result<(), RunError> {
     let ctx = load_context(svc, fence.task_id).await?;
+    tracing::Span::current().record("conversation", ctx.task.conversation_id.as_str());
     match ctx.agent.mode {
         AgentMode::SingleTurn => single_turn::run(svc, fence, lost, &ctx).await,
         AgentMode::Workflow => workflow::runner::run(svc, fence, lost, &ctx).await,
@@ -124,7 +125,11 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
                 .expect("permit reserved by claim size");
             let svc = svc.clone();
             let shutdown = shutdown.clone();
-            let span = tracing::info_span!("task", task_id = task.id);
+            let span = tracing::info_span!(
+                "task",
+                task_id = task.id,
+                conversation = tracing::field::Empty
+            );
             running.spawn(
                 async move {
                     run_claimed(svc.clone(), task, shutdown).await;
