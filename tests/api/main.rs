@@ -4,6 +4,7 @@
 mod helpers;
 
 mod admin_pages;
+mod bench_smoke;
 mod binary;
 mod browser;
 mod conformance;

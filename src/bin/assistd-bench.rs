@@ -1,0 +1,406 @@
+//! Benchmarks: the real server in-process, driven over HTTP with signed webhooks, a built-in
+//! mock model with configurable latency and a mock reply receiver. Prints one line of
+//! figures per scenario; asserts nothing about speed.
+//!
+//! ```text
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|all> \
+//!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS]
+//! ```
+//! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
+//! ASSISTD_TEST_POSTGRES_URL).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use axum::Router;
+use axum::routing::post;
+use clap::{Parser, ValueEnum};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use assistd::config::{Config, Role};
+
+const SECRET: &str = "bench-secret";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Ingest,
+    EndToEnd,
+    InFlight,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Db {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "assistd-bench", about = "Measure assistd on this machine")]
+struct Args {
+    scenario: Scenario,
+    #[arg(long, value_enum, default_value = "sqlite")]
+    db: Db,
+    /// Messages per scenario (in-flight: conversations in flight at once).
+    #[arg(long, default_value_t = 2000)]
+    n: usize,
+    /// Concurrent HTTP clients sending webhooks.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Latency of the mock model for the in-flight scenario, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    model_latency_ms: u64,
+}
+
+/// A fresh database for one scenario; dropped (PostgreSQL) at the end.
+struct BenchDb {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+    admin: Option<(String, String)>,
+}
+
+impl BenchDb {
+    async fn new(db: Db) -> anyhow::Result<BenchDb> {
+        match db {
+            Db::Sqlite => {
+                let dir = tempfile::tempdir()?;
+                Ok(BenchDb {
+                    url: format!("sqlite://{}/bench.db", dir.path().display()),
+                    _dir: Some(dir),
+                    admin: None,
+                })
+            }
+            Db::Postgres => {
+                use sqlx::Connection;
+                let admin = std::env::var("ASSISTD_BENCH_POSTGRES_URL")
+                    .or_else(|_| std::env::var("ASSISTD_TEST_POSTGRES_URL"))
+                    .context("set ASSISTD_BENCH_POSTGRES_URL for --db postgres")?;
+                let name = format!("assistd_bench_{}", uuid::Uuid::new_v4().simple());
+                let mut conn = sqlx::PgConnection::connect(&admin).await?;
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut conn)
+                    .await?;
+                let mut url = reqwest::Url::parse(&admin)?;
+                url.set_path(&format!("/{name}"));
+                Ok(BenchDb {
+                    url: url.to_string(),
+                    _dir: None,
+                    admin: Some((admin, name)),
+                })
+            }
+        }
+    }
+
+    async fn drop_db(&self) {
+        if let Some((admin, name)) = &self.admin {
+            use sqlx::Connection;
+            if let Ok(mut conn) = sqlx::PgConnection::connect(admin).await {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut conn)
+                    .await;
+            }
+        }
+    }
+}
+
+/// The mock model and reply receiver, in one small server.
+struct Mocks {
+    addr: SocketAddr,
+    replies: Arc<AtomicUsize>,
+    replied: Arc<Notify>,
+    stop: CancellationToken,
+}
+
+async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
+    let replies = Arc::new(AtomicUsize::new(0));
+    let replied = Arc::new(Notify::new());
+    let (r, n) = (replies.clone(), replied.clone());
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(move |body: axum::Json<Value>| async move {
+                if !model_latency.is_zero() {
+                    tokio::time::sleep(model_latency).await;
+                }
+                let last = body["messages"]
+                    .as_array()
+                    .and_then(|m| m.last())
+                    .and_then(|m| m["content"].as_str())
+                    .unwrap_or("")
+                    .to_string();
+                axum::Json(json!({"choices": [{"message": {"role": "assistant", "content": format!("answer to: {last}")},
+                    "finish_reason": "stop"}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+            }),
+        )
+        .route(
+            "/reply",
+            post(move || async move {
+                r.fetch_add(1, Ordering::Relaxed);
+                n.notify_waiters();
+                "ok"
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { s.cancelled().await })
+            .await;
+    });
+    Ok(Mocks {
+        addr,
+        replies,
+        replied,
+        stop,
+    })
+}
+
+fn bench_config(
+    db_url: &str,
+    mocks: &Mocks,
+    role: Role,
+    concurrency: usize,
+) -> anyhow::Result<Config> {
+    let mut c = Config::load_with_env(None, Vec::new())?;
+    c.server.listen = "127.0.0.1:0".into();
+    c.server.role = role;
+    c.database.url = db_url.into();
+    c.database.max_connections = 16;
+    c.llm.base_url = format!("http://{}/v1", mocks.addr);
+    c.llm.timeout_secs = 120;
+    c.worker.instance_id = "bench".into();
+    c.worker.concurrency = concurrency;
+    c.worker.claim_batch = 256;
+    c.worker.poll_interval_ms = 50;
+    c.outbox.batch = 256;
+    c.outbox.poll_interval_ms = 50;
+    c.admin.token = "bench-admin".into();
+    c.channels.generic.secret = SECRET.into();
+    c.channels.generic.reply_url = format!("http://{}/reply", mocks.addr);
+    c.channels.console.enabled = false;
+    c.scheduler.enabled = false;
+    Ok(c)
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start_server(config: Config) -> anyhow::Result<Server> {
+    let app = assistd::App::build(config).await?;
+    let addr = app.local_addr();
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn(app.run_until_stopped(stop.clone()));
+    Ok(Server { addr, stop, handle })
+}
+
+impl Server {
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.handle.await;
+    }
+}
+
+/// Sends `n` signed messages (each its own conversation) from `concurrency` clients;
+/// returns the acknowledgement latencies.
+async fn send_messages(
+    addr: SocketAddr,
+    n: usize,
+    concurrency: usize,
+    tag: &str,
+) -> anyhow::Result<Vec<Duration>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let next = next.clone();
+        let tag = tag.to_string();
+        clients.spawn(async move {
+            let http = reqwest::Client::new();
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<_, anyhow::Error>(latencies);
+                }
+                let body = serde_json::to_vec(&json!({
+                    "event_id": format!("{tag}-e{i}"), "message_id": format!("{tag}-m{i}"),
+                    "conversation_id": format!("{tag}-c{i}"), "sender_id": "bench", "text": format!("question {i}"),
+                }))?;
+                let ts = assistd::domain::now_ms() / 1000;
+                let sig = assistd::channels::generic::sign(SECRET, ts, &body);
+                let started = Instant::now();
+                let resp = http
+                    .post(format!("http://{addr}/webhooks/generic"))
+                    .header("X-Assistd-Timestamp", ts.to_string())
+                    .header("X-Assistd-Signature", sig)
+                    .body(body)
+                    .send()
+                    .await?;
+                if !resp.status().is_success() {
+                    bail!("webhook answered {}", resp.status());
+                }
+                latencies.push(started.elapsed());
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(n);
+    while let Some(r) = clients.join_next().await {
+        all.extend(r??);
+    }
+    Ok(all)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1].as_secs_f64() * 1000.0
+}
+
+async fn wait_replies(mocks: &Mocks, n: usize, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while mocks.replies.load(Ordering::Relaxed) < n {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {n} replies after {timeout:?}",
+                mocks.replies.load(Ordering::Relaxed)
+            );
+        }
+        tokio::select! {
+            _ = mocks.replied.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Resident set size of this process, in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn db_name(db: Db) -> &'static str {
+    match db {
+        Db::Sqlite => "sqlite",
+        Db::Postgres => "postgres",
+    }
+}
+
+async fn ingest(args: &Args) -> anyhow::Result<()> {
+    let db = BenchDb::new(args.db).await?;
+    let mocks = start_mocks(Duration::ZERO).await?;
+    // Intake only: no workers competing for the database.
+    let server = start_server(bench_config(&db.url, &mocks, Role::Api, 256)?).await?;
+    let started = Instant::now();
+    let mut latencies = send_messages(server.addr, args.n, args.concurrency, "ingest").await?;
+    let elapsed = started.elapsed();
+    latencies.sort_unstable();
+    println!(
+        "scenario=ingest db={} n={} concurrency={} rate={:.0}/s p50={:.2}ms p99={:.2}ms",
+        db_name(args.db),
+        args.n,
+        args.concurrency,
+        args.n as f64 / elapsed.as_secs_f64(),
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99)
+    );
+    server.stop().await;
+    mocks.stop.cancel();
+    db.drop_db().await;
+    Ok(())
+}
+
+async fn end_to_end(args: &Args) -> anyhow::Result<()> {
+    let db = BenchDb::new(args.db).await?;
+    let mocks = start_mocks(Duration::ZERO).await?;
+    let server = start_server(bench_config(&db.url, &mocks, Role::All, 256)?).await?;
+    let started = Instant::now();
+    send_messages(server.addr, args.n, args.concurrency, "e2e").await?;
+    wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
+    let elapsed = started.elapsed();
+    println!(
+        "scenario=end-to-end db={} n={} concurrency={} rate={:.0}/s wall={:.2}s",
+        db_name(args.db),
+        args.n,
+        args.concurrency,
+        args.n as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    server.stop().await;
+    mocks.stop.cancel();
+    db.drop_db().await;
+    Ok(())
+}
+
+async fn in_flight(args: &Args) -> anyhow::Result<()> {
+    let db = BenchDb::new(args.db).await?;
+    let latency = Duration::from_millis(args.model_latency_ms);
+    let mocks = start_mocks(latency).await?;
+    let server = start_server(bench_config(&db.url, &mocks, Role::All, args.n.max(1))?).await?;
+    let baseline = rss_kib();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(baseline));
+    let sampling = CancellationToken::new();
+    let (p, s) = (peak.clone(), sampling.clone());
+    tokio::spawn(async move {
+        while !s.is_cancelled() {
+            p.fetch_max(rss_kib(), Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    });
+    let started = Instant::now();
+    send_messages(server.addr, args.n, args.concurrency, "inflight").await?;
+    let ingest_time = started.elapsed();
+    wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
+    let wall = started.elapsed();
+    sampling.cancel();
+    let peak = peak.load(Ordering::Relaxed);
+    println!(
+        "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s peak_rss={:.1}MiB rss_per_task={:.1}KiB",
+        db_name(args.db),
+        args.n,
+        args.model_latency_ms,
+        wall.as_secs_f64(),
+        ingest_time.as_secs_f64(),
+        peak as f64 / 1024.0,
+        peak.saturating_sub(baseline) as f64 / args.n.max(1) as f64
+    );
+    server.stop().await;
+    mocks.stop.cancel();
+    db.drop_db().await;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        match args.scenario {
+            Scenario::Ingest => ingest(&args).await,
+            Scenario::EndToEnd => end_to_end(&args).await,
+            Scenario::InFlight => in_flight(&args).await,
+            Scenario::All => {
+                ingest(&args).await?;
+                end_to_end(&args).await?;
+                in_flight(&args).await
+            }
+        }
+    })
+}
