@@ -31,6 +31,8 @@ enum Scenario {
     Ingest,
     EndToEnd,
     InFlight,
+    /// Tasks in flight in a child `assistd`, killed (SIGKILL, then SIGTERM) and restarted.
+    Recovery,
     All,
 }
 
@@ -111,6 +113,7 @@ impl BenchDb {
 /// The mock model and reply receiver, in one small server.
 struct Mocks {
     addr: SocketAddr,
+    model_calls: Arc<AtomicUsize>,
     replies: Arc<AtomicUsize>,
     replied: Arc<Notify>,
     stop: CancellationToken,
@@ -119,11 +122,13 @@ struct Mocks {
 async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
     let replies = Arc::new(AtomicUsize::new(0));
     let replied = Arc::new(Notify::new());
-    let (r, n) = (replies.clone(), replied.clone());
+    let model_calls = Arc::new(AtomicUsize::new(0));
+    let (r, n, calls) = (replies.clone(), replied.clone(), model_calls.clone());
     let app = Router::new()
         .route(
             "/v1/chat/completions",
             post(move |body: axum::Json<Value>| async move {
+                calls.fetch_add(1, Ordering::Relaxed);
                 if !model_latency.is_zero() {
                     tokio::time::sleep(model_latency).await;
                 }
@@ -156,6 +161,7 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
     });
     Ok(Mocks {
         addr,
+        model_calls,
         replies,
         replied,
         stop,
@@ -388,6 +394,125 @@ async fn in_flight(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A child `assistd serve` (the binary next to this one) on SQLite or PostgreSQL.
+fn spawn_child(
+    db_url: &str,
+    mocks: &Mocks,
+    port: u16,
+    grace_secs: u64,
+) -> anyhow::Result<std::process::Child> {
+    let exe = std::env::current_exe()?.with_file_name("assistd");
+    Ok(std::process::Command::new(exe)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("ASSISTD_SERVER__LISTEN", format!("127.0.0.1:{port}"))
+        .env("ASSISTD_DATABASE__URL", db_url)
+        .env("ASSISTD_LLM__BASE_URL", format!("http://{}/v1", mocks.addr))
+        .env("ASSISTD_LLM__TIMEOUT_SECS", "120")
+        .env("ASSISTD_CHANNELS__GENERIC__SECRET", SECRET)
+        .env(
+            "ASSISTD_CHANNELS__GENERIC__REPLY_URL",
+            format!("http://{}/reply", mocks.addr),
+        )
+        .env("ASSISTD_ADMIN__TOKEN", "bench-admin")
+        .env("ASSISTD_WORKER__INSTANCE_ID", "bench-child")
+        .env("ASSISTD_WORKER__CONCURRENCY", "4096")
+        .env("ASSISTD_WORKER__CLAIM_BATCH", "256")
+        .env(
+            "ASSISTD_WORKER__SHUTDOWN_GRACE_SECS",
+            grace_secs.to_string(),
+        )
+        .env("ASSISTD_LOG__LEVEL", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?)
+}
+
+async fn wait_ready(port: u16) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http
+            .get(format!("http://127.0.0.1:{port}/readyz"))
+            .send()
+            .await
+            && r.status().is_success()
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("child did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn wait_calls(mocks: &Mocks, n: usize, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while mocks.model_calls.load(Ordering::Relaxed) < n {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {n} model calls",
+                mocks.model_calls.load(Ordering::Relaxed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+async fn recovery(args: &Args) -> anyhow::Result<()> {
+    for (signal, grace) in [("KILL", 0u64), ("TERM", 0u64)] {
+        let db = BenchDb::new(args.db).await?;
+        // The model answers slowly enough that every task is in flight when the process dies.
+        let mocks = start_mocks(Duration::from_millis(args.model_latency_ms.max(5_000))).await?;
+        let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await?
+            .local_addr()?
+            .port();
+        let mut child = spawn_child(&db.url, &mocks, port, grace)?;
+        wait_ready(port).await?;
+        send_messages(
+            format!("127.0.0.1:{port}").parse()?,
+            args.n,
+            args.concurrency,
+            "rec",
+        )
+        .await?;
+        wait_calls(&mocks, args.n, Duration::from_secs(300)).await?;
+        let _ = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status();
+        let _ = child.wait();
+        let calls_before = mocks.model_calls.load(Ordering::Relaxed);
+        let restarted = Instant::now();
+        let mut child = spawn_child(&db.url, &mocks, port, grace)?;
+        wait_ready(port).await?;
+        let ready = restarted.elapsed();
+        wait_calls(&mocks, calls_before + args.n, Duration::from_secs(300)).await?;
+        let resumed = restarted.elapsed();
+        wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
+        let done = restarted.elapsed();
+        println!(
+            "scenario=recovery signal=SIG{signal} db={} n={} ready={:.3}s all_resumed={:.3}s all_done={:.3}s",
+            db_name(args.db),
+            args.n,
+            ready.as_secs_f64(),
+            resumed.as_secs_f64(),
+            done.as_secs_f64()
+        );
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let _ = child.wait();
+        mocks.stop.cancel();
+        db.drop_db().await;
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let runtime = tokio::runtime::Runtime::new()?;
@@ -396,10 +521,12 @@ fn main() -> anyhow::Result<()> {
             Scenario::Ingest => ingest(&args).await,
             Scenario::EndToEnd => end_to_end(&args).await,
             Scenario::InFlight => in_flight(&args).await,
+            Scenario::Recovery => recovery(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
                 end_to_end(&args).await?;
-                in_flight(&args).await
+                in_flight(&args).await?;
+                recovery(&args).await
             }
         }
     })
