@@ -33,6 +33,8 @@ enum Scenario {
     InFlight,
     /// Tasks in flight in a child `assistd`, killed (SIGKILL, then SIGTERM) and restarted.
     Recovery,
+    /// A workflow of 20 instant tool steps per task: journalled steps per second.
+    Steps,
     All,
 }
 
@@ -142,6 +144,7 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
                     "finish_reason": "stop"}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
             }),
         )
+        .route("/tool", axum::routing::get(|| async { axum::Json(json!({"ok": true})) }))
         .route(
             "/reply",
             post(move || async move {
@@ -495,7 +498,7 @@ async fn recovery(args: &Args) -> anyhow::Result<()> {
         wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
         let done = restarted.elapsed();
         println!(
-            "scenario=recovery signal=SIG{signal} db={} n={} ready={:.3}s all_resumed={:.3}s all_done={:.3}s",
+            "scenario=recovery db={} signal=SIG{signal} n={} ready={:.3}s all_resumed={:.3}s all_done={:.3}s",
             db_name(args.db),
             args.n,
             ready.as_secs_f64(),
@@ -513,6 +516,69 @@ async fn recovery(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Steps per task in the `steps` scenario.
+const WORKFLOW_STEPS: usize = 20;
+
+async fn steps(args: &Args) -> anyhow::Result<()> {
+    let db = BenchDb::new(args.db).await?;
+    let mocks = start_mocks(Duration::ZERO).await?;
+    let dir = tempfile::tempdir()?;
+    let mut nodes: Vec<Value> = (0..WORKFLOW_STEPS)
+        .map(|i| {
+            let next = if i + 1 == WORKFLOW_STEPS {
+                "done".to_string()
+            } else {
+                format!("s{}", i + 1)
+            };
+            json!({"id": format!("s{i}"), "type": "tool", "tool": "ping", "args": {}, "next": next})
+        })
+        .collect();
+    nodes.push(json!({"id": "done", "type": "reply", "text": "done"}));
+    let workflow = dir.path().join("steps.json");
+    std::fs::write(
+        &workflow,
+        json!({"start": "s0", "nodes": nodes}).to_string(),
+    )?;
+    let overlay = dir.path().join("steps.toml");
+    std::fs::write(
+        &overlay,
+        format!(
+            "[tooling]\nallowed_private_hosts = [\"127.0.0.1\"]\n\n[tools.ping]\nkind = \"read_only\"\nmethod = \"GET\"\nurl = \"http://{}/tool\"\n\n[agents.steps]\nmode = \"workflow\"\nsystem_prompt = \"bench\"\nworkflow_file = \"{}\"\n",
+            mocks.addr,
+            workflow.display()
+        ),
+    )?;
+    let mut config = Config::load_with_env(Some(&overlay), Vec::new())?;
+    let base = bench_config(&db.url, &mocks, Role::All, 256)?;
+    config.server = base.server;
+    config.database = base.database;
+    config.llm = base.llm;
+    config.worker = base.worker;
+    config.outbox = base.outbox;
+    config.admin = base.admin;
+    config.channels = base.channels;
+    config.channels.generic.agent = "steps".into();
+    config.scheduler.enabled = false;
+    let server = start_server(config).await?;
+    let started = Instant::now();
+    send_messages(server.addr, args.n, args.concurrency, "steps").await?;
+    wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
+    let elapsed = started.elapsed();
+    let journalled = args.n * WORKFLOW_STEPS;
+    println!(
+        "scenario=steps db={} n={} steps_per_task={WORKFLOW_STEPS} rate={:.0} steps/s tasks={:.0}/s wall={:.2}s",
+        db_name(args.db),
+        args.n,
+        journalled as f64 / elapsed.as_secs_f64(),
+        args.n as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    server.stop().await;
+    mocks.stop.cancel();
+    db.drop_db().await;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let runtime = tokio::runtime::Runtime::new()?;
@@ -522,10 +588,12 @@ fn main() -> anyhow::Result<()> {
             Scenario::EndToEnd => end_to_end(&args).await,
             Scenario::InFlight => in_flight(&args).await,
             Scenario::Recovery => recovery(&args).await,
+            Scenario::Steps => steps(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
                 end_to_end(&args).await?;
                 in_flight(&args).await?;
+                steps(&args).await?;
                 recovery(&args).await
             }
         }

@@ -31,7 +31,7 @@ fn every_benchmark_scenario_runs_at_small_n() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{stdout}");
-    for scenario in ["ingest", "end-to-end", "in-flight", "recovery"] {
+    for scenario in ["ingest", "end-to-end", "in-flight", "steps", "recovery"] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),
             "{stdout}"
