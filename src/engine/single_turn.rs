@@ -128,6 +128,7 @@ pub async fn run(
                 retries,
                 step: Some(StepResult {
                     step_id: step.id,
+                    attempts,
                     status: StepStatus::Succeeded,
                     output: Some(serde_json::to_string(&answer).unwrap_or_default()),
                     error: None,
@@ -167,6 +168,7 @@ pub async fn run(
                 retries,
                 step: Some(StepResult {
                     step_id: step.id,
+                    attempts,
                     status: StepStatus::Failed,
                     output: None,
                     error: Some(crate::domain::truncate(&err.message, 2000)),
@@ -215,10 +217,13 @@ async fn call_with_retries(
     let first_this_run = step.attempt + 1;
     loop {
         attempt += 1;
-        if !svc
-            .store
-            .record_step_attempt(fence, step.id, attempt)
-            .await?
+        // The first try is fenced by `begin_step` and its count written with the result;
+        // retries are recorded as they start, so a long retry loop shows in the journal.
+        if attempt > first_this_run
+            && !svc
+                .store
+                .record_step_attempt(fence, step.id, attempt)
+                .await?
         {
             return Err(RunError::LostLease);
         }
@@ -305,12 +310,13 @@ async fn summarize_history(
         return Ok(Some(output.content));
     }
     let started = Instant::now();
-    let (outcome, _) = call_with_retries(svc, fence, &step, &request, lost).await?;
+    let (outcome, attempts) = call_with_retries(svc, fence, &step, &request, lost).await?;
     let duration_ms = started.elapsed().as_millis() as i64;
     let (record, summary) = match outcome {
         Ok(answer) => (
             StepResult {
                 step_id: step.id,
+                attempts,
                 status: StepStatus::Succeeded,
                 output: Some(serde_json::to_string(&answer).unwrap_or_default()),
                 error: None,
@@ -325,6 +331,7 @@ async fn summarize_history(
             (
                 StepResult {
                     step_id: step.id,
+                    attempts,
                     status: StepStatus::Failed,
                     output: None,
                     error: Some(crate::domain::truncate(&err.message, 2000)),

@@ -175,6 +175,8 @@ pub struct NewStep<'a> {
 #[derive(Debug, Clone)]
 pub struct StepResult {
     pub step_id: i64,
+    /// Tries made so far, this one included (numbered across runs).
+    pub attempts: i64,
     pub status: StepStatus,
     pub output: Option<String>,
     pub error: Option<String>,
@@ -489,7 +491,7 @@ impl Store {
             if let Some(step) = &outcome.step {
                 sqlx::query(
                     "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
-                     tokens_out = $5, duration_ms = $6, finished_at = $7 WHERE id = $8",
+                     tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8",
                 )
                 .bind(step.status)
                 .bind(&step.output)
@@ -499,6 +501,7 @@ impl Store {
                 .bind(step.duration_ms)
                 .bind(now)
                 .bind(step.step_id)
+                .bind(step.attempts)
                 .execute(&mut *tx)
                 .await?;
             }

@@ -112,7 +112,7 @@ impl Store {
             }
             sqlx::query(
                 "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
-                 tokens_out = $5, duration_ms = $6, finished_at = $7 WHERE id = $8",
+                 tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8",
             )
             .bind(step.status)
             .bind(&step.output)
@@ -122,6 +122,7 @@ impl Store {
             .bind(step.duration_ms)
             .bind(now)
             .bind(step.step_id)
+            .bind(step.attempts)
             .execute(&mut *tx)
             .await?;
             true

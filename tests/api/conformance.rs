@@ -277,6 +277,7 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
     let mut done = outcome(id);
     done.step = Some(StepResult {
         step_id: row.id,
+        attempts: 1,
         status: StepStatus::Succeeded,
         output: Some("{}".into()),
         error: None,

@@ -53,9 +53,13 @@ async fn cancelling_a_running_task_stops_it_and_sends_one_notice() {
     .await;
     let id = task_id_of(app.post_message(&message("c-cancel", 1, "slow one")).await).await;
     app.wait_task(id, WAIT, |t| {
-        t["status"] == "RUNNING" && t["steps"][0]["attempts"] == 1
+        t["status"] == "RUNNING" && t["steps"][0]["status"] == "PENDING"
     })
     .await;
+    // The model call is in flight.
+    while app.model.received_requests().await.unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let resp = app.control(id, "cancel").await;
     assert_eq!(resp.status(), 200);
     let task: Value = resp.json().await.unwrap();

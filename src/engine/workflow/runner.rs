@@ -735,11 +735,14 @@ impl<'a> Runner<'a> {
         let result = loop {
             attempt += 1;
             tries += 1;
-            if !self
-                .svc
-                .store
-                .record_step_attempt(self.fence, row.id, attempt)
-                .await?
+            // The first try is fenced by `begin_step` and counted with the result;
+            // retries are recorded as they start.
+            if tries > 1
+                && !self
+                    .svc
+                    .store
+                    .record_step_attempt(self.fence, row.id, attempt)
+                    .await?
             {
                 return Err(Stop::Run(RunError::LostLease));
             }
@@ -774,6 +777,7 @@ impl<'a> Runner<'a> {
             Ok(ok) => (
                 StepResult {
                     step_id: row.id,
+                    attempts: attempt,
                     status: StepStatus::Succeeded,
                     output: Some(ok.output.to_string()),
                     error: None,
@@ -791,6 +795,7 @@ impl<'a> Runner<'a> {
                 (
                     StepResult {
                         step_id: row.id,
+                        attempts: attempt,
                         status: StepStatus::Failed,
                         output: Some(
                             json!({ "failure_type": err.failure.as_str(), "error": message })
