@@ -30,6 +30,7 @@ const TEMPLATES: &[(&str, &str, &str)] = &[
     card!("lark", "approval_request"),
     card!("lark", "knowledge_answer"),
     card!("lark", "agent_result"),
+    card!("wecom", "approval_request"),
 ];
 
 /// Renders `card` for `platform`; `None` when the platform has no template for its type.

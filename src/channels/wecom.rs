@@ -158,7 +158,11 @@ pub fn parse(
     check(config, q, &encrypted)?;
     let message = decrypt(&config.encoding_aes_key, &config.corp_id, &encrypted)
         .map_err(Refused::Unauthorized)?;
-    if xml_field(&message, "MsgType").as_deref() != Some("text") {
+    let msg_type = xml_field(&message, "MsgType");
+    if msg_type.as_deref() == Some("event") {
+        return parse_card_event(&message);
+    }
+    if msg_type.as_deref() != Some("text") {
         return Ok(Inbound::Ignore("not a text message"));
     }
     let field = |name: &str| {
@@ -180,6 +184,34 @@ pub fn parse(
         text,
         reply_context: None,
     }))
+}
+
+/// A `template_card_event` (a button of an approval card): `EventKey` is
+/// `approve|reject:<task>:<step>`, the clicking user is `FromUserName`.
+fn parse_card_event(message: &str) -> Result<Inbound, Refused> {
+    if xml_field(message, "Event").as_deref() != Some("template_card_event") {
+        return Ok(Inbound::Ignore("not a card event"));
+    }
+    let key = xml_field(message, "EventKey").unwrap_or_default();
+    let approver = xml_field(message, "FromUserName")
+        .ok_or_else(|| Refused::BadRequest("missing <FromUserName>".into()))?;
+    let parts: Vec<&str> = key.split(':').collect();
+    let [decision @ ("approve" | "reject"), task, step] = parts.as_slice() else {
+        return Ok(Inbound::Ignore("card event is not an approval"));
+    };
+    let number = |v: &str| {
+        v.parse::<i64>()
+            .map_err(|_| Refused::BadRequest("bad EventKey".into()))
+    };
+    Ok(Inbound::Action {
+        action: super::generic::CardAction {
+            task_id: number(task)?,
+            step_no: number(step)?,
+            approve: *decision == "approve",
+            approver,
+        },
+        ack: None,
+    })
 }
 
 pub struct WeComChannel {
@@ -242,25 +274,37 @@ impl WeComChannel {
         }
         let token = self.access_token().await?;
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
-        let mut text = content["text"].as_str().unwrap_or("").to_string();
-        if content["card"]["card_type"] == "approval_request" {
-            text.push_str(&format!(
-                "\n\n(Approve or reject with POST /api/tasks/{}/confirm.)",
-                reply.task_id
-            ));
-        }
+        let text = content["text"].as_str().unwrap_or("").to_string();
+        let card = content
+            .get("card")
+            .filter(|c| c.is_object())
+            .map(|card| super::cards::render(CHANNEL, card, &text, &reply.idempotency_key))
+            .transpose()
+            .map_err(DeliveryError::retry)?
+            .flatten();
         let response = self
             .http
             .post(format!("{}/cgi-bin/message/send", self.api))
             .query(&[("access_token", token.as_str())])
-            .json(&json!({
-                "touser": reply.conversation_id,
-                "msgtype": "text",
-                "agentid": self.agent_id.parse::<i64>().unwrap_or(0),
-                "text": { "content": text },
-                "enable_duplicate_check": 1,
-                "duplicate_check_interval": 1800,
-            }))
+            .json(&{
+                let mut body = json!({
+                    "touser": reply.conversation_id,
+                    "agentid": self.agent_id.parse::<i64>().unwrap_or(0),
+                    "enable_duplicate_check": 1,
+                    "duplicate_check_interval": 1800,
+                });
+                match card {
+                    Some(card) => {
+                        body["msgtype"] = json!("template_card");
+                        body["template_card"] = card;
+                    }
+                    None => {
+                        body["msgtype"] = json!("text");
+                        body["text"] = json!({ "content": text });
+                    }
+                }
+                body
+            })
             .send()
             .await
             .map_err(|e| DeliveryError {

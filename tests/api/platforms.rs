@@ -1196,3 +1196,100 @@ async fn wecom_callbacks_are_verified_decrypted_and_answered() {
     assert_eq!(body["text"]["content"], "answer to: where is the canteen?");
     app.stop().await;
 }
+
+fn wecom_card_event(from: &str, key: &str) -> String {
+    format!(
+        "<xml><ToUserName><![CDATA[{}]]></ToUserName><FromUserName><![CDATA[{from}]]></FromUserName><CreateTime>1</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[template_card_event]]></Event><EventKey><![CDATA[{key}]]></EventKey><TaskId><![CDATA[t1]]></TaskId><CardType><![CDATA[button_interaction]]></CardType><AgentID>1000002</AgentID></xml>",
+        wecom_sample::CORP
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wecom_approvals_use_template_card_buttons() {
+    let api = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/cgi-bin/gettoken"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(
+                json!({"errcode": 0, "access_token": "wc-token", "expires_in": 7200}),
+            ),
+        )
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/cgi-bin/message/send"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"errcode": 0, "errmsg": "ok", "msgid": "m"})),
+        )
+        .mount(&api)
+        .await;
+    let uri = api.uri();
+    let flow = spawn_flow_with(NOTICE, move |c| {
+        c.channels.wecom.enabled = true;
+        c.channels.wecom.corp_id = wecom_sample::CORP.into();
+        c.channels.wecom.agent_id = "1000002".into();
+        c.channels.wecom.secret = "s".into();
+        c.channels.wecom.token = wecom_sample::TOKEN.into();
+        c.channels.wecom.encoding_aes_key = wecom_sample::AES_KEY.into();
+        c.channels.wecom.api_base_url = uri;
+        c.channels.wecom.agent = "flow".into();
+        c.agents.get_mut("flow").unwrap().approvers = vec!["zhangsan".into()];
+    })
+    .await;
+    let app = &flow.app;
+    assert_eq!(
+        app.wecom_post(&wecom_text("2001", "send the notice"), wecom_sample::TOKEN)
+            .await
+            .status(),
+        200
+    );
+    let tasks: Value = app
+        .list("conversation=zhangsan")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = tasks["tasks"][0]["id"].as_i64().unwrap();
+    app.wait_task(id, WAIT, |t| {
+        t["status"] == "WAITING_HUMAN_CONFIRM" && t["reply"]["status"] == "SENT"
+    })
+    .await;
+    let sent: Value = serde_json::from_slice(
+        &api.received_requests()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.url.path() == "/cgi-bin/message/send")
+            .unwrap()
+            .body,
+    )
+    .unwrap();
+    assert_eq!(sent["msgtype"], "template_card");
+    let key = sent["template_card"]["button_list"][0]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(key.starts_with(&format!("approve:{id}:")), "{key}");
+    assert_eq!(
+        app.wecom_post(&wecom_card_event("wangwu", &key), wecom_sample::TOKEN)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        app.get_task(id).await["status"],
+        "WAITING_HUMAN_CONFIRM",
+        "not an approver"
+    );
+    assert_eq!(
+        app.wecom_post(&wecom_card_event("zhangsan", &key), wecom_sample::TOKEN)
+            .await
+            .status(),
+        200
+    );
+    app.wait_task(id, WAIT, |t| t["status"] == "SUCCEEDED")
+        .await;
+    assert_eq!(calls_to(&flow.tools, "POST", "/tools/notice").await, 1);
+    flow.app.stop().await;
+}
