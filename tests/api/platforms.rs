@@ -1084,15 +1084,8 @@ impl TestApp {
     }
 }
 
-fn wecom_text(msg_id: &str, text: &str) -> String {
-    format!(
-        "<xml><ToUserName><![CDATA[{}]]></ToUserName><FromUserName><![CDATA[zhangsan]]></FromUserName><CreateTime>1348831860</CreateTime><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[{text}]]></Content><MsgId>{msg_id}</MsgId><AgentID>1000002</AgentID></xml>",
-        wecom_sample::CORP
-    )
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wecom_callbacks_are_verified_decrypted_and_answered() {
+/// A mock WeCom API: gettoken and message/send.
+async fn wecom_api() -> MockServer {
     let api = MockServer::start().await;
     Mock::given(method("GET"))
         .and(path("/cgi-bin/gettoken"))
@@ -1109,17 +1102,32 @@ async fn wecom_callbacks_are_verified_decrypted_and_answered() {
         )
         .mount(&api)
         .await;
+    api
+}
+
+fn enable_wecom(c: &mut assistd::Config, api: &str, agent: &str) {
+    c.channels.wecom.enabled = true;
+    c.channels.wecom.corp_id = wecom_sample::CORP.into();
+    c.channels.wecom.agent_id = "1000002".into();
+    c.channels.wecom.secret = "app-secret".into();
+    c.channels.wecom.token = wecom_sample::TOKEN.into();
+    c.channels.wecom.encoding_aes_key = wecom_sample::AES_KEY.into();
+    c.channels.wecom.api_base_url = api.into();
+    c.channels.wecom.agent = agent.into();
+}
+
+fn wecom_text(msg_id: &str, text: &str) -> String {
+    format!(
+        "<xml><ToUserName><![CDATA[{}]]></ToUserName><FromUserName><![CDATA[zhangsan]]></FromUserName><CreateTime>1348831860</CreateTime><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[{text}]]></Content><MsgId>{msg_id}</MsgId><AgentID>1000002</AgentID></xml>",
+        wecom_sample::CORP
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wecom_callbacks_are_verified_decrypted_and_answered() {
+    let api = wecom_api().await;
     let uri = api.uri();
-    let app = spawn_platforms(&api, move |c| {
-        c.channels.wecom.enabled = true;
-        c.channels.wecom.corp_id = wecom_sample::CORP.into();
-        c.channels.wecom.agent_id = "1000002".into();
-        c.channels.wecom.secret = "app-secret".into();
-        c.channels.wecom.token = wecom_sample::TOKEN.into();
-        c.channels.wecom.encoding_aes_key = wecom_sample::AES_KEY.into();
-        c.channels.wecom.api_base_url = uri;
-    })
-    .await;
+    let app = spawn_platforms(&api, move |c| enable_wecom(c, &uri, "default")).await;
     // URL verification with the sample request of WeCom's documentation.
     let verify = app
         .http
@@ -1206,34 +1214,10 @@ fn wecom_card_event(from: &str, key: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wecom_approvals_use_template_card_buttons() {
-    let api = MockServer::start().await;
-    Mock::given(method("GET"))
-        .and(path("/cgi-bin/gettoken"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(
-                json!({"errcode": 0, "access_token": "wc-token", "expires_in": 7200}),
-            ),
-        )
-        .mount(&api)
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/cgi-bin/message/send"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"errcode": 0, "errmsg": "ok", "msgid": "m"})),
-        )
-        .mount(&api)
-        .await;
+    let api = wecom_api().await;
     let uri = api.uri();
     let flow = spawn_flow_with(NOTICE, move |c| {
-        c.channels.wecom.enabled = true;
-        c.channels.wecom.corp_id = wecom_sample::CORP.into();
-        c.channels.wecom.agent_id = "1000002".into();
-        c.channels.wecom.secret = "s".into();
-        c.channels.wecom.token = wecom_sample::TOKEN.into();
-        c.channels.wecom.encoding_aes_key = wecom_sample::AES_KEY.into();
-        c.channels.wecom.api_base_url = uri;
-        c.channels.wecom.agent = "flow".into();
+        enable_wecom(c, &uri, "flow");
         c.agents.get_mut("flow").unwrap().approvers = vec!["zhangsan".into()];
     })
     .await;
