@@ -383,6 +383,12 @@ impl Store {
         now: i64,
     ) -> StoreResult<Option<StepRow>> {
         let select = format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1");
+        let insert = format!(
+            "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
+             idempotency_key, input, status, attempt, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
+             ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
+        );
         let row = write_tx!(self, tx => {
             // Taking the task row first both checks the fence and, on PostgreSQL, locks the
             // row so no claim can slip in before this transaction commits.
@@ -401,27 +407,28 @@ impl Store {
             if owned != 1 {
                 return Ok(None);
             }
-            sqlx::query(
-                "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
-                 idempotency_key, input, status, attempt, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
-                 ON CONFLICT (idempotency_key) DO NOTHING",
-            )
-            .bind(fence.task_id)
-            .bind(step.step_no)
-            .bind(step.step_type)
-            .bind(step.tool_name)
-            .bind(step.idempotency_key)
-            .bind(step.input)
-            .bind(StepStatus::Pending)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-
-            sqlx::query_as::<_, StepRow>(&select)
+            // A fresh step comes back from the insert; one journalled before (a resume) is
+            // read as it stands.
+            let inserted = sqlx::query_as::<_, StepRow>(&insert)
+                .bind(fence.task_id)
+                .bind(step.step_no)
+                .bind(step.step_type)
+                .bind(step.tool_name)
                 .bind(step.idempotency_key)
-                .fetch_one(&mut *tx)
-                .await?
+                .bind(step.input)
+                .bind(StepStatus::Pending)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            match inserted {
+                Some(row) => row,
+                None => {
+                    sqlx::query_as::<_, StepRow>(&select)
+                        .bind(step.idempotency_key)
+                        .fetch_one(&mut *tx)
+                        .await?
+                }
+            }
         });
         Ok(Some(row))
     }
