@@ -218,9 +218,13 @@ pub struct TaskOutcome {
 /// indexes under `OR`, hence the `UNION ALL`; PostgreSQL locks what it picks and skips rows
 /// another instance is claiming.
 pub fn claim_pick_sql(dialect: Dialect) -> String {
+    // The oldest active task of its conversation, and nothing else of the conversation
+    // running: an older task put back to PENDING (resumed, approved) waits for a newer one
+    // that is running now.
     const OLDEST_IN_CONVERSATION: &str = "NOT EXISTS (SELECT 1 FROM agent_task o \
          WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
-         AND o.status IN ('PENDING', 'RUNNING') AND o.id < t.id)";
+         AND o.status IN ('PENDING', 'RUNNING') AND o.id <> t.id \
+         AND (o.id < t.id OR o.status = 'RUNNING'))";
     match dialect {
         Dialect::Sqlite => format!(
             "SELECT id FROM (\

@@ -389,3 +389,58 @@ async fn hot_statements_use_indexes_on_sqlite() {
     store.close().await;
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_task_back_to_pending_waits_while_a_newer_one_runs() {
+    // A FAILED task resumed (or an approved one) is older than a task of its conversation
+    // that is RUNNING now: claiming it would break one-RUNNING-per-conversation.
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let a = store
+        .ingest_message(&msg("c", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let b = store
+        .ingest_message(&msg("c", 2), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let other = store
+        .ingest_message(&msg("d", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let first = store.claim_tasks("w", 10, now + LEASE, now).await.unwrap();
+    assert_eq!(first.iter().map(|c| c.id).collect::<Vec<_>>(), [a, other]);
+    let fence_a = Fence {
+        task_id: a,
+        owner: "w".into(),
+        version: first[0].version,
+    };
+    let mut failed = outcome(a);
+    failed.status = TaskStatus::Failed;
+    failed.failure_type = Some(assistd::domain::FailureType::AuthFailed);
+    assert!(store.finish_task(&fence_a, &failed, now).await.unwrap());
+    let running_b = store.claim_tasks("w", 10, now + LEASE, now).await.unwrap();
+    assert_eq!(running_b.iter().map(|c| c.id).collect::<Vec<_>>(), [b]);
+    assert_eq!(
+        store.resume_task(a, "admin", now).await.unwrap(),
+        assistd::store::tasks::Control::Done
+    );
+    let none = store
+        .claim_tasks("w", 10, now + LEASE, now)
+        .await
+        .expect("the claim does not fail");
+    assert!(none.is_empty(), "{none:?}");
+    let fence_b = Fence {
+        task_id: b,
+        owner: "w".into(),
+        version: running_b[0].version,
+    };
+    assert!(store.finish_task(&fence_b, &outcome(b), now).await.unwrap());
+    let resumed = store.claim_tasks("w", 10, now + LEASE, now).await.unwrap();
+    assert_eq!(resumed.iter().map(|c| c.id).collect::<Vec<_>>(), [a]);
+    store.close().await;
+    db.drop_db().await;
+}
