@@ -620,6 +620,15 @@ impl Store {
             if n != 1 {
                 return Ok(Control::Conflict(status));
             }
+            // Whatever it waited for can no longer be decided.
+            sqlx::query(
+                "UPDATE pending_action SET decision = 'EXPIRED', decided_at = $1 \
+                 WHERE task_id = $2 AND decision = 'PENDING'",
+            )
+            .bind(now)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
             insert_reply!(&mut *tx, task_id, notice, now).await?;
             insert_audit!(
                 &mut *tx,

@@ -376,7 +376,7 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
                 }
-                sqlx::query(
+                let moved = sqlx::query(
                     "UPDATE agent_task SET status = $1, confirm_deadline = NULL, run_after = $2, \
                      owner = NULL, version = version + 1, updated_at = $2 \
                      WHERE id = $3 AND status = $4",
@@ -386,7 +386,12 @@ impl Store {
                 .bind(action.task_id)
                 .bind(TaskStatus::WaitingHumanConfirm)
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected();
+                if moved != 1 {
+                    // The task stopped waiting (cancelled, timed out): nothing to decide.
+                    return Ok(Decided::AlreadyDecided(Decision::Expired));
+                }
                 insert_audit!(
                     &mut *tx,
                     Some(action.task_id),
@@ -409,7 +414,7 @@ impl Store {
                 .bind(action.step_no)
                 .execute(&mut *tx)
                 .await?;
-                sqlx::query(
+                let moved = sqlx::query(
                     "UPDATE agent_task SET status = $1, failure_type = 'CANCELLED', \
                      error_msg = $2, confirm_deadline = NULL, version = version + 1, \
                      finished_at = $3, updated_at = $3 WHERE id = $4 AND status = $5",
@@ -420,7 +425,11 @@ impl Store {
                 .bind(action.task_id)
                 .bind(TaskStatus::WaitingHumanConfirm)
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected();
+                if moved != 1 {
+                    return Ok(Decided::AlreadyDecided(Decision::Expired));
+                }
                 insert_reply!(&mut *tx, action.task_id, notice, now).await?;
                 insert_audit!(
                     &mut *tx,

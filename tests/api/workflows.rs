@@ -698,3 +698,26 @@ async fn the_shipped_example_agents_are_valid() {
         db.drop_db().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiting_task_cannot_be_approved_afterwards() {
+    let flow = spawn_flow(NOTICE).await;
+    let app = &flow.app;
+    let id = task_id_of(app.post_message(&message("wf-cancel", 1, "send it")).await).await;
+    app.wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    assert_eq!(app.control(id, "cancel").await.status(), 200);
+    assert_eq!(app.confirm(id, "approve", "alice").await.status(), 409);
+    let task = app.get_task(id).await;
+    assert_eq!(task["status"], "CANCELLED");
+    assert_eq!(task["pending_actions"][0]["decision"], "EXPIRED");
+    let events: Vec<&str> = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["event"].as_str().unwrap())
+        .collect();
+    assert!(!events.contains(&"TASK_CONFIRMED"), "{events:?}");
+    assert_eq!(calls_to(&flow.tools, "POST", "/tools/notice").await, 0);
+    flow.app.stop().await;
+}
