@@ -207,7 +207,7 @@ pub struct JobsConfig {
 }
 
 /// What every job has.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct JobSchedule {
     pub enabled: bool,
     pub cron: String,

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::app::Services;
+use crate::channels::Channels;
 use crate::domain::{ReplyStatus, now_ms};
 use crate::engine::backoff;
 use crate::store::outbox::ReplyRow;
@@ -57,7 +58,22 @@ pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
 async fn deliver(svc: &Services, reply: ReplyRow) {
     let cfg = &svc.config.outbox;
     let owner = &svc.instance_id;
-    let result = svc.channels.send(&reply).await;
+    // A previous try was claimed but left no result (its instance died mid-send): where a
+    // re-send could show the reply twice, its outcome is unknown and it is not repeated.
+    let result = if Channels::resend_is_blind(&reply.channel)
+        && reply.attempts > 1
+        && reply.last_error.is_none()
+    {
+        Err(crate::channels::DeliveryError {
+            message:
+                "a previous send was interrupted and the platform cannot tell whether it arrived"
+                    .into(),
+            retry_after: None,
+            unknown: true,
+        })
+    } else {
+        svc.channels.send(&reply).await
+    };
     let now = now_ms();
     let written = match result {
         Ok(delivered) => {

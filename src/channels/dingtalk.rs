@@ -161,15 +161,6 @@ impl DingTalkChannel {
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
-        if reply.attempts > 1 && reply.last_error.is_none() {
-            return Err(DeliveryError {
-                message:
-                    "a previous send was interrupted and DingTalk cannot tell whether it arrived"
-                        .into(),
-                retry_after: None,
-                unknown: true,
-            });
-        }
         let context: Value = self
             .store
             .reply_context(CHANNEL, &reply.in_reply_to)

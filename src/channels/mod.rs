@@ -185,6 +185,15 @@ impl Channels {
         })
     }
 
+    /// Whether a re-send of a reply on `channel` could show it twice: the platform has no
+    /// idempotency key and no way to look the send up (Telegram, DingTalk, WeCom).
+    pub fn resend_is_blind(channel: &str) -> bool {
+        matches!(
+            channel,
+            telegram::CHANNEL | dingtalk::CHANNEL | wecom::CHANNEL
+        )
+    }
+
     /// Sends one outbox reply through the platform it belongs to.
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
         match reply.channel.as_str() {

@@ -153,16 +153,6 @@ impl TelegramChannel {
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
-        // A previous attempt was claimed but never recorded: it may have been sent.
-        if reply.attempts > 1 && reply.last_error.is_none() {
-            return Err(DeliveryError {
-                message:
-                    "a previous send was interrupted and Telegram cannot tell whether it arrived"
-                        .into(),
-                retry_after: None,
-                unknown: true,
-            });
-        }
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("").to_string();
         let mut body = json!({ "chat_id": reply.conversation_id, "text": text });

@@ -264,14 +264,6 @@ impl WeComChannel {
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
-        if reply.attempts > 1 && reply.last_error.is_none() {
-            return Err(DeliveryError {
-                message: "a previous send was interrupted and WeCom cannot tell whether it arrived"
-                    .into(),
-                retry_after: None,
-                unknown: true,
-            });
-        }
         let token = self.access_token().await?;
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("").to_string();

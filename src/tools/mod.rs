@@ -242,8 +242,13 @@ pub fn render(template: &str, context: &Value) -> Result<String, ToolError> {
     if !template.contains("{{") && !template.contains("{%") {
         return Ok(template.to_string());
     }
-    let mut env = minijinja::Environment::new();
-    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    // One environment for every render: templates run on the step path.
+    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
+    let env = ENV.get_or_init(|| {
+        let mut env = minijinja::Environment::new();
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        env
+    });
     env.render_str(template, minijinja::value::Serde(context))
         .map_err(|e| ToolError::permanent(format!("template `{template}`: {e}")))
 }
