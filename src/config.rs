@@ -406,6 +406,8 @@ pub struct WeComChannelConfig {
     pub encoding_aes_key: String,
     pub api_base_url: String,
     pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -418,6 +420,8 @@ pub struct DingTalkChannelConfig {
     pub robot_code: String,
     pub api_base_url: String,
     pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
     /// Accepted age of the `timestamp` header, in seconds (DingTalk: one hour).
     pub timestamp_tolerance_secs: u64,
 }
@@ -433,6 +437,8 @@ pub struct LarkChannelConfig {
     pub encrypt_key: String,
     pub api_base_url: String,
     pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
     pub timestamp_tolerance_secs: u64,
 }
 
@@ -448,6 +454,8 @@ pub struct MatrixChannelConfig {
     /// The bot's user id, e.g. @assistd:example.org.
     pub bot_user_id: String,
     pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -460,6 +468,8 @@ pub struct SlackChannelConfig {
     /// The bot's own user id (its messages are ignored).
     pub bot_user_id: String,
     pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
     pub timestamp_tolerance_secs: u64,
 }
 
@@ -473,6 +483,8 @@ pub struct TelegramChannelConfig {
     /// The bot's @username without the @ (mentions of it are stripped).
     pub bot_username: String,
     pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -43,21 +43,44 @@ pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
             let span = tracing::info_span!("reply", task_id = reply.task_id);
             sends.spawn(async move { deliver(&svc, reply).await }.instrument(span));
         }
-        while sends.join_next().await.is_some() {}
+        // The earliest time a reply held back by its chat's pace may go.
+        let mut deferred: Option<i64> = None;
+        while let Some(done) = sends.join_next().await {
+            if let Ok(Some(at)) = done {
+                deferred = Some(deferred.map_or(at, |d| d.min(at)));
+            }
+        }
         if full {
             continue;
         }
+        let wait = deferred.map_or(poll, |at| {
+            Duration::from_millis((at - now_ms()).max(1) as u64).min(poll)
+        });
         tokio::select! {
             _ = svc.reply_wake.notified() => {}
-            _ = tokio::time::sleep(poll) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = shutdown.cancelled() => break,
         }
     }
 }
 
-async fn deliver(svc: &Services, reply: ReplyRow) {
+/// Sends one claimed reply and records the outcome; returns the time it was deferred to
+/// when its chat's send pace did not allow it yet (the attempt is not counted).
+async fn deliver(svc: &Services, reply: ReplyRow) -> Option<i64> {
     let cfg = &svc.config.outbox;
     let owner = &svc.instance_id;
+    let interval = Channels::chat_interval_ms(&svc.config, &reply.channel);
+    if let Err(at) =
+        svc.channels
+            .pacer
+            .admit(&reply.channel, &reply.conversation_id, interval, now_ms())
+    {
+        tracing::debug!(key = %reply.idempotency_key, wait_ms = at - now_ms(), "reply paced");
+        if let Err(e) = svc.store.defer_reply(&reply, owner, at).await {
+            tracing::error!(error = %e, "deferring a paced reply failed");
+        }
+        return Some(at);
+    }
     // A previous try was claimed but left no result (its instance died mid-send): where a
     // re-send could show the reply twice, its outcome is unknown and it is not repeated.
     let result = if Channels::resend_is_blind(&reply.channel)
@@ -119,4 +142,5 @@ async fn deliver(svc: &Services, reply: ReplyRow) {
         Ok(false) => tracing::warn!("reply lease was lost before its result was recorded"),
         Err(e) => tracing::error!(error = %e, "recording the delivery result failed"),
     }
+    None
 }

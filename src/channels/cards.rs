@@ -31,6 +31,10 @@ const TEMPLATES: &[(&str, &str, &str)] = &[
     card!("lark", "knowledge_answer"),
     card!("lark", "agent_result"),
     card!("wecom", "approval_request"),
+    card!("dingtalk", "approval_request"),
+    card!("dingtalk", "knowledge_answer"),
+    card!("dingtalk", "agent_result"),
+    card!("matrix", "approval_request"),
 ];
 
 /// Renders `card` for `platform`; `None` when the platform has no template for its type.

@@ -3,8 +3,11 @@
 //! deduplicated on `msgId`. Replies go to the message's `sessionWebhook` while it lives, else
 //! through the robot API (`/v1.0/robot/groupMessages/send` or `oToMessages/batchSend`) with a
 //! cached access token. DingTalk has no idempotency key: a send whose outcome is unknown
-//! becomes UNKNOWN instead of being repeated. Action cards link out, so approvals are decided
-//! through the API, not by buttons.
+//! becomes UNKNOWN instead of being repeated. Cards go out as markdown and actionCard
+//! messages (`templates/cards/dingtalk/`). actionCard buttons can only open links, so the
+//! approval card's buttons make the user's client send `approve <task>.<step>` (or reject)
+//! into the chat; that message reaches the robot signed like any other and decides the
+//! request as its sender.
 
 use std::time::Duration;
 
@@ -83,6 +86,18 @@ pub fn parse(body: &[u8]) -> Result<Inbound, Refused> {
     if text.is_empty() {
         return Ok(Inbound::Ignore("empty message"));
     }
+    let staff = v["senderStaffId"].as_str().map(str::to_string);
+    if let Some((approve, task_id, step_no)) = super::parse_decision_command(&text) {
+        return Ok(Inbound::Action {
+            action: super::generic::CardAction {
+                task_id,
+                step_no,
+                approve,
+                approver: staff.unwrap_or(sender),
+            },
+            ack: None,
+        });
+    }
     let msg_id = field("msgId")?;
     let context = json!({
         "session_webhook": v["sessionWebhook"],
@@ -96,10 +111,7 @@ pub fn parse(body: &[u8]) -> Result<Inbound, Refused> {
         event_id: msg_id.clone(),
         message_id: msg_id,
         conversation_id: field("conversationId")?,
-        sender_id: v["senderStaffId"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or(sender),
+        sender_id: staff.unwrap_or(sender),
         sender_name: v["senderNick"].as_str().map(str::to_string),
         text,
         reply_context: Some(context.to_string()),
@@ -169,15 +181,29 @@ impl DingTalkChannel {
             .and_then(|c| serde_json::from_str(&c).ok())
             .unwrap_or(Value::Null);
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
-        let mut text = content["text"].as_str().unwrap_or("").to_string();
-        if let Some(card) = content.get("card").filter(|c| c.is_object())
-            && card["card_type"] == "approval_request"
-        {
-            text.push_str(&format!(
-                "\n\n(Approve or reject with POST /api/tasks/{}/confirm.)",
-                reply.task_id
-            ));
-        }
+        let text = content["text"].as_str().unwrap_or("").to_string();
+        // A card renders to {"webhook": <sessionWebhook body>, "api": {msgKey, msgParam}};
+        // anything else goes out as text.
+        let rendered = match content.get("card").filter(|c| c.is_object()) {
+            Some(card) => super::cards::render(CHANNEL, card, &text, &reply.idempotency_key)
+                .map_err(DeliveryError::retry)?,
+            None => None,
+        };
+        let (webhook_body, msg_key, msg_param) = match &rendered {
+            Some(r) => (
+                r["webhook"].clone(),
+                r["api"]["msgKey"]
+                    .as_str()
+                    .unwrap_or("sampleText")
+                    .to_string(),
+                r["api"]["msgParam"].to_string(),
+            ),
+            None => (
+                json!({ "msgtype": "text", "text": { "content": text } }),
+                "sampleText".to_string(),
+                json!({ "content": text }).to_string(),
+            ),
+        };
         let unknown = |e: reqwest::Error| DeliveryError {
             unknown: !e.is_connect(),
             message: format!("DingTalk send failed: {e}"),
@@ -190,24 +216,23 @@ impl DingTalkChannel {
         let response = if let Some(webhook) = alive {
             self.http
                 .post(webhook)
-                .json(&json!({ "msgtype": "text", "text": { "content": text } }))
+                .json(&webhook_body)
                 .send()
                 .await
                 .map_err(unknown)?
         } else {
             let token = self.access_token().await?;
-            let param = json!({ "content": text }).to_string();
             let (path, body) = if context["conversation_type"] == "1" {
                 (
                     "/v1.0/robot/oToMessages/batchSend",
                     json!({ "robotCode": self.robot_code, "userIds": [context["staff_id"]],
-                            "msgKey": "sampleText", "msgParam": param }),
+                            "msgKey": msg_key, "msgParam": msg_param }),
                 )
             } else {
                 (
                     "/v1.0/robot/groupMessages/send",
                     json!({ "robotCode": self.robot_code, "openConversationId": reply.conversation_id,
-                            "msgKey": "sampleText", "msgParam": param }),
+                            "msgKey": msg_key, "msgParam": msg_param }),
                 )
             };
             self.http

@@ -2,7 +2,10 @@
 //! `/webhooks/matrix/_matrix/app/v1/transactions/{txnId}` with `Authorization: Bearer
 //! <hs_token>`; `m.room.message` events become messages, invites of the bot are accepted.
 //! Replies are `PUT /_matrix/client/v3/rooms/{room}/send/m.room.message/{txnId}` with the
-//! reply key as txnId, which the homeserver deduplicates, so a re-send is safe.
+//! reply key as txnId, which the homeserver deduplicates, so a re-send is safe. A handled
+//! transaction id is recorded, so a repeated transaction repeats nothing (not even a join).
+//! Matrix has no buttons: an approval request is a message (`templates/cards/matrix/`) that
+//! approvers answer with a ✅ / ❌ reaction, or with `approve <task>.<step>`.
 
 use std::time::Duration;
 
@@ -48,6 +51,40 @@ pub enum MatrixEvent {
     Message(NewMessage),
     /// The bot was invited to this room.
     Invite(String),
+    /// `approve 7.3` / `reject 7.3` sent by `approver`.
+    Decision {
+        approver: String,
+        approve: bool,
+        task_id: i64,
+        step_no: i64,
+    },
+    /// A ✅ / ❌ (or 👍 / 👎) reaction by `approver` to the event `target`.
+    Reaction {
+        approver: String,
+        approve: bool,
+        target: String,
+    },
+}
+
+/// The approval a reaction key stands for, if any.
+fn reaction_decision(key: &str) -> Option<bool> {
+    // Clients add a variation selector (U+FE0F) to some emoji; compare without it.
+    match key.trim_end_matches('\u{fe0f}') {
+        "✅" | "✔" | "👍" => Some(true),
+        "❌" | "✖" | "👎" => Some(false),
+        _ => None,
+    }
+}
+
+/// The (task id, step no) an approval request sent by [`MatrixChannel::send`] asks about,
+/// read from the stored reply content.
+pub fn approval_of(reply_content: &str) -> Option<(i64, i64)> {
+    let content: Value = serde_json::from_str(reply_content).ok()?;
+    let value = &content["card"]["actions"][0]["value"];
+    if content["card"]["card_type"] != "approval_request" {
+        return None;
+    }
+    Some((value["task_id"].as_i64()?, value["step_no"].as_i64()?))
 }
 
 /// Parses a verified transaction body.
@@ -66,6 +103,25 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                     && event["content"]["membership"].as_str() == Some("invite") =>
             {
                 out.push(MatrixEvent::Invite(room.to_string()));
+            }
+            Some("m.reaction") => {
+                let sender = event["sender"].as_str().unwrap_or("");
+                let relates = &event["content"]["m.relates_to"];
+                let target = relates["event_id"].as_str().unwrap_or("");
+                if sender.is_empty()
+                    || sender == bot_user_id
+                    || target.is_empty()
+                    || relates["rel_type"].as_str() != Some("m.annotation")
+                {
+                    continue;
+                }
+                if let Some(approve) = relates["key"].as_str().and_then(reaction_decision) {
+                    out.push(MatrixEvent::Reaction {
+                        approver: sender.to_string(),
+                        approve,
+                        target: target.to_string(),
+                    });
+                }
             }
             Some("m.room.message") => {
                 let sender = event["sender"].as_str().unwrap_or("");
@@ -87,6 +143,15 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                     .trim()
                     .to_string();
                 if text.is_empty() {
+                    continue;
+                }
+                if let Some((approve, task_id, step_no)) = super::parse_decision_command(&text) {
+                    out.push(MatrixEvent::Decision {
+                        approver: sender.to_string(),
+                        approve,
+                        task_id,
+                        step_no,
+                    });
                     continue;
                 }
                 out.push(MatrixEvent::Message(NewMessage {
@@ -152,11 +217,13 @@ impl MatrixChannel {
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("");
-        let body = json!({
-            "msgtype": "m.text",
-            "body": text,
-            "m.relates_to": { "m.in_reply_to": { "event_id": reply.in_reply_to } },
-        });
+        let rendered = match content.get("card").filter(|c| c.is_object()) {
+            Some(card) => super::cards::render(CHANNEL, card, text, &reply.idempotency_key)
+                .map_err(DeliveryError::retry)?,
+            None => None,
+        };
+        let mut body = rendered.unwrap_or_else(|| json!({ "msgtype": "m.text", "body": text }));
+        body["m.relates_to"] = json!({ "m.in_reply_to": { "event_id": reply.in_reply_to } });
         let url = format!(
             "{}/_matrix/client/v3/rooms/{}/send/m.room.message/{}",
             self.homeserver,

@@ -46,6 +46,53 @@ pub enum Refused {
     BadRequest(String),
 }
 
+/// An approval typed (or sent by a card button) as a chat message, for platforms whose
+/// cards cannot call back: `approve 7.3` / `reject 7.3` (also `7:3`, and 同意 / 拒绝), where
+/// 7 is the task and 3 the step. Returns (approve, task id, step no).
+pub fn parse_decision_command(text: &str) -> Option<(bool, i64, i64)> {
+    let mut words = text.split_whitespace();
+    let approve = match words.next()?.to_lowercase().as_str() {
+        "approve" | "同意" => true,
+        "reject" | "拒绝" => false,
+        _ => return None,
+    };
+    let (task, step) = words.next()?.split_once(['.', ':'])?;
+    if words.next().is_some() {
+        return None;
+    }
+    Some((approve, task.parse().ok()?, step.parse().ok()?))
+}
+
+/// Per-chat send pacing for platforms that limit sends per chat (Lark 5/s, Telegram and
+/// Slack about 1/s). Each (channel, chat) has the time its next send may start; a reply
+/// that comes earlier is deferred to that time instead of being sent into a 429. The pace
+/// is kept per instance; across instances the platform's 429 and Retry-After still apply.
+#[derive(Default)]
+pub struct ChatPacer(std::sync::Mutex<std::collections::HashMap<(String, String), i64>>);
+
+impl ChatPacer {
+    /// Takes a send slot for the chat at `now` (ms) with `interval_ms` between sends: `Ok`
+    /// to send now, or `Err(at)` with the time to come back.
+    pub fn admit(&self, channel: &str, chat: &str, interval_ms: u64, now: i64) -> Result<(), i64> {
+        if interval_ms == 0 {
+            return Ok(());
+        }
+        let mut next = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget chats that have been quiet for a while, so the map stays small.
+        if next.len() > 10_000 {
+            next.retain(|_, at| *at > now);
+        }
+        let key = (channel.to_string(), chat.to_string());
+        match next.get(&key) {
+            Some(&at) if at > now => Err(at),
+            _ => {
+                next.insert(key, now + interval_ms as i64);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A platform access token fetched on demand and kept until a minute before it expires.
 #[derive(Default)]
 pub struct TokenCache(std::sync::Mutex<Option<(String, std::time::Instant)>>);
@@ -116,6 +163,8 @@ pub struct Channels {
     pub wecom: Option<std::sync::Arc<wecom::WeComChannel>>,
     /// Where approval-timeout callbacks go (empty = not sent).
     pub approval_callback_url: String,
+    /// Send pacing per chat (see [`Channels::chat_interval_ms`]).
+    pub pacer: std::sync::Arc<ChatPacer>,
 }
 
 impl Channels {
@@ -182,7 +231,22 @@ impl Channels {
                 .confirm_timeout
                 .approval_callback_url
                 .clone(),
+            pacer: Default::default(),
         })
+    }
+
+    /// The least time between two sends into one chat of `channel` (0 = no pacing).
+    pub fn chat_interval_ms(config: &Config, channel: &str) -> u64 {
+        let c = &config.channels;
+        match channel {
+            slack::CHANNEL => c.slack.per_chat_interval_ms,
+            telegram::CHANNEL => c.telegram.per_chat_interval_ms,
+            lark::CHANNEL => c.lark.per_chat_interval_ms,
+            dingtalk::CHANNEL => c.dingtalk.per_chat_interval_ms,
+            wecom::CHANNEL => c.wecom.per_chat_interval_ms,
+            matrix::CHANNEL => c.matrix.per_chat_interval_ms,
+            _ => 0,
+        }
     }
 
     /// Whether a re-send of a reply on `channel` could show it twice: the platform has no
@@ -246,5 +310,34 @@ impl Channels {
                 "no channel named `{other}` is configured"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_commands() {
+        assert_eq!(parse_decision_command("approve 7.3"), Some((true, 7, 3)));
+        assert_eq!(
+            parse_decision_command(" Reject  12:1 "),
+            Some((false, 12, 1))
+        );
+        assert_eq!(parse_decision_command("同意 5.2"), Some((true, 5, 2)));
+        assert_eq!(parse_decision_command("approve 7"), None);
+        assert_eq!(parse_decision_command("approve 7.3 please"), None);
+        assert_eq!(parse_decision_command("please approve 7.3"), None);
+        assert_eq!(parse_decision_command("approve x.3"), None);
+    }
+
+    #[test]
+    fn pacing_is_per_chat() {
+        let pacer = ChatPacer::default();
+        assert_eq!(pacer.admit("lark", "a", 200, 1_000), Ok(()));
+        assert_eq!(pacer.admit("lark", "a", 200, 1_100), Err(1_200));
+        assert_eq!(pacer.admit("lark", "b", 200, 1_100), Ok(()));
+        assert_eq!(pacer.admit("lark", "a", 200, 1_200), Ok(()));
+        assert_eq!(pacer.admit("lark", "a", 0, 1_201), Ok(()));
     }
 }

@@ -319,10 +319,49 @@ async fn matrix_transaction(
     }
     let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
     let events = matrix::parse(&raw, &cfg.bot_user_id)?;
+    if svc.store.inbound_seen(matrix::CHANNEL, &txn).await? {
+        tracing::debug!(txn = %txn, "matrix transaction repeated; nothing to do");
+        return Ok(Json(json!({})).into_response());
+    }
     let mut created = 0;
     for event in events {
         match event {
             matrix::MatrixEvent::Invite(room) => channel.join(&room).await,
+            matrix::MatrixEvent::Decision {
+                approver,
+                approve,
+                task_id,
+                step_no,
+            } => {
+                let result =
+                    crate::control::decide(&svc, task_id, Some(step_no), approve, &approver, false)
+                        .await?;
+                tracing::info!(task_id, step_no, ?result, "matrix approval command");
+            }
+            matrix::MatrixEvent::Reaction {
+                approver,
+                approve,
+                target,
+            } => {
+                let asked = svc
+                    .store
+                    .reply_by_platform_message(matrix::CHANNEL, &target)
+                    .await?
+                    .and_then(|reply| matrix::approval_of(&reply.content));
+                // A reaction to anything but an approval request is just a reaction.
+                if let Some((task_id, step_no)) = asked {
+                    let result = crate::control::decide(
+                        &svc,
+                        task_id,
+                        Some(step_no),
+                        approve,
+                        &approver,
+                        false,
+                    )
+                    .await?;
+                    tracing::info!(task_id, step_no, ?result, "matrix approval reaction");
+                }
+            }
             matrix::MatrixEvent::Message(message) => {
                 let ingested =
                     accept_message(&svc, &message, &cfg.agent)
@@ -335,6 +374,9 @@ async fn matrix_transaction(
             }
         }
     }
+    svc.store
+        .record_inbound_once(matrix::CHANNEL, &txn, now_ms())
+        .await?;
     tracing::debug!(txn = %txn, created, "matrix transaction");
     Ok(Json(json!({})).into_response())
 }

@@ -246,5 +246,7 @@ pub async fn orphan_reclaim(svc: &Services, batch: i64, now: i64) -> Result<JobC
 pub async fn retention(svc: &Services, batch: i64, now: i64) -> Result<JobCounts, String> {
     let ttl = svc.config.scheduler.jobs.retention.ttl_days as i64 * 86_400_000;
     let (scanned, affected) = store_err(svc.store.purge_finished(now - ttl, batch, now)).await?;
+    // Handled Matrix transaction ids: homeservers retry for hours, not for the TTL.
+    store_err(svc.store.forget_inbound_before(now - ttl)).await?;
     Ok(JobCounts { scanned, affected })
 }

@@ -173,4 +173,50 @@ impl Store {
         });
         Ok(row.and_then(|r| r.0))
     }
+
+    /// Records that `key` on `channel` was handled (a Matrix transaction id); false when it
+    /// already was, so a repeated delivery is a no-op.
+    pub async fn record_inbound_once(
+        &self,
+        channel: &str,
+        key: &str,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let n = write_tx!(self, tx => {
+            sqlx::query(
+                "INSERT INTO inbound_once (channel, key, created_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (channel, key) DO NOTHING",
+            )
+            .bind(channel)
+            .bind(key)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(n == 1)
+    }
+
+    /// Whether `key` on `channel` was handled already.
+    pub async fn inbound_seen(&self, channel: &str, key: &str) -> StoreResult<bool> {
+        let row: Option<(i64,)> = super::on_pool!(self, pool => {
+            sqlx::query_as("SELECT created_at FROM inbound_once WHERE channel = $1 AND key = $2")
+                .bind(channel)
+                .bind(key)
+                .fetch_optional(pool)
+                .await?
+        });
+        Ok(row.is_some())
+    }
+
+    /// Forgets handled keys recorded before `cutoff` (platforms stop retrying long before).
+    pub async fn forget_inbound_before(&self, cutoff: i64) -> StoreResult<u64> {
+        Ok(write_tx!(self, tx => {
+            sqlx::query("DELETE FROM inbound_once WHERE created_at < $1")
+                .bind(cutoff)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+        }))
+    }
 }

@@ -122,6 +122,50 @@ impl Store {
         Ok(done == 1)
     }
 
+    /// Puts a claimed reply back without counting the attempt: the chat's send rate is used
+    /// up until `until`, so the reply waits (it was not tried).
+    pub async fn defer_reply(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        until: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE outbound_reply SET next_attempt_at = $1, attempts = attempts - 1, \
+                 locked_by = NULL, locked_until = NULL \
+                 WHERE id = $2 AND locked_by = $3 AND status = 'PENDING'",
+            )
+            .bind(until)
+            .bind(reply.id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
+    /// The sent reply the platform knows as `platform_message_id` on `channel` (what a
+    /// reaction or a quote refers to).
+    pub async fn reply_by_platform_message(
+        &self,
+        channel: &str,
+        platform_message_id: &str,
+    ) -> StoreResult<Option<ReplyRow>> {
+        let sql = format!(
+            "SELECT {REPLY_COLUMNS} FROM outbound_reply \
+             WHERE channel = $1 AND platform_message_id = $2 ORDER BY id LIMIT 1"
+        );
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, ReplyRow>(&sql)
+                .bind(channel)
+                .bind(platform_message_id)
+                .fetch_optional(pool)
+                .await?
+        }))
+    }
+
     /// Gives a reply up for good (status `status`: FAILED, or UNKNOWN when it may have
     /// reached the chat), with a risk-flagged audit event.
     pub async fn give_up_reply(
