@@ -297,6 +297,69 @@ async fn a_telegram_send_with_unknown_outcome_is_not_repeated() {
     app.stop().await;
 }
 
+/// The crash window: an instance took the reply and died mid-send (here: its send hangs past
+/// the lease), so another instance finds the reply taken before with no result recorded.
+/// Telegram has no idempotency key, so the second instance marks it UNKNOWN and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_telegram_reply_left_mid_send_by_another_instance_is_not_resent() {
+    let api = platform_api().await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"ok": true, "result": {"message_id": 1}}))
+                .set_delay(Duration::from_secs(4)),
+        )
+        .with_priority(1)
+        .mount(&api)
+        .await;
+    let tweak = |c: &mut assistd::Config| {
+        c.outbox.timeout_secs = 10;
+        c.outbox.lease_secs = 1;
+    };
+    let app = spawn_platforms(&api, tweak).await;
+    let id = task_id_of(
+        app.telegram(&tg_update(1, 3, 4, 42, "hi"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    wait_sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"), 1).await;
+
+    let mut peer_cfg = app.services.config.as_ref().clone();
+    peer_cfg.worker.instance_id = "peer".into();
+    let peer = assistd::App::build(peer_cfg).await.unwrap();
+    let stop_peer = tokio_util::sync::CancellationToken::new();
+    let peer_handle = tokio::spawn(peer.run_until_stopped(stop_peer.clone()));
+
+    let task = app
+        .wait_task(id, WAIT, |t| t["reply"]["status"] == "UNKNOWN")
+        .await;
+    assert_eq!(task["reply"]["attempts"], 2, "{task}");
+    let failed = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["event"] == "REPLY_FAILED")
+        .unwrap();
+    assert_eq!(failed["risk_flag"], true);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"))
+            .await
+            .len(),
+        1,
+        "not blindly re-sent"
+    );
+    assert_eq!(
+        app.get_task(id).await["reply"]["status"],
+        "UNKNOWN",
+        "the late answer of the first send does not overwrite the verdict"
+    );
+    stop_peer.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), peer_handle).await;
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telegram_approvals_use_inline_keyboards() {
     let api = platform_api().await;
