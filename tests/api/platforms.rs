@@ -1537,6 +1537,8 @@ async fn dingtalk_approvals_use_action_cards_answered_by_command() {
     let prefix = format!("dtmd://dingtalkclient/sendMessage?content=approve%20{id}.");
     assert!(approve_url.starts_with(&prefix), "{approve_url}");
     let step = approve_url.strip_prefix(&prefix).unwrap();
+    let text = sent[0]["actionCard"]["text"].as_str().unwrap();
+    assert!(text.contains(&format!("[Approve]({approve_url})")), "{text}");
     let command = format!("approve {id}.{step}");
 
     // The command from someone who may not approve is refused; from the approver it approves.
