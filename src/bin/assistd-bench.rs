@@ -35,6 +35,8 @@ enum Scenario {
     Recovery,
     /// A workflow of 20 instant tool steps per task: journalled steps per second.
     Steps,
+    /// Resume of a 150-step task: time to rebuild its context from the journal.
+    Context,
     All,
 }
 
@@ -200,6 +202,7 @@ fn bench_config(
 
 struct Server {
     addr: SocketAddr,
+    services: Arc<assistd::app::Services>,
     stop: CancellationToken,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -207,9 +210,15 @@ struct Server {
 async fn start_server(config: Config) -> anyhow::Result<Server> {
     let app = assistd::App::build(config).await?;
     let addr = app.local_addr();
+    let services = app.services();
     let stop = CancellationToken::new();
     let handle = tokio::spawn(app.run_until_stopped(stop.clone()));
-    Ok(Server { addr, stop, handle })
+    Ok(Server {
+        addr,
+        services,
+        stop,
+        handle,
+    })
 }
 
 impl Server {
@@ -519,13 +528,17 @@ async fn recovery(args: &Args) -> anyhow::Result<()> {
 /// Steps per task in the `steps` scenario.
 const WORKFLOW_STEPS: usize = 20;
 
-async fn steps(args: &Args) -> anyhow::Result<()> {
-    let db = BenchDb::new(args.db).await?;
-    let mocks = start_mocks(Duration::ZERO).await?;
+/// A server whose agent `steps` runs a workflow of `n_steps` instant read-only tool calls
+/// (answered by the mock) and then replies; the temp dir holds its files.
+async fn tool_chain_server(
+    db: &BenchDb,
+    mocks: &Mocks,
+    n_steps: usize,
+) -> anyhow::Result<(Server, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
-    let mut nodes: Vec<Value> = (0..WORKFLOW_STEPS)
+    let mut nodes: Vec<Value> = (0..n_steps)
         .map(|i| {
-            let next = if i + 1 == WORKFLOW_STEPS {
+            let next = if i + 1 == n_steps {
                 "done".to_string()
             } else {
                 format!("s{}", i + 1)
@@ -549,7 +562,7 @@ async fn steps(args: &Args) -> anyhow::Result<()> {
         ),
     )?;
     let mut config = Config::load_with_env(Some(&overlay), Vec::new())?;
-    let base = bench_config(&db.url, &mocks, Role::All, 256)?;
+    let base = bench_config(&db.url, mocks, Role::All, 256)?;
     config.server = base.server;
     config.database = base.database;
     config.llm = base.llm;
@@ -559,7 +572,13 @@ async fn steps(args: &Args) -> anyhow::Result<()> {
     config.channels = base.channels;
     config.channels.generic.agent = "steps".into();
     config.scheduler.enabled = false;
-    let server = start_server(config).await?;
+    Ok((start_server(config).await?, dir))
+}
+
+async fn steps(args: &Args) -> anyhow::Result<()> {
+    let db = BenchDb::new(args.db).await?;
+    let mocks = start_mocks(Duration::ZERO).await?;
+    let (server, _dir) = tool_chain_server(&db, &mocks, WORKFLOW_STEPS).await?;
     let started = Instant::now();
     send_messages(server.addr, args.n, args.concurrency, "steps").await?;
     wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
@@ -579,6 +598,50 @@ async fn steps(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Steps journalled by the task whose resume the context scenario measures.
+const CONTEXT_STEPS: usize = 150;
+
+/// Runs one task of 150 tool steps to the end, then rebuilds its resume state from the
+/// database `n` times (capped at 1,000): load task, message, agent snapshot and journal,
+/// parse the workflow and replay every journalled step, as a resume does before executing.
+async fn context(args: &Args) -> anyhow::Result<()> {
+    let db = BenchDb::new(args.db).await?;
+    let mocks = start_mocks(Duration::ZERO).await?;
+    let (server, _dir) = tool_chain_server(&db, &mocks, CONTEXT_STEPS).await?;
+    send_messages(server.addr, 1, 1, "context").await?;
+    wait_replies(&mocks, 1, Duration::from_secs(120)).await?;
+    let svc = server.services.clone();
+    let tasks = svc.store.list_tasks(None, None, 1).await?;
+    let task_id = tasks
+        .first()
+        .map(|t| t.id)
+        .context("the task was not found")?;
+    let rounds = args.n.clamp(1, 1000);
+    let mut times = Vec::with_capacity(rounds);
+    let mut replayed = 0;
+    for _ in 0..rounds {
+        let started = Instant::now();
+        replayed = assistd::engine::workflow::runner::replay(&svc, task_id).await?;
+        times.push(started.elapsed());
+    }
+    anyhow::ensure!(
+        replayed == CONTEXT_STEPS as i64,
+        "replayed {replayed} of {CONTEXT_STEPS} steps"
+    );
+    times.sort();
+    println!(
+        "scenario=context db={} steps={replayed} rounds={rounds} p50={:.2}ms p99={:.2}ms max={:.2}ms",
+        db_name(args.db),
+        percentile(&times, 0.50),
+        percentile(&times, 0.99),
+        times.last().map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+    );
+    server.stop().await;
+    mocks.stop.cancel();
+    db.drop_db().await;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let runtime = tokio::runtime::Runtime::new()?;
@@ -589,11 +652,13 @@ fn main() -> anyhow::Result<()> {
             Scenario::InFlight => in_flight(&args).await,
             Scenario::Recovery => recovery(&args).await,
             Scenario::Steps => steps(&args).await,
+            Scenario::Context => context(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
                 end_to_end(&args).await?;
                 in_flight(&args).await?;
                 steps(&args).await?;
+                context(&args).await?;
                 recovery(&args).await
             }
         }

@@ -45,7 +45,7 @@ pub struct TaskContext {
     pub agent: AgentDefinition,
 }
 
-async fn load_context(svc: &Services, task_id: i64) -> Result<TaskContext, RunError> {
+pub(crate) async fn load_context(svc: &Services, task_id: i64) -> Result<TaskContext, RunError> {
     let task = svc
         .store
         .task(task_id)

@@ -31,7 +31,14 @@ fn every_benchmark_scenario_runs_at_small_n() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{stdout}");
-    for scenario in ["ingest", "end-to-end", "in-flight", "steps", "recovery"] {
+    for scenario in [
+        "ingest",
+        "end-to-end",
+        "in-flight",
+        "steps",
+        "context",
+        "recovery",
+    ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),
             "{stdout}"

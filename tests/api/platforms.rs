@@ -1538,7 +1538,10 @@ async fn dingtalk_approvals_use_action_cards_answered_by_command() {
     assert!(approve_url.starts_with(&prefix), "{approve_url}");
     let step = approve_url.strip_prefix(&prefix).unwrap();
     let text = sent[0]["actionCard"]["text"].as_str().unwrap();
-    assert!(text.contains(&format!("[Approve]({approve_url})")), "{text}");
+    assert!(
+        text.contains(&format!("[Approve]({approve_url})")),
+        "{text}"
+    );
     let command = format!("approve {id}.{step}");
 
     // The command from someone who may not approve is refused; from the approver it approves.

@@ -95,6 +95,9 @@ struct Runner<'a> {
     outputs: Map<String, Value>,
     compensable: Vec<Compensable>,
     trace: Vec<Value>,
+    /// Only replay the journal: the first step not finished in it ends the walk instead of
+    /// being executed (see [`replay`]).
+    replay_only: bool,
 }
 
 pub async fn run(
@@ -127,6 +130,7 @@ pub async fn run(
         outputs: Map::new(),
         compensable: Vec::new(),
         trace: Vec::new(),
+        replay_only: false,
     };
     match runner.walk(&workflow).await {
         Ok((reply_type, content, result)) => {
@@ -136,6 +140,51 @@ pub async fn run(
             runner.compensate().await?;
             runner.finish_failure(failure, message).await
         }
+        Err(Stop::Run(e)) => Err(e),
+    }
+}
+
+/// What a resume rebuilds before it executes anything: the task, its message and agent
+/// snapshot, the parsed workflow, the step journal, and the walk replayed through every
+/// finished step (outputs, template context, model transcripts). Writes nothing and calls
+/// nothing; returns how many journalled steps were replayed. Used to measure resume cost
+/// (`assistd-bench context`).
+pub async fn replay(svc: &Services, task_id: i64) -> Result<i64, RunError> {
+    let ctx = crate::engine::load_context(svc, task_id).await?;
+    let raw = ctx
+        .agent
+        .workflow
+        .as_ref()
+        .ok_or_else(|| RunError::Corrupt("not a workflow task".into()))?;
+    let workflow = Workflow::parse(raw, &svc.tools, !ctx.agent.approvers.is_empty())
+        .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
+    let journal = svc
+        .store
+        .task_steps(task_id)
+        .await?
+        .into_iter()
+        .map(|s| (s.step_no, s))
+        .collect();
+    let fence = Fence {
+        task_id,
+        owner: String::new(),
+        version: -1,
+    };
+    let lost = CancellationToken::new();
+    let mut runner = Runner {
+        svc,
+        fence: &fence,
+        lost: &lost,
+        ctx: &ctx,
+        journal,
+        step_no: 0,
+        outputs: Map::new(),
+        compensable: Vec::new(),
+        trace: Vec::new(),
+        replay_only: true,
+    };
+    match runner.walk(&workflow).await {
+        Ok(_) | Err(Stop::Failed(..)) | Err(Stop::Run(RunError::Parked)) => Ok(runner.step_no),
         Err(Stop::Run(e)) => Err(e),
     }
 }
@@ -711,6 +760,11 @@ impl<'a> Runner<'a> {
                 // Idempotent and interrupted, or UNKNOWN and approved: run it again.
                 StepStatus::Pending | StepStatus::Unknown => {}
             }
+        }
+        if self.replay_only {
+            // The resume point: a real run would execute this step.
+            self.step_no -= 1;
+            return Err(Stop::Run(RunError::Parked));
         }
         let input_text = input.to_string();
         let row = self
