@@ -19,6 +19,8 @@ use crate::store::{Store, TASK_NOTIFY_CHANNEL};
 pub struct Services {
     pub config: Arc<Config>,
     pub store: Store,
+    /// Group commit of inbound messages.
+    pub intake: crate::intake::IntakeQueue,
     pub channels: Channels,
     pub llm: OpenAiClient,
     pub tools: crate::tools::ToolRegistry,
@@ -125,6 +127,7 @@ impl App {
             tools,
             instance_id,
             admin_token,
+            intake: crate::intake::IntakeQueue::start(store.clone(), &config.intake),
             store,
             config: Arc::new(config),
             task_wake: Notify::new(),

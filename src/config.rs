@@ -41,6 +41,7 @@ fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
 pub struct Config {
     pub server: ServerConfig,
     pub database: DatabaseConfig,
+    pub intake: IntakeConfig,
     pub llm: LlmConfig,
     pub worker: WorkerConfig,
     pub outbox: OutboxConfig,
@@ -55,6 +56,15 @@ pub struct Config {
     pub tooling: ToolingConfig,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntakeConfig {
+    /// Most webhooks committed together in one intake transaction.
+    pub batch_max: usize,
+    /// Intake transactions in flight at once.
+    pub writers: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -604,6 +614,14 @@ impl Config {
             return Err(invalid(
                 "database.url",
                 "must start with sqlite:, postgres:// or postgresql://",
+            ));
+        }
+        positive("intake.batch_max", self.intake.batch_max as u64)?;
+        positive("intake.writers", self.intake.writers as u64)?;
+        if self.intake.batch_max > 1000 {
+            return Err(invalid(
+                "intake.batch_max",
+                "at most 1000 (a batch is a few statements with 11 parameters per message)",
             ));
         }
         positive(

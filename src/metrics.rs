@@ -66,6 +66,15 @@ impl Histogram {
 pub static MODEL_CALL_SECONDS: Histogram = Histogram::new();
 /// Journalled steps, from start to recorded end (including retries).
 pub static STEP_SECONDS: Histogram = Histogram::new();
+/// Intake transactions committed (group commit) and the messages they carried.
+pub static INTAKE_BATCHES: AtomicU64 = AtomicU64::new(0);
+pub static INTAKE_MESSAGES: AtomicU64 = AtomicU64::new(0);
+
+pub fn count_intake_batch(messages: usize) {
+    INTAKE_BATCHES.fetch_add(1, Ordering::Relaxed);
+    INTAKE_MESSAGES.fetch_add(messages as u64, Ordering::Relaxed);
+}
+
 /// Webhook requests by (channel, status code).
 static WEBHOOKS: Mutex<BTreeMap<(String, u16), u64>> = Mutex::new(BTreeMap::new());
 
@@ -137,6 +146,28 @@ pub fn render(counts: &MetricCounts) -> String {
             "assistd_webhook_requests_total{{channel=\"{channel}\",status=\"{status}\"}} {n}"
         );
     }
+    family(
+        &mut out,
+        "assistd_intake_batches_total",
+        "counter",
+        "Intake transactions (group commits) on this instance.",
+    );
+    let _ = writeln!(
+        out,
+        "assistd_intake_batches_total {}",
+        INTAKE_BATCHES.load(Ordering::Relaxed)
+    );
+    family(
+        &mut out,
+        "assistd_intake_messages_total",
+        "counter",
+        "Messages committed by those transactions (messages / batches = mean batch size).",
+    );
+    let _ = writeln!(
+        out,
+        "assistd_intake_messages_total {}",
+        INTAKE_MESSAGES.load(Ordering::Relaxed)
+    );
     MODEL_CALL_SECONDS.render(
         &mut out,
         "assistd_model_call_seconds",

@@ -1,6 +1,8 @@
 //! Message intake: the message, its task and the TASK_CREATED audit row commit together or
 //! not at all. Duplicates are refused by the unique keys of `im_message`, never by a cache.
 
+use std::collections::HashMap;
+
 use super::{Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
 use crate::domain::{AuditEvent, TaskStatus, TaskType};
 
@@ -43,87 +45,166 @@ impl Store {
         agent: &str,
         now: i64,
     ) -> StoreResult<Ingested> {
+        let mut out = self.ingest_batch(&[(message, agent)], now).await?;
+        out.pop().unwrap_or(Err(StoreError::NotFound))
+    }
+
+    /// Commits a batch of messages, each with its PENDING task and TASK_CREATED audit row,
+    /// in one transaction of a few multi-row statements (group commit: the per-statement
+    /// round trips, not SQL, are what intake costs). Per message, in order: its task
+    /// (`duplicate` when the event or message id was stored before, in this batch or
+    /// earlier), or `NotFound` when its agent has no published version — that message writes
+    /// nothing, the others are unaffected.
+    pub async fn ingest_batch(
+        &self,
+        batch: &[(&NewMessage, &str)],
+        now: i64,
+    ) -> StoreResult<Vec<StoreResult<Ingested>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
         let notify = matches!(self, Store::Postgres(_));
-        let ingested = write_tx!(self, tx => {
-            let inserted: Option<(i64,)> = sqlx::query_as(
-                "INSERT INTO im_message (channel, external_event_id, external_message_id, \
-                 conversation_id, sender_id, sender_name, text, received_at, reply_context) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING RETURNING id",
-            )
-            .bind(&message.channel)
-            .bind(&message.event_id)
-            .bind(&message.message_id)
-            .bind(&message.conversation_id)
-            .bind(&message.sender_id)
-            .bind(&message.sender_name)
-            .bind(&message.text)
-            .bind(now)
-            .bind(&message.reply_context)
-            .fetch_optional(&mut *tx)
-            .await?;
-            match inserted {
-                None => {
+        let mut agent_names: Vec<&str> = batch.iter().map(|(_, a)| *a).collect();
+        agent_names.sort_unstable();
+        agent_names.dedup();
+        let agents_sql = format!(
+            "SELECT name, id, current_version_id FROM agent WHERE current_version_id IS NOT NULL \
+             AND name IN ({})",
+            (1..=agent_names.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let results = write_tx!(self, tx => {
+            let mut agents_q = sqlx::query_as::<_, (String, i64, i64)>(&agents_sql);
+            for name in &agent_names {
+                agents_q = agents_q.bind(*name);
+            }
+            let agents: HashMap<String, (i64, i64)> = agents_q
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .map(|(name, id, version)| (name, (id, version)))
+                .collect();
+            let known: Vec<usize> = (0..batch.len())
+                .filter(|&i| agents.contains_key(batch[i].1))
+                .collect();
+            // Messages (conflicts on either platform key skip the row: a duplicate).
+            let mut inserted: HashMap<(String, String), i64> = HashMap::new();
+            if !known.is_empty() {
+                let sql = format!(
+                    "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+                     conversation_id, sender_id, sender_name, text, received_at, reply_context) \
+                     VALUES {} ON CONFLICT DO NOTHING RETURNING id, channel, external_event_id",
+                    values_list(known.len(), 9)
+                );
+                let mut q = sqlx::query_as::<_, (i64, String, String)>(&sql);
+                for &i in &known {
+                    let m = batch[i].0;
+                    q = q
+                        .bind(&m.channel)
+                        .bind(&m.event_id)
+                        .bind(&m.message_id)
+                        .bind(&m.conversation_id)
+                        .bind(&m.sender_id)
+                        .bind(&m.sender_name)
+                        .bind(&m.text)
+                        .bind(now)
+                        .bind(&m.reply_context);
+                }
+                for (id, channel, event) in q.fetch_all(&mut *tx).await? {
+                    inserted.insert((channel, event), id);
+                }
+            }
+            // The message row each new message got (the first of equal keys in the batch).
+            let mut fresh: Vec<(usize, i64)> = Vec::new();
+            for &i in &known {
+                let m = batch[i].0;
+                if let Some(id) = inserted.remove(&(m.channel.clone(), m.event_id.clone())) {
+                    fresh.push((i, id));
+                }
+            }
+            let mut task_of_message: HashMap<i64, i64> = HashMap::new();
+            if !fresh.is_empty() {
+                let sql = format!(
+                    "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+                     conversation_id, message_id, trigger_user, status, run_after, created_at, \
+                     updated_at) VALUES {} RETURNING id, message_id",
+                    values_list(fresh.len(), 11)
+                );
+                let mut q = sqlx::query_as::<_, (i64, i64)>(&sql);
+                for &(i, message_row) in &fresh {
+                    let (m, agent) = batch[i];
+                    let (agent_id, version_id) = agents[agent];
+                    q = q
+                        .bind(agent_id)
+                        .bind(version_id)
+                        .bind(TaskType::ConversationReply)
+                        .bind(&m.channel)
+                        .bind(&m.conversation_id)
+                        .bind(message_row)
+                        .bind(&m.sender_id)
+                        .bind(TaskStatus::Pending)
+                        .bind(now)
+                        .bind(now)
+                        .bind(now);
+                }
+                task_of_message = q.fetch_all(&mut *tx).await?.into_iter().map(|(t, m)| (m, t)).collect();
+                let sql = format!(
+                    "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at) \
+                     VALUES {}",
+                    values_list(fresh.len(), 6)
+                );
+                let mut q = sqlx::query(&sql);
+                for &(i, message_row) in &fresh {
+                    let m = batch[i].0;
+                    q = q
+                        .bind(task_of_message[&message_row])
+                        .bind(AuditEvent::TaskCreated)
+                        .bind(format!("{}:{}", m.channel, m.sender_id))
+                        .bind(format!(
+                            "message {} in conversation {}",
+                            m.message_id, m.conversation_id
+                        ))
+                        .bind(false)
+                        .bind(now);
+                }
+                q.execute(&mut *tx).await?;
+                if notify {
+                    // Delivered by PostgreSQL only when this transaction commits.
+                    sqlx::query("SELECT pg_notify($1, '')")
+                        .bind(TASK_NOTIFY_CHANNEL)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            let fresh: HashMap<usize, i64> = fresh.into_iter().collect();
+            let mut results = Vec::with_capacity(batch.len());
+            for (i, (m, agent)) in batch.iter().enumerate() {
+                if !agents.contains_key(*agent) {
+                    results.push(Err(StoreError::NotFound));
+                } else if let Some(message_row) = fresh.get(&i) {
+                    results.push(Ok(Ingested {
+                        task_id: task_of_message[message_row],
+                        duplicate: false,
+                    }));
+                } else {
                     let (task_id,): (i64,) = sqlx::query_as(
                         "SELECT t.id FROM im_message m JOIN agent_task t ON t.message_id = m.id \
                          WHERE m.channel = $1 AND (m.external_message_id = $2 \
                          OR m.external_event_id = $3) ORDER BY t.id LIMIT 1",
                     )
-                    .bind(&message.channel)
-                    .bind(&message.message_id)
-                    .bind(&message.event_id)
+                    .bind(&m.channel)
+                    .bind(&m.message_id)
+                    .bind(&m.event_id)
                     .fetch_one(&mut *tx)
                     .await?;
-                    Ingested { task_id, duplicate: true }
-                }
-                Some((message_row,)) => {
-                    let created: Option<(i64,)> = sqlx::query_as(
-                        "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
-                         conversation_id, message_id, trigger_user, status, run_after, \
-                         created_at, updated_at) \
-                         SELECT a.id, a.current_version_id, $2, $3, $4, $5, $6, $7, $8, $8, $8 \
-                         FROM agent a WHERE a.name = $1 AND a.current_version_id IS NOT NULL \
-                         RETURNING id",
-                    )
-                    .bind(agent)
-                    .bind(TaskType::ConversationReply)
-                    .bind(&message.channel)
-                    .bind(&message.conversation_id)
-                    .bind(message_row)
-                    .bind(&message.sender_id)
-                    .bind(TaskStatus::Pending)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    let Some((task_id,)) = created else {
-                        return Err(StoreError::NotFound);
-                    };
-                    sqlx::query(
-                        "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, \
-                         created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-                    )
-                    .bind(task_id)
-                    .bind(AuditEvent::TaskCreated)
-                    .bind(format!("{}:{}", message.channel, message.sender_id))
-                    .bind(format!(
-                        "message {} in conversation {}",
-                        message.message_id, message.conversation_id
-                    ))
-                    .bind(false)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                    if notify {
-                        // Delivered by PostgreSQL only when this transaction commits.
-                        sqlx::query("SELECT pg_notify($1, '')")
-                            .bind(TASK_NOTIFY_CHANNEL)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    Ingested { task_id, duplicate: false }
+                    results.push(Ok(Ingested { task_id, duplicate: true }));
                 }
             }
+            results
         });
-        Ok(ingested)
+        Ok(results)
     }
 
     /// The last `limit` exchanges of a conversation up to and including message
@@ -219,4 +300,23 @@ impl Store {
                 .rows_affected()
         }))
     }
+}
+
+/// `($1, …, $cols), ($cols+1, …)` for `rows` rows: the VALUES of a multi-row insert.
+fn values_list(rows: usize, cols: usize) -> String {
+    let mut out = String::with_capacity(rows * cols * 5);
+    for r in 0..rows {
+        if r > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        for c in 0..cols {
+            if c > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&format!("${}", r * cols + c + 1));
+        }
+        out.push(')');
+    }
+    out
 }
