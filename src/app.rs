@@ -21,6 +21,8 @@ pub struct Services {
     pub store: Store,
     /// Group commit of inbound messages.
     pub intake: crate::intake::IntakeQueue,
+    /// The workers' fenced writes (group commit on SQLite).
+    pub journal: crate::engine::journal::Journal,
     pub channels: Channels,
     pub llm: OpenAiClient,
     pub tools: crate::tools::ToolRegistry,
@@ -128,6 +130,7 @@ impl App {
             instance_id,
             admin_token,
             intake: crate::intake::IntakeQueue::start(store.clone(), &config.intake),
+            journal: crate::engine::journal::Journal::start(store.clone(), &config.worker),
             store,
             config: Arc::new(config),
             task_wake: Notify::new(),

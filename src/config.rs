@@ -330,6 +330,9 @@ pub struct WorkerConfig {
     pub poll_interval_ms: u64,
     pub claim_batch: usize,
     pub shutdown_grace_secs: u64,
+    /// SQLite: most step-journal and task-finishing writes of different tasks committed in
+    /// one transaction (1 = a transaction each). PostgreSQL always commits them separately.
+    pub group_commit_max: usize,
 }
 
 impl WorkerConfig {
@@ -617,6 +620,10 @@ impl Config {
             ));
         }
         positive("intake.batch_max", self.intake.batch_max as u64)?;
+        positive(
+            "worker.group_commit_max",
+            self.worker.group_commit_max as u64,
+        )?;
         positive("intake.writers", self.intake.writers as u64)?;
         if self.intake.batch_max > 1000 {
             return Err(invalid(

@@ -66,13 +66,14 @@ impl Histogram {
 pub static MODEL_CALL_SECONDS: Histogram = Histogram::new();
 /// Journalled steps, from start to recorded end (including retries).
 pub static STEP_SECONDS: Histogram = Histogram::new();
-/// Intake transactions committed (group commit) and the messages they carried.
-pub static INTAKE_BATCHES: AtomicU64 = AtomicU64::new(0);
-pub static INTAKE_MESSAGES: AtomicU64 = AtomicU64::new(0);
+/// Group-commit transactions and the operations they carried, by queue (intake, journal).
+static GROUP_COMMITS: Mutex<BTreeMap<&'static str, (u64, u64)>> = Mutex::new(BTreeMap::new());
 
-pub fn count_intake_batch(messages: usize) {
-    INTAKE_BATCHES.fetch_add(1, Ordering::Relaxed);
-    INTAKE_MESSAGES.fetch_add(messages as u64, Ordering::Relaxed);
+pub fn count_group_commit(queue: &'static str, operations: usize) {
+    let mut map = GROUP_COMMITS.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = map.entry(queue).or_default();
+    entry.0 += 1;
+    entry.1 += operations as u64;
 }
 
 /// Webhook requests by (channel, status code).
@@ -146,28 +147,34 @@ pub fn render(counts: &MetricCounts) -> String {
             "assistd_webhook_requests_total{{channel=\"{channel}\",status=\"{status}\"}} {n}"
         );
     }
+    let groups = GROUP_COMMITS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     family(
         &mut out,
-        "assistd_intake_batches_total",
+        "assistd_group_commits_total",
         "counter",
-        "Intake transactions (group commits) on this instance.",
+        "Group-commit transactions by queue (this instance).",
     );
-    let _ = writeln!(
-        out,
-        "assistd_intake_batches_total {}",
-        INTAKE_BATCHES.load(Ordering::Relaxed)
-    );
+    for (queue, (batches, _)) in &groups {
+        let _ = writeln!(
+            out,
+            "assistd_group_commits_total{{queue=\"{queue}\"}} {batches}"
+        );
+    }
     family(
         &mut out,
-        "assistd_intake_messages_total",
+        "assistd_group_commit_operations_total",
         "counter",
-        "Messages committed by those transactions (messages / batches = mean batch size).",
+        "Operations carried by those transactions (operations / transactions = mean batch).",
     );
-    let _ = writeln!(
-        out,
-        "assistd_intake_messages_total {}",
-        INTAKE_MESSAGES.load(Ordering::Relaxed)
-    );
+    for (queue, (_, ops)) in &groups {
+        let _ = writeln!(
+            out,
+            "assistd_group_commit_operations_total{{queue=\"{queue}\"}} {ops}"
+        );
+    }
     MODEL_CALL_SECONDS.render(
         &mut out,
         "assistd_model_call_seconds",

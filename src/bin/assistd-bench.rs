@@ -644,6 +644,14 @@ async fn context(args: &Args) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Logs only when asked for (RUST_LOG=…), to stderr: e.g. RUST_LOG=sqlx::query=debug
+    // shows every statement a scenario runs.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         match args.scenario {

@@ -17,6 +17,7 @@ use crate::store::StoreError;
 use crate::store::tasks::{ClaimedTask, Fence, MessageRow, TaskRow};
 
 pub mod backoff;
+pub mod journal;
 pub mod reply;
 pub mod single_turn;
 pub mod workflow;

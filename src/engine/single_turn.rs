@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{RunError, TaskContext, backoff, reply};
 use crate::app::Services;
-use crate::domain::{ReplyType, StepStatus, StepType, TaskStatus, now_ms, reply_key, step_key};
+use crate::domain::{ReplyType, StepStatus, StepType, TaskStatus, reply_key, step_key};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError};
 use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 
@@ -75,7 +75,7 @@ pub async fn run(
     let input = serde_json::to_string(&fresh_request).unwrap_or_default();
     let key = step_key(fence.task_id, chat_step, TOOL);
     let step = svc
-        .store
+        .journal
         .begin_step(
             fence,
             &NewStep {
@@ -85,7 +85,6 @@ pub async fn run(
                 idempotency_key: &key,
                 input: &input,
             },
-            now_ms(),
         )
         .await?
         .ok_or(RunError::LostLease)?;
@@ -193,7 +192,7 @@ pub async fn run(
             }
         }
     };
-    if !svc.store.finish_task(fence, &outcome, now_ms()).await? {
+    if !svc.journal.finish_task(fence, &outcome).await? {
         return Err(RunError::LostLease);
     }
     tracing::info!(status = %outcome.status, "task finished");
@@ -290,7 +289,7 @@ async fn summarize_history(
     let input = serde_json::to_string(&request).unwrap_or_default();
     let key = step_key(fence.task_id, STEP_NO, SUMMARY);
     let step = svc
-        .store
+        .journal
         .begin_step(
             fence,
             &NewStep {
@@ -300,7 +299,6 @@ async fn summarize_history(
                 idempotency_key: &key,
                 input: &input,
             },
-            now_ms(),
         )
         .await?
         .ok_or(RunError::LostLease)?;
@@ -343,7 +341,7 @@ async fn summarize_history(
             )
         }
     };
-    if !svc.store.complete_step(fence, &record, now_ms()).await? {
+    if !svc.journal.complete_step(fence, &record).await? {
         return Err(RunError::LostLease);
     }
     Ok(summary)

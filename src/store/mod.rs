@@ -14,12 +14,14 @@ use sqlx::sqlite::{
 use crate::config::DatabaseConfig;
 
 pub mod agents;
+pub mod group;
 pub mod intake;
 pub mod jobs;
 pub mod outbox;
 pub mod summary;
 pub mod tasks;
 pub mod workflow;
+pub mod writes;
 
 /// The channel PostgreSQL `NOTIFY`s when a task becomes claimable.
 pub const TASK_NOTIFY_CHANNEL: &str = "assistd_task";

@@ -147,7 +147,7 @@ pub struct StepRow {
     pub finished_at: Option<i64>,
 }
 
-const STEP_COLUMNS: &str = "id, task_id, step_no, step_type, tool_name, idempotency_key, input, \
+pub(super) const STEP_COLUMNS: &str = "id, task_id, step_no, step_type, tool_name, idempotency_key, input, \
      output, error, status, tokens_in, tokens_out, duration_ms, attempt, created_at, finished_at";
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -378,65 +378,6 @@ impl Store {
         }))
     }
 
-    /// Journals a step as PENDING before its call (or finds it, on resume). `None` when the
-    /// worker no longer owns the task.
-    pub async fn begin_step(
-        &self,
-        fence: &Fence,
-        step: &NewStep<'_>,
-        now: i64,
-    ) -> StoreResult<Option<StepRow>> {
-        let select = format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1");
-        let insert = format!(
-            "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
-             idempotency_key, input, status, attempt, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
-             ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
-        );
-        let row = write_tx!(self, tx => {
-            // Taking the task row first both checks the fence and, on PostgreSQL, locks the
-            // row so no claim can slip in before this transaction commits.
-            let owned = sqlx::query(
-                "UPDATE agent_task SET current_step = $1, updated_at = $2 \
-                 WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
-            )
-            .bind(step.step_no)
-            .bind(now)
-            .bind(fence.task_id)
-            .bind(&fence.owner)
-            .bind(fence.version)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if owned != 1 {
-                return Ok(None);
-            }
-            // A fresh step comes back from the insert; one journalled before (a resume) is
-            // read as it stands.
-            let inserted = sqlx::query_as::<_, StepRow>(&insert)
-                .bind(fence.task_id)
-                .bind(step.step_no)
-                .bind(step.step_type)
-                .bind(step.tool_name)
-                .bind(step.idempotency_key)
-                .bind(step.input)
-                .bind(StepStatus::Pending)
-                .bind(now)
-                .fetch_optional(&mut *tx)
-                .await?;
-            match inserted {
-                Some(row) => row,
-                None => {
-                    sqlx::query_as::<_, StepRow>(&select)
-                        .bind(step.idempotency_key)
-                        .fetch_one(&mut *tx)
-                        .await?
-                }
-            }
-        });
-        Ok(Some(row))
-    }
-
     /// Records that try number `attempt` of a step is starting; false = ownership lost.
     pub async fn record_step_attempt(
         &self,
@@ -460,75 +401,6 @@ impl Store {
             .rows_affected()
         });
         Ok(done == 1)
-    }
-
-    /// Ends a task: terminal status, its last step, its one outbox reply and its audit event,
-    /// in one transaction fenced on ownership. Returns false (and writes nothing) when the
-    /// worker no longer owns the task.
-    pub async fn finish_task(
-        &self,
-        fence: &Fence,
-        outcome: &TaskOutcome,
-        now: i64,
-    ) -> StoreResult<bool> {
-        let event = match outcome.status {
-            TaskStatus::Succeeded => AuditEvent::TaskSucceeded,
-            TaskStatus::Cancelled => AuditEvent::TaskCancelled,
-            _ => AuditEvent::TaskFailed,
-        };
-        let finished = write_tx!(self, tx => {
-            let owned = sqlx::query(
-                "UPDATE agent_task SET status = $1, result = $2, failure_type = $3, \
-                 error_msg = $4, retry_count = retry_count + $5, version = version + 1, \
-                 lease_expire = NULL, finished_at = $6, updated_at = $6, trace = $10 \
-                 WHERE id = $7 AND owner = $8 AND version = $9 AND status = 'RUNNING'",
-            )
-            .bind(outcome.status)
-            .bind(&outcome.result)
-            .bind(outcome.failure_type)
-            .bind(&outcome.error)
-            .bind(outcome.retries)
-            .bind(now)
-            .bind(fence.task_id)
-            .bind(&fence.owner)
-            .bind(fence.version)
-            .bind(&outcome.trace)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if owned != 1 {
-                return Ok(false);
-            }
-            if let Some(step) = &outcome.step {
-                sqlx::query(
-                    "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
-                     tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8",
-                )
-                .bind(step.status)
-                .bind(&step.output)
-                .bind(&step.error)
-                .bind(step.tokens_in)
-                .bind(step.tokens_out)
-                .bind(step.duration_ms)
-                .bind(now)
-                .bind(step.step_id)
-                .bind(step.attempts)
-                .execute(&mut *tx)
-                .await?;
-            }
-            insert_reply!(&mut *tx, fence.task_id, outcome.reply, now).await?;
-            insert_audit!(
-                &mut *tx,
-                Some(fence.task_id),
-                event,
-                &fence.owner,
-                &outcome.audit_summary,
-                false,
-                now,
-            )?;
-            true
-        });
-        Ok(finished)
     }
 
     /// Tasks, newest first, optionally of one status and/or one conversation.

@@ -1,7 +1,7 @@
 //! Step-level writes of workflow runs and the human decisions they wait for. Fenced like
 //! every worker write; a decision is one transaction that moves the task on.
 
-use super::tasks::{Fence, NewReply, NewStep, StepResult, insert_audit, insert_reply};
+use super::tasks::{Fence, NewReply, NewStep, insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, Decision, PendingKind, StepStatus, TaskStatus};
 
@@ -22,6 +22,7 @@ macro_rules! fence_task {
             == 1
     };
 }
+pub(crate) use fence_task;
 
 /// Inserts a pending action inside the caller's transaction.
 macro_rules! insert_pending_action {
@@ -99,37 +100,6 @@ pub enum Decided {
 }
 
 impl Store {
-    /// Records how a step ended; `false` when the worker no longer owns the task.
-    pub async fn complete_step(
-        &self,
-        fence: &Fence,
-        step: &StepResult,
-        now: i64,
-    ) -> StoreResult<bool> {
-        let done = write_tx!(self, tx => {
-            if !fence_task!(&mut *tx, fence, now) {
-                return Ok(false);
-            }
-            sqlx::query(
-                "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
-                 tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8",
-            )
-            .bind(step.status)
-            .bind(&step.output)
-            .bind(&step.error)
-            .bind(step.tokens_in)
-            .bind(step.tokens_out)
-            .bind(step.duration_ms)
-            .bind(now)
-            .bind(step.step_id)
-            .bind(step.attempts)
-            .execute(&mut *tx)
-            .await?;
-            true
-        });
-        Ok(done)
-    }
-
     /// Keeps the latest rolling summary of a long task (never in `result`).
     pub async fn set_context_summary(
         &self,

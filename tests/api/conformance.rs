@@ -512,3 +512,73 @@ async fn an_older_task_back_to_pending_waits_while_a_newer_one_runs() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// Group commit of worker writes: one transaction carrying the writes of two tasks, one of
+/// them from a worker that lost its task. Each write is fenced on its own: the stale one is
+/// refused and writes nothing, the others land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
+    use assistd::store::writes::{WriteOp, WriteOut};
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let a = store
+        .ingest_message(&msg("a", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let b = store
+        .ingest_message(&msg("b", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
+    let fence = |id: i64| Fence {
+        task_id: id,
+        owner: "me".into(),
+        version: claimed.iter().find(|c| c.id == id).unwrap().version,
+    };
+    let stale = Fence {
+        version: fence(b).version - 1,
+        ..fence(b)
+    };
+    let step = |key: &'static str| NewStep {
+        step_no: 1,
+        step_type: StepType::Llm,
+        tool_name: "chat",
+        idempotency_key: key,
+        input: "{}",
+    };
+    let ops = [
+        WriteOp::begin_step(&fence(a), &step("a:1:chat")),
+        WriteOp::begin_step(&stale, &step("b:1:chat")),
+        WriteOp::FinishTask {
+            fence: stale.clone(),
+            outcome: Box::new(outcome(b)),
+        },
+        WriteOp::FinishTask {
+            fence: fence(a),
+            outcome: Box::new(outcome(a)),
+        },
+    ];
+    let out = store.apply_writes(&ops, now).await.unwrap();
+    assert!(matches!(&out[0], WriteOut::Step(Some(row)) if row.task_id == a));
+    assert!(matches!(out[1], WriteOut::Step(None)));
+    assert!(matches!(out[2], WriteOut::Done(false)));
+    assert!(matches!(out[3], WriteOut::Done(true)));
+    assert!(store.task_reply(a).await.unwrap().is_some());
+    assert!(
+        store.task_reply(b).await.unwrap().is_none(),
+        "the stale finish wrote nothing"
+    );
+    assert_eq!(
+        store.task(b).await.unwrap().unwrap().status,
+        TaskStatus::Running
+    );
+    assert_eq!(store.task_steps(b).await.unwrap().len(), 0);
+    assert_eq!(
+        store.task(a).await.unwrap().unwrap().status,
+        TaskStatus::Succeeded
+    );
+    store.close().await;
+    db.drop_db().await;
+}

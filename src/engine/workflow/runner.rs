@@ -769,7 +769,7 @@ impl<'a> Runner<'a> {
         let input_text = input.to_string();
         let row = self
             .svc
-            .store
+            .journal
             .begin_step(
                 self.fence,
                 &NewStep {
@@ -779,7 +779,6 @@ impl<'a> Runner<'a> {
                     idempotency_key: &key,
                     input: &input_text,
                 },
-                now_ms(),
             )
             .await?
             .ok_or(Stop::Run(RunError::LostLease))?;
@@ -864,12 +863,7 @@ impl<'a> Runner<'a> {
                 )
             }
         };
-        if !self
-            .svc
-            .store
-            .complete_step(self.fence, &record, now_ms())
-            .await?
-        {
+        if !self.svc.journal.complete_step(self.fence, &record).await? {
             return Err(Stop::Run(RunError::LostLease));
         }
         Ok(done)
@@ -1042,12 +1036,7 @@ impl<'a> Runner<'a> {
     }
 
     async fn finish(&mut self, outcome: TaskOutcome) -> Result<(), RunError> {
-        if !self
-            .svc
-            .store
-            .finish_task(self.fence, &outcome, now_ms())
-            .await?
-        {
+        if !self.svc.journal.finish_task(self.fence, &outcome).await? {
             return Err(RunError::LostLease);
         }
         tracing::info!(status = %outcome.status, steps = self.step_no, "workflow task finished");

@@ -1,0 +1,79 @@
+//! The worker's fenced writes (step journal, task finish), committed through group commit on
+//! SQLite (`store::group`): the writes of many running tasks share one transaction of the
+//! single writer. On PostgreSQL each is its own transaction, as concurrent transactions are
+//! what PostgreSQL does well and row locks taken in a shared transaction could deadlock
+//! with lease renewals.
+
+use std::sync::Arc;
+
+use crate::config::WorkerConfig;
+use crate::domain::now_ms;
+use crate::store::group::GroupCommit;
+use crate::store::tasks::{Fence, NewStep, StepResult, StepRow, TaskOutcome};
+use crate::store::writes::{WriteOp, WriteOut};
+use crate::store::{Dialect, Store, StoreResult};
+
+pub enum Journal {
+    Direct(Store),
+    Grouped(GroupCommit<WriteOp, WriteOut>),
+}
+
+impl Journal {
+    /// Starts the SQLite group-commit writer on the current runtime (when enabled).
+    pub fn start(store: Store, config: &WorkerConfig) -> Journal {
+        if store.dialect() != Dialect::Sqlite || config.group_commit_max <= 1 {
+            return Journal::Direct(store);
+        }
+        Journal::Grouped(GroupCommit::start(
+            "journal",
+            1,
+            config.group_commit_max,
+            Arc::new(move |ops: &[WriteOp]| {
+                let store = store.clone();
+                Box::pin(async move {
+                    let out = store.apply_writes(ops, now_ms()).await?;
+                    Ok(out.into_iter().map(Ok).collect())
+                })
+            }),
+        ))
+    }
+
+    async fn write(&self, op: WriteOp) -> StoreResult<WriteOut> {
+        match self {
+            Journal::Direct(store) => Ok(store
+                .apply_writes(std::slice::from_ref(&op), now_ms())
+                .await?
+                .pop()
+                .unwrap_or(WriteOut::Done(false))),
+            Journal::Grouped(queue) => queue.submit(op).await,
+        }
+    }
+
+    /// Journals a step as PENDING before its call (or finds it, on resume); `None` when the
+    /// worker no longer owns the task.
+    pub async fn begin_step(
+        &self,
+        fence: &Fence,
+        step: &NewStep<'_>,
+    ) -> StoreResult<Option<StepRow>> {
+        Ok(self.write(WriteOp::begin_step(fence, step)).await?.step())
+    }
+
+    /// Records how a step ended; `false` when the worker no longer owns the task.
+    pub async fn complete_step(&self, fence: &Fence, step: &StepResult) -> StoreResult<bool> {
+        let op = WriteOp::CompleteStep {
+            fence: fence.clone(),
+            step: step.clone(),
+        };
+        Ok(self.write(op).await?.done())
+    }
+
+    /// Ends a task (status, last step, reply, audit); `false` when ownership was lost.
+    pub async fn finish_task(&self, fence: &Fence, outcome: &TaskOutcome) -> StoreResult<bool> {
+        let op = WriteOp::FinishTask {
+            fence: fence.clone(),
+            outcome: Box::new(outcome.clone()),
+        };
+        Ok(self.write(op).await?.done())
+    }
+}

@@ -1,0 +1,262 @@
+//! The step journal and task-finishing writes a worker makes while it runs a task, as
+//! operations that can share one transaction (group commit, see `engine::journal`). Each
+//! operation is fenced on its own: it lands only while its worker still owns its task, and
+//! a fence that fails affects that operation alone.
+
+use super::tasks::{
+    Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome, insert_audit, insert_reply,
+};
+use super::workflow::fence_task;
+use super::{Store, StoreResult, write_tx};
+use crate::domain::{AuditEvent, StepStatus, StepType, TaskStatus};
+
+/// Writes a step's end inside the caller's transaction.
+macro_rules! update_step {
+    ($tx:expr, $step:expr, $now:expr) => {
+        sqlx::query(
+            "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
+             tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8",
+        )
+        .bind($step.status)
+        .bind(&$step.output)
+        .bind(&$step.error)
+        .bind($step.tokens_in)
+        .bind($step.tokens_out)
+        .bind($step.duration_ms)
+        .bind($now)
+        .bind($step.step_id)
+        .bind($step.attempts)
+        .execute($tx)
+    };
+}
+
+/// One fenced worker write.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    /// Journals a step as PENDING before its call (or finds it, on resume).
+    BeginStep {
+        fence: Fence,
+        step_no: i64,
+        step_type: StepType,
+        tool_name: String,
+        idempotency_key: String,
+        input: String,
+    },
+    /// Records how a step ended.
+    CompleteStep { fence: Fence, step: StepResult },
+    /// Ends a task: terminal status, its last step, its one outbox reply and its audit event.
+    FinishTask {
+        fence: Fence,
+        outcome: Box<TaskOutcome>,
+    },
+}
+
+/// What an operation came to.
+#[derive(Debug, Clone)]
+pub enum WriteOut {
+    /// `BeginStep`: the journalled step, `None` when the worker no longer owns the task.
+    Step(Option<Box<StepRow>>),
+    /// `CompleteStep`, `FinishTask`: `false` (and nothing written) when ownership was lost.
+    Done(bool),
+}
+
+impl WriteOut {
+    pub fn step(self) -> Option<StepRow> {
+        match self {
+            WriteOut::Step(row) => row.map(|r| *r),
+            WriteOut::Done(_) => None,
+        }
+    }
+
+    pub fn done(self) -> bool {
+        match self {
+            WriteOut::Done(done) => done,
+            WriteOut::Step(row) => row.is_some(),
+        }
+    }
+}
+
+impl Store {
+    /// Applies `ops` in order in one transaction; one answer per operation. An error rolls
+    /// back all of them.
+    pub async fn apply_writes(&self, ops: &[WriteOp], now: i64) -> StoreResult<Vec<WriteOut>> {
+        let select = format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1");
+        let insert = format!(
+            "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
+             idempotency_key, input, status, attempt, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
+             ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
+        );
+        let out = write_tx!(self, tx => {
+            let mut out = Vec::with_capacity(ops.len());
+            for op in ops {
+                out.push(match op {
+                    WriteOp::BeginStep {
+                        fence,
+                        step_no,
+                        step_type,
+                        tool_name,
+                        idempotency_key,
+                        input,
+                    } => {
+                        // Taking the task row first both checks the fence and, on
+                        // PostgreSQL, locks the row so no claim can slip in before commit.
+                        let owned = sqlx::query(
+                            "UPDATE agent_task SET current_step = $1, updated_at = $2 \
+                             WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
+                        )
+                        .bind(step_no)
+                        .bind(now)
+                        .bind(fence.task_id)
+                        .bind(&fence.owner)
+                        .bind(fence.version)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                            == 1;
+                        if !owned {
+                            WriteOut::Step(None)
+                        } else {
+                            // A fresh step comes back from the insert; one journalled before
+                            // (a resume) is read as it stands.
+                            let inserted = sqlx::query_as::<_, StepRow>(&insert)
+                                .bind(fence.task_id)
+                                .bind(step_no)
+                                .bind(step_type)
+                                .bind(tool_name)
+                                .bind(idempotency_key)
+                                .bind(input)
+                                .bind(StepStatus::Pending)
+                                .bind(now)
+                                .fetch_optional(&mut *tx)
+                                .await?;
+                            let row = match inserted {
+                                Some(row) => row,
+                                None => {
+                                    sqlx::query_as::<_, StepRow>(&select)
+                                        .bind(idempotency_key)
+                                        .fetch_one(&mut *tx)
+                                        .await?
+                                }
+                            };
+                            WriteOut::Step(Some(Box::new(row)))
+                        }
+                    }
+                    WriteOp::CompleteStep { fence, step } => {
+                        if fence_task!(&mut *tx, fence, now) {
+                            update_step!(&mut *tx, step, now).await?;
+                            WriteOut::Done(true)
+                        } else {
+                            WriteOut::Done(false)
+                        }
+                    }
+                    WriteOp::FinishTask { fence, outcome } => {
+                        let owned = sqlx::query(
+                            "UPDATE agent_task SET status = $1, result = $2, failure_type = $3, \
+                             error_msg = $4, retry_count = retry_count + $5, version = version + 1, \
+                             lease_expire = NULL, finished_at = $6, updated_at = $6, trace = $10 \
+                             WHERE id = $7 AND owner = $8 AND version = $9 AND status = 'RUNNING'",
+                        )
+                        .bind(outcome.status)
+                        .bind(&outcome.result)
+                        .bind(outcome.failure_type)
+                        .bind(&outcome.error)
+                        .bind(outcome.retries)
+                        .bind(now)
+                        .bind(fence.task_id)
+                        .bind(&fence.owner)
+                        .bind(fence.version)
+                        .bind(&outcome.trace)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                            == 1;
+                        if owned {
+                            if let Some(step) = &outcome.step {
+                                update_step!(&mut *tx, step, now).await?;
+                            }
+                            insert_reply!(&mut *tx, fence.task_id, outcome.reply, now).await?;
+                            let event = match outcome.status {
+                                TaskStatus::Succeeded => AuditEvent::TaskSucceeded,
+                                TaskStatus::Cancelled => AuditEvent::TaskCancelled,
+                                _ => AuditEvent::TaskFailed,
+                            };
+                            insert_audit!(
+                                &mut *tx,
+                                Some(fence.task_id),
+                                event,
+                                &fence.owner,
+                                &outcome.audit_summary,
+                                false,
+                                now,
+                            )?;
+                        }
+                        WriteOut::Done(owned)
+                    }
+                });
+            }
+            out
+        });
+        Ok(out)
+    }
+
+    /// Journals a step as PENDING before its call (or finds it, on resume). `None` when the
+    /// worker no longer owns the task.
+    pub async fn begin_step(
+        &self,
+        fence: &Fence,
+        step: &super::tasks::NewStep<'_>,
+        now: i64,
+    ) -> StoreResult<Option<StepRow>> {
+        let op = WriteOp::begin_step(fence, step);
+        Ok(self.apply_one(op, now).await?.step())
+    }
+
+    /// Records how a step ended; `false` when the worker no longer owns the task.
+    pub async fn complete_step(
+        &self,
+        fence: &Fence,
+        step: &StepResult,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let op = WriteOp::CompleteStep {
+            fence: fence.clone(),
+            step: step.clone(),
+        };
+        Ok(self.apply_one(op, now).await?.done())
+    }
+
+    /// Ends a task: terminal status, its last step, its one outbox reply and its audit event,
+    /// in one transaction fenced on ownership. Returns false (and writes nothing) when the
+    /// worker no longer owns the task.
+    pub async fn finish_task(
+        &self,
+        fence: &Fence,
+        outcome: &TaskOutcome,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let op = WriteOp::FinishTask {
+            fence: fence.clone(),
+            outcome: Box::new(outcome.clone()),
+        };
+        Ok(self.apply_one(op, now).await?.done())
+    }
+
+    async fn apply_one(&self, op: WriteOp, now: i64) -> StoreResult<WriteOut> {
+        let mut out = self.apply_writes(std::slice::from_ref(&op), now).await?;
+        Ok(out.pop().unwrap_or(WriteOut::Done(false)))
+    }
+}
+
+impl WriteOp {
+    pub fn begin_step(fence: &Fence, step: &super::tasks::NewStep<'_>) -> WriteOp {
+        WriteOp::BeginStep {
+            fence: fence.clone(),
+            step_no: step.step_no,
+            step_type: step.step_type,
+            tool_name: step.tool_name.to_string(),
+            idempotency_key: step.idempotency_key.to_string(),
+            input: step.input.to_string(),
+        }
+    }
+}
