@@ -25,14 +25,15 @@ async fn bad_signature_stale_timestamp_and_missing_headers_get_401() {
         "{body}"
     );
 
-    let stale_ts = now - 301;
+    // Well outside the 300 s window, so a second ticking over mid-test changes nothing.
+    let stale_ts = now - 310;
     let stale = assistd::channels::generic::sign(SECRET, stale_ts, &raw);
     let resp = app
         .post_raw(raw.clone(), Some(stale_ts.to_string()), Some(stale))
         .await;
     assert_eq!(resp.status(), 401);
 
-    let future_ts = now + 301;
+    let future_ts = now + 310;
     let future = assistd::channels::generic::sign(SECRET, future_ts, &raw);
     let resp = app
         .post_raw(raw.clone(), Some(future_ts.to_string()), Some(future))
