@@ -101,8 +101,8 @@ async fn deliver(svc: &Services, reply: ReplyRow) -> Option<i64> {
     let written = match result {
         Ok(delivered) => {
             tracing::info!(key = %reply.idempotency_key, attempts = reply.attempts, "reply delivered");
-            svc.store
-                .mark_reply_sent(&reply, owner, delivered.platform_message_id.as_deref(), now)
+            svc.journal
+                .mark_reply_sent(&reply, owner, delivered.platform_message_id.as_deref())
                 .await
         }
         Err(err) if err.unknown => {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::config::WorkerConfig;
 use crate::domain::now_ms;
 use crate::store::group::GroupCommit;
+use crate::store::outbox::ReplyRow;
 use crate::store::tasks::{Fence, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::store::writes::{WriteOp, WriteOut};
 use crate::store::{Dialect, Store, StoreResult};
@@ -65,6 +66,17 @@ impl Journal {
             fence: fence.clone(),
             step: step.clone(),
         };
+        Ok(self.write(op).await?.done())
+    }
+
+    /// Marks a reply delivered; `false` when another instance holds its lease now.
+    pub async fn mark_reply_sent(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        platform_message_id: Option<&str>,
+    ) -> StoreResult<bool> {
+        let op = WriteOp::mark_reply_sent(reply, owner, platform_message_id);
         Ok(self.write(op).await?.done())
     }
 

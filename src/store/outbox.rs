@@ -63,40 +63,6 @@ impl Store {
         Ok(rows)
     }
 
-    /// Marks a reply delivered; false when another instance holds it now.
-    pub async fn mark_reply_sent(
-        &self,
-        reply: &ReplyRow,
-        owner: &str,
-        platform_message_id: Option<&str>,
-        now: i64,
-    ) -> StoreResult<bool> {
-        let done = write_tx!(self, tx => {
-            let n = sqlx::query(
-                "UPDATE outbound_reply SET status = $1, platform_message_id = $2, sent_at = $3, \
-                 locked_by = NULL, locked_until = NULL, last_error = NULL \
-                 WHERE id = $4 AND locked_by = $5 AND status = 'PENDING'",
-            )
-            .bind(ReplyStatus::Sent)
-            .bind(platform_message_id)
-            .bind(now)
-            .bind(reply.id)
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if n == 1 {
-                let summary = format!(
-                    "reply {} delivered after {} attempt(s)",
-                    reply.idempotency_key, reply.attempts
-                );
-                insert_audit!(&mut *tx, Some(reply.task_id), AuditEvent::ReplySent, owner, &summary, false, now)?;
-            }
-            n == 1
-        });
-        Ok(done)
-    }
-
     /// Puts a reply back for another try at `next_attempt_at`, noting why this one failed.
     pub async fn reschedule_reply(
         &self,

@@ -1,14 +1,16 @@
-//! The step journal and task-finishing writes a worker makes while it runs a task, as
-//! operations that can share one transaction (group commit, see `engine::journal`). Each
-//! operation is fenced on its own: it lands only while its worker still owns its task, and
-//! a fence that fails affects that operation alone.
+//! The step journal, task-finishing and reply-delivered writes made while tasks run and
+//! replies go out, as operations that can share one transaction (group commit, see
+//! `engine::journal`). Each operation is fenced on its own: it lands only while its worker
+//! still owns its task (or its sender the reply's lease), and a fence that fails affects
+//! that operation alone.
 
+use super::outbox::ReplyRow;
 use super::tasks::{
     Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome, insert_audit, insert_reply,
 };
 use super::workflow::fence_task;
 use super::{Store, StoreResult, write_tx};
-use crate::domain::{AuditEvent, StepStatus, StepType, TaskStatus};
+use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
 
 /// Writes a step's end inside the caller's transaction.
 macro_rules! update_step {
@@ -48,6 +50,15 @@ pub enum WriteOp {
     FinishTask {
         fence: Fence,
         outcome: Box<TaskOutcome>,
+    },
+    /// Marks a reply delivered, while `owner` still holds its delivery lease.
+    MarkReplySent {
+        reply_id: i64,
+        task_id: i64,
+        idempotency_key: String,
+        attempts: i64,
+        owner: String,
+        platform_message_id: Option<String>,
     },
 }
 
@@ -193,6 +204,44 @@ impl Store {
                         }
                         WriteOut::Done(owned)
                     }
+                    WriteOp::MarkReplySent {
+                        reply_id,
+                        task_id,
+                        idempotency_key,
+                        attempts,
+                        owner,
+                        platform_message_id,
+                    } => {
+                        let held = sqlx::query(
+                            "UPDATE outbound_reply SET status = $1, platform_message_id = $2, \
+                             sent_at = $3, locked_by = NULL, locked_until = NULL, last_error = NULL \
+                             WHERE id = $4 AND locked_by = $5 AND status = 'PENDING'",
+                        )
+                        .bind(ReplyStatus::Sent)
+                        .bind(platform_message_id)
+                        .bind(now)
+                        .bind(reply_id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                            == 1;
+                        if held {
+                            let summary = format!(
+                                "reply {idempotency_key} delivered after {attempts} attempt(s)"
+                            );
+                            insert_audit!(
+                                &mut *tx,
+                                Some(*task_id),
+                                AuditEvent::ReplySent,
+                                owner,
+                                &summary,
+                                false,
+                                now,
+                            )?;
+                        }
+                        WriteOut::Done(held)
+                    }
                 });
             }
             out
@@ -242,6 +291,18 @@ impl Store {
         Ok(self.apply_one(op, now).await?.done())
     }
 
+    /// Marks a reply delivered; false when another instance holds it now.
+    pub async fn mark_reply_sent(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        platform_message_id: Option<&str>,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let op = WriteOp::mark_reply_sent(reply, owner, platform_message_id);
+        Ok(self.apply_one(op, now).await?.done())
+    }
+
     async fn apply_one(&self, op: WriteOp, now: i64) -> StoreResult<WriteOut> {
         let mut out = self.apply_writes(std::slice::from_ref(&op), now).await?;
         Ok(out.pop().unwrap_or(WriteOut::Done(false)))
@@ -249,6 +310,21 @@ impl Store {
 }
 
 impl WriteOp {
+    pub fn mark_reply_sent(
+        reply: &ReplyRow,
+        owner: &str,
+        platform_message_id: Option<&str>,
+    ) -> WriteOp {
+        WriteOp::MarkReplySent {
+            reply_id: reply.id,
+            task_id: reply.task_id,
+            idempotency_key: reply.idempotency_key.clone(),
+            attempts: reply.attempts,
+            owner: owner.to_string(),
+            platform_message_id: platform_message_id.map(str::to_string),
+        }
+    }
+
     pub fn begin_step(fence: &Fence, step: &super::tasks::NewStep<'_>) -> WriteOp {
         WriteOp::BeginStep {
             fence: fence.clone(),
