@@ -179,7 +179,9 @@ fn bench_config(
     role: Role,
     concurrency: usize,
 ) -> anyhow::Result<Config> {
-    let mut c = Config::load_with_env(None, Vec::new())?;
+    // ASSISTD_* variables apply (for experiments, e.g. ASSISTD_INTAKE__WRITERS=1), except
+    // for the keys set below.
+    let mut c = Config::load_with_env(None, std::env::vars())?;
     c.server.listen = "127.0.0.1:0".into();
     c.server.role = role;
     c.database.url = db_url.into();
@@ -561,7 +563,7 @@ async fn tool_chain_server(
             workflow.display()
         ),
     )?;
-    let mut config = Config::load_with_env(Some(&overlay), Vec::new())?;
+    let mut config = Config::load_with_env(Some(&overlay), std::env::vars())?;
     let base = bench_config(&db.url, mocks, Role::All, 256)?;
     config.server = base.server;
     config.database = base.database;
