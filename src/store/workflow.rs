@@ -22,7 +22,6 @@ macro_rules! fence_task {
             == 1
     };
 }
-pub(crate) use fence_task;
 
 /// Inserts a pending action inside the caller's transaction.
 macro_rules! insert_pending_action {

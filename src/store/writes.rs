@@ -8,7 +8,6 @@ use super::outbox::ReplyRow;
 use super::tasks::{
     Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome, insert_audit, insert_reply,
 };
-use super::workflow::fence_task;
 use super::{Store, StoreResult, write_tx};
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
 
@@ -98,6 +97,16 @@ impl Store {
              VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
              ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
         );
+        let lock = match self {
+            Store::Sqlite(_) => "",
+            Store::Postgres(_) => " FOR UPDATE",
+        };
+        let complete = format!(
+            "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
+             tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8 \
+             AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $10 AND t.owner = $11 \
+             AND t.version = $12 AND t.status = 'RUNNING'{lock})"
+        );
         let out = write_tx!(self, tx => {
             let mut out = Vec::with_capacity(ops.len());
             for op in ops {
@@ -154,12 +163,25 @@ impl Store {
                         }
                     }
                     WriteOp::CompleteStep { fence, step } => {
-                        if fence_task!(&mut *tx, fence, now) {
-                            update_step!(&mut *tx, step, now).await?;
-                            WriteOut::Done(true)
-                        } else {
-                            WriteOut::Done(false)
-                        }
+                        // The fence and the write in one statement; on PostgreSQL the task
+                        // row is locked as `fence_task!` would, so no claim slips in first.
+                        let written = sqlx::query(&complete)
+                            .bind(step.status)
+                            .bind(&step.output)
+                            .bind(&step.error)
+                            .bind(step.tokens_in)
+                            .bind(step.tokens_out)
+                            .bind(step.duration_ms)
+                            .bind(now)
+                            .bind(step.step_id)
+                            .bind(step.attempts)
+                            .bind(fence.task_id)
+                            .bind(&fence.owner)
+                            .bind(fence.version)
+                            .execute(&mut *tx)
+                            .await?
+                            .rows_affected();
+                        WriteOut::Done(written == 1)
                     }
                     WriteOp::FinishTask { fence, outcome } => {
                         let owned = sqlx::query(

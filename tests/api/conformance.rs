@@ -579,6 +579,45 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
         store.task(a).await.unwrap().unwrap().status,
         TaskStatus::Succeeded
     );
+
+    // Completing a step: fenced in the same statement as the write.
+    let row = store
+        .begin_step(&fence(b), &step("b:1:chat"), now)
+        .await
+        .unwrap()
+        .unwrap();
+    let result = |status| StepResult {
+        step_id: row.id,
+        attempts: 1,
+        status,
+        output: Some("{}".into()),
+        error: None,
+        tokens_in: None,
+        tokens_out: None,
+        duration_ms: 1,
+    };
+    let out = store
+        .apply_writes(
+            &[
+                WriteOp::CompleteStep {
+                    fence: stale.clone(),
+                    step: result(StepStatus::Failed),
+                },
+                WriteOp::CompleteStep {
+                    fence: fence(b),
+                    step: result(StepStatus::Succeeded),
+                },
+            ],
+            now,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out[0], WriteOut::Done(false)));
+    assert!(matches!(out[1], WriteOut::Done(true)));
+    assert_eq!(
+        store.task_steps(b).await.unwrap()[0].status,
+        StepStatus::Succeeded
+    );
     store.close().await;
     db.drop_db().await;
 }
