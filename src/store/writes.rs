@@ -90,12 +90,28 @@ impl Store {
     /// Applies `ops` in order in one transaction; one answer per operation. An error rolls
     /// back all of them.
     pub async fn apply_writes(&self, ops: &[WriteOp], now: i64) -> StoreResult<Vec<WriteOut>> {
-        let select = format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1");
-        let insert = format!(
-            "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
+        // $1 task, $2 step no, $3 type, $4 tool, $5 key, $6 input, $7 status, $8 now, $9 owner,
+        // $10 version. SQLite runs the two statements of its text in one call (`changes()` is
+        // the update's row count); PostgreSQL does the same with a data-modifying CTE.
+        let fenced_update = "UPDATE agent_task SET current_step = $2, updated_at = $8 \
+             WHERE id = $1 AND owner = $9 AND version = $10 AND status = 'RUNNING'";
+        let step_insert = "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
              idempotency_key, input, status, attempt, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
-             ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
+             SELECT $1, $2, $3, $4, $5, $6, $7, 0, $8";
+        let begin = match self {
+            Store::Sqlite(_) => format!(
+                "{fenced_update}; {step_insert} WHERE changes() = 1 \
+                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
+            ),
+            Store::Postgres(_) => format!(
+                "WITH fenced AS ({fenced_update} RETURNING id) {step_insert} FROM fenced \
+                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
+            ),
+        };
+        let existing = format!(
+            "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
+             AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \
+             AND t.version = $4 AND t.status = 'RUNNING')"
         );
         let lock = match self {
             Store::Sqlite(_) => "",
@@ -119,48 +135,37 @@ impl Store {
                         idempotency_key,
                         input,
                     } => {
-                        // Taking the task row first both checks the fence and, on
-                        // PostgreSQL, locks the row so no claim can slip in before commit.
-                        let owned = sqlx::query(
-                            "UPDATE agent_task SET current_step = $1, updated_at = $2 \
-                             WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
-                        )
-                        .bind(step_no)
-                        .bind(now)
-                        .bind(fence.task_id)
-                        .bind(&fence.owner)
-                        .bind(fence.version)
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected()
-                            == 1;
-                        if !owned {
-                            WriteOut::Step(None)
-                        } else {
-                            // A fresh step comes back from the insert; one journalled before
-                            // (a resume) is read as it stands.
-                            let inserted = sqlx::query_as::<_, StepRow>(&insert)
-                                .bind(fence.task_id)
-                                .bind(step_no)
-                                .bind(step_type)
-                                .bind(tool_name)
-                                .bind(idempotency_key)
-                                .bind(input)
-                                .bind(StepStatus::Pending)
-                                .bind(now)
-                                .fetch_optional(&mut *tx)
-                                .await?;
-                            let row = match inserted {
-                                Some(row) => row,
-                                None => {
-                                    sqlx::query_as::<_, StepRow>(&select)
-                                        .bind(idempotency_key)
-                                        .fetch_one(&mut *tx)
-                                        .await?
-                                }
-                            };
-                            WriteOut::Step(Some(Box::new(row)))
-                        }
+                        // One round trip: the fenced task-row update (which on PostgreSQL
+                        // also locks the row, so no claim slips in before commit) and the
+                        // insert, which only happens when the fence held.
+                        let inserted = sqlx::query_as::<_, StepRow>(&begin)
+                            .bind(fence.task_id)
+                            .bind(step_no)
+                            .bind(step_type)
+                            .bind(tool_name)
+                            .bind(idempotency_key)
+                            .bind(input)
+                            .bind(StepStatus::Pending)
+                            .bind(now)
+                            .bind(&fence.owner)
+                            .bind(fence.version)
+                            .fetch_all(&mut *tx)
+                            .await?
+                            .pop();
+                        let row = match inserted {
+                            Some(row) => Some(row),
+                            // Journalled before (a resume): read as it stands, if still ours.
+                            None => {
+                                sqlx::query_as::<_, StepRow>(&existing)
+                                    .bind(idempotency_key)
+                                    .bind(fence.task_id)
+                                    .bind(&fence.owner)
+                                    .bind(fence.version)
+                                    .fetch_optional(&mut *tx)
+                                    .await?
+                            }
+                        };
+                        WriteOut::Step(row.map(Box::new))
                     }
                     WriteOp::CompleteStep { fence, step } => {
                         // The fence and the write in one statement; on PostgreSQL the task
