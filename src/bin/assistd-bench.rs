@@ -118,6 +118,8 @@ impl BenchDb {
 struct Mocks {
     addr: SocketAddr,
     model_calls: Arc<AtomicUsize>,
+    /// Most model calls open at the same time.
+    max_in_flight: Arc<AtomicUsize>,
     replies: Arc<AtomicUsize>,
     replied: Arc<Notify>,
     stop: CancellationToken,
@@ -127,15 +129,21 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
     let replies = Arc::new(AtomicUsize::new(0));
     let replied = Arc::new(Notify::new());
     let model_calls = Arc::new(AtomicUsize::new(0));
+    let max_in_flight = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(AtomicUsize::new(0));
     let (r, n, calls) = (replies.clone(), replied.clone(), model_calls.clone());
+    let peak = max_in_flight.clone();
     let app = Router::new()
         .route(
             "/v1/chat/completions",
             post(move |body: axum::Json<Value>| async move {
                 calls.fetch_add(1, Ordering::Relaxed);
+                let now_open = open.fetch_add(1, Ordering::Relaxed) + 1;
+                peak.fetch_max(now_open, Ordering::Relaxed);
                 if !model_latency.is_zero() {
                     tokio::time::sleep(model_latency).await;
                 }
+                open.fetch_sub(1, Ordering::Relaxed);
                 let last = body["messages"]
                     .as_array()
                     .and_then(|m| m.last())
@@ -167,6 +175,7 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
     Ok(Mocks {
         addr,
         model_calls,
+        max_in_flight,
         replies,
         replied,
         stop,
@@ -305,12 +314,13 @@ async fn wait_replies(mocks: &Mocks, n: usize, timeout: Duration) -> anyhow::Res
 }
 
 /// Resident set size of this process, in KiB.
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Resident memory of process `pid` (`VmRSS`, or `VmHWM` = its peak), in KiB.
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
@@ -370,39 +380,48 @@ async fn end_to_end(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The server runs as a child `assistd` so its memory is measured alone (the mock model,
+/// which holds a connection per call, and the load generator stay in this process).
 async fn in_flight(args: &Args) -> anyhow::Result<()> {
     let db = BenchDb::new(args.db).await?;
     let latency = Duration::from_millis(args.model_latency_ms);
     let mocks = start_mocks(latency).await?;
-    let server = start_server(bench_config(&db.url, &mocks, Role::All, args.n.max(1))?).await?;
-    let baseline = rss_kib();
-    let peak = Arc::new(std::sync::atomic::AtomicU64::new(baseline));
-    let sampling = CancellationToken::new();
-    let (p, s) = (peak.clone(), sampling.clone());
-    tokio::spawn(async move {
-        while !s.is_cancelled() {
-            p.fetch_max(rss_kib(), Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    });
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await?
+        .local_addr()?
+        .port();
+    let mut child = spawn_child(&db.url, &mocks, port, 0, args.n.max(1))?;
+    wait_ready(port).await?;
+    let pid = child.id();
+    let baseline = rss_kib(pid, "VmRSS:");
     let started = Instant::now();
-    send_messages(server.addr, args.n, args.concurrency, "inflight").await?;
+    send_messages(
+        format!("127.0.0.1:{port}").parse()?,
+        args.n,
+        args.concurrency,
+        "inflight",
+    )
+    .await?;
     let ingest_time = started.elapsed();
     wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
     let wall = started.elapsed();
-    sampling.cancel();
-    let peak = peak.load(Ordering::Relaxed);
+    let peak = rss_kib(pid, "VmHWM:");
+    let _ = child.kill();
+    let _ = child.wait();
     println!(
-        "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s peak_rss={:.1}MiB rss_per_task={:.1}KiB",
+        "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB rss_per_task={:.1}KiB",
         db_name(args.db),
         args.n,
         args.model_latency_ms,
         wall.as_secs_f64(),
         ingest_time.as_secs_f64(),
+        mocks.max_in_flight.load(Ordering::Relaxed),
+        baseline as f64 / 1024.0,
         peak as f64 / 1024.0,
-        peak.saturating_sub(baseline) as f64 / args.n.max(1) as f64
+        // Per task actually in flight at the peak, not per message sent.
+        peak.saturating_sub(baseline) as f64
+            / mocks.max_in_flight.load(Ordering::Relaxed).max(1) as f64
     );
-    server.stop().await;
     mocks.stop.cancel();
     db.drop_db().await;
     Ok(())
@@ -414,6 +433,7 @@ fn spawn_child(
     mocks: &Mocks,
     port: u16,
     grace_secs: u64,
+    concurrency: usize,
 ) -> anyhow::Result<std::process::Child> {
     let exe = std::env::current_exe()?.with_file_name("assistd");
     Ok(std::process::Command::new(exe)
@@ -430,7 +450,7 @@ fn spawn_child(
         )
         .env("ASSISTD_ADMIN__TOKEN", "bench-admin")
         .env("ASSISTD_WORKER__INSTANCE_ID", "bench-child")
-        .env("ASSISTD_WORKER__CONCURRENCY", "4096")
+        .env("ASSISTD_WORKER__CONCURRENCY", concurrency.to_string())
         .env("ASSISTD_WORKER__CLAIM_BATCH", "256")
         .env(
             "ASSISTD_WORKER__SHUTDOWN_GRACE_SECS",
@@ -484,7 +504,7 @@ async fn recovery(args: &Args) -> anyhow::Result<()> {
             .await?
             .local_addr()?
             .port();
-        let mut child = spawn_child(&db.url, &mocks, port, grace)?;
+        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096)?;
         wait_ready(port).await?;
         send_messages(
             format!("127.0.0.1:{port}").parse()?,
@@ -501,7 +521,7 @@ async fn recovery(args: &Args) -> anyhow::Result<()> {
         let _ = child.wait();
         let calls_before = mocks.model_calls.load(Ordering::Relaxed);
         let restarted = Instant::now();
-        let mut child = spawn_child(&db.url, &mocks, port, grace)?;
+        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096)?;
         wait_ready(port).await?;
         let ready = restarted.elapsed();
         wait_calls(&mocks, calls_before + args.n, Duration::from_secs(300)).await?;
