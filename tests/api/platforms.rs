@@ -1385,8 +1385,10 @@ fn matrix_reaction(event_id: &str, sender: &str, target: &str, key: &str) -> Val
            "content": {"m.relates_to": {"rel_type": "m.annotation", "event_id": target, "key": key}}})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn matrix_approvals_are_decided_by_reactions_of_approvers() {
+/// A workflow agent answering Matrix whose approver is @boss:hs, asked to send a notice:
+/// returns the homeserver, the flow, the task (waiting for approval, request sent) and the
+/// approval request's event content.
+async fn matrix_waiting_for_approval() -> (MockServer, crate::workflows::Flow, i64, Value) {
     let hs = matrix_homeserver().await;
     let uri = hs.uri();
     let flow = spawn_flow_with(NOTICE, move |c| {
@@ -1417,6 +1419,13 @@ async fn matrix_approvals_are_decided_by_reactions_of_approvers() {
         .find(|r| r.url.path().contains("-confirm-"))
         .expect("the approval request was sent");
     let body: Value = serde_json::from_slice(&request.body).unwrap();
+    (hs, flow, id, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_approvals_are_decided_by_reactions_of_approvers() {
+    let (_hs, flow, id, body) = matrix_waiting_for_approval().await;
+    let app = &flow.app;
     assert_eq!(body["format"], "org.matrix.custom.html");
     assert!(
         body["body"].as_str().unwrap().contains("React with ✅"),
@@ -1449,35 +1458,8 @@ async fn matrix_approvals_are_decided_by_reactions_of_approvers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_approvals_can_be_rejected_by_command() {
-    let hs = matrix_homeserver().await;
-    let uri = hs.uri();
-    let flow = spawn_flow_with(NOTICE, move |c| {
-        c.channels.matrix.enabled = true;
-        c.channels.matrix.homeserver_url = uri;
-        c.channels.matrix.hs_token = HS_TOKEN.into();
-        c.channels.matrix.bot_user_id = "@assistd:hs".into();
-        c.channels.matrix.agent = "flow".into();
-        c.agents.get_mut("flow").unwrap().approvers = vec!["@boss:hs".into()];
-    })
-    .await;
+    let (_hs, flow, id, body) = matrix_waiting_for_approval().await;
     let app = &flow.app;
-    let question = json!([{"type": "m.room.message", "room_id": "!r:hs", "sender": "@ada:hs",
-        "event_id": "$q", "content": {"msgtype": "m.text", "body": "send the notice"}}]);
-    assert_eq!(app.matrix_txn("t1", question).await.status(), 200);
-    let tasks: Value = app.list("conversation=!r:hs").await.json().await.unwrap();
-    let id = tasks["tasks"][0]["id"].as_i64().unwrap();
-    app.wait_task(id, WAIT, |t| {
-        t["status"] == "WAITING_HUMAN_CONFIRM" && t["reply"]["status"] == "SENT"
-    })
-    .await;
-    let request = hs
-        .received_requests()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|r| r.url.path().contains("-confirm-"))
-        .unwrap();
-    let body: Value = serde_json::from_slice(&request.body).unwrap();
     let step = body["org.assistd.approval"]["step_no"].as_i64().unwrap();
     let reject = json!([{"type": "m.room.message", "room_id": "!r:hs", "sender": "@boss:hs",
         "event_id": "$cmd", "content": {"msgtype": "m.text", "body": format!("reject {id}.{step}")}}]);
