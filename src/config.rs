@@ -278,6 +278,16 @@ pub struct DatabaseConfig {
     pub max_connections: u32,
     pub sqlite_busy_timeout_ms: u64,
     pub acquire_timeout_secs: u64,
+    /// SQLite `synchronous` in WAL mode: `normal` or `full`.
+    pub sqlite_synchronous: SqliteSync,
+}
+
+/// How SQLite commits reach the disk (see `config/default.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqliteSync {
+    Normal,
+    Full,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -965,6 +975,25 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn sqlite_durability_is_a_choice_of_two() {
+        let c = Config::load_with_env(None, Vec::new()).unwrap();
+        assert_eq!(c.database.sqlite_synchronous, SqliteSync::Normal);
+        let c = Config::load_with_env(
+            None,
+            env(&[("ASSISTD_DATABASE__SQLITE_SYNCHRONOUS", "full")]),
+        )
+        .unwrap();
+        assert_eq!(c.database.sqlite_synchronous, SqliteSync::Full);
+        let err = Config::load_with_env(
+            None,
+            env(&[("ASSISTD_DATABASE__SQLITE_SYNCHRONOUS", "sometimes")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("database.sqlite_synchronous"), "{err}");
     }
 
     #[test]

@@ -119,7 +119,10 @@ impl Store {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Normal)
+                .synchronous(match config.sqlite_synchronous {
+                    crate::config::SqliteSync::Normal => SqliteSynchronous::Normal,
+                    crate::config::SqliteSync::Full => SqliteSynchronous::Full,
+                })
                 .busy_timeout(Duration::from_millis(config.sqlite_busy_timeout_ms))
                 .foreign_keys(true)
                 .pragma("temp_store", "memory");
@@ -193,6 +196,32 @@ impl Store {
                 let rows = sqlx::query(&text).fetch_all(pool).await?;
                 Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sqlite_synchronous_follows_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        for (choice, expected) in [
+            (crate::config::SqliteSync::Normal, 1),
+            (crate::config::SqliteSync::Full, 2),
+        ] {
+            let mut config = crate::config::Config::load_with_env(None, Vec::new())
+                .unwrap()
+                .database;
+            config.url = format!("sqlite://{}/{expected}.db", dir.path().display());
+            config.sqlite_synchronous = choice;
+            let store = Store::connect(&config).await.unwrap();
+            let (level,): (i64,) = on_pool!(&store, pool => {
+                sqlx::query_as("PRAGMA synchronous").fetch_one(pool).await.unwrap()
+            });
+            assert_eq!(level, expected, "{choice:?}");
+            store.close().await;
         }
     }
 }
