@@ -980,13 +980,13 @@ mod tests {
     #[test]
     fn sqlite_durability_is_a_choice_of_two() {
         let c = Config::load_with_env(None, Vec::new()).unwrap();
-        assert_eq!(c.database.sqlite_synchronous, SqliteSync::Normal);
+        assert_eq!(c.database.sqlite_synchronous, SqliteSync::Full);
         let c = Config::load_with_env(
             None,
-            env(&[("ASSISTD_DATABASE__SQLITE_SYNCHRONOUS", "full")]),
+            env(&[("ASSISTD_DATABASE__SQLITE_SYNCHRONOUS", "normal")]),
         )
         .unwrap();
-        assert_eq!(c.database.sqlite_synchronous, SqliteSync::Full);
+        assert_eq!(c.database.sqlite_synchronous, SqliteSync::Normal);
         let err = Config::load_with_env(
             None,
             env(&[("ASSISTD_DATABASE__SQLITE_SYNCHRONOUS", "sometimes")]),
