@@ -1,8 +1,8 @@
-//! The worker's fenced writes (step journal, task finish), committed through group commit on
-//! SQLite (`store::group`): the writes of many running tasks share one transaction of the
-//! single writer. On PostgreSQL each is its own transaction, as concurrent transactions are
-//! what PostgreSQL does well and row locks taken in a shared transaction could deadlock
-//! with lease renewals.
+//! The worker's fenced writes (step journal, lease renewals, task finish, reply delivered),
+//! committed through group commit on SQLite (`store::group`): the writes of many running
+//! tasks share one transaction of the single writer. On PostgreSQL each is its own
+//! transaction: concurrent transactions are what PostgreSQL does well, and one transaction
+//! holding several task rows could deadlock with another doing the same in another order.
 
 use std::sync::Arc;
 
@@ -65,6 +65,15 @@ impl Journal {
         let op = WriteOp::CompleteStep {
             fence: fence.clone(),
             step: step.clone(),
+        };
+        Ok(self.write(op).await?.done())
+    }
+
+    /// Extends a task's lease; `false` when the worker no longer owns the task.
+    pub async fn renew_lease(&self, fence: &Fence, lease_until: i64) -> StoreResult<bool> {
+        let op = WriteOp::RenewLease {
+            fence: fence.clone(),
+            lease_until,
         };
         Ok(self.write(op).await?.done())
     }

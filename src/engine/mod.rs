@@ -210,8 +210,8 @@ async fn heartbeat(svc: Arc<Services>, fence: Fence, lost: CancellationToken) {
         }
         let now = now_ms();
         match svc
-            .store
-            .renew_lease(&fence, now + lease.as_millis() as i64, now)
+            .journal
+            .renew_lease(&fence, now + lease.as_millis() as i64)
             .await
         {
             Ok(true) => {}

@@ -316,30 +316,6 @@ impl Store {
         Ok(released)
     }
 
-    /// Extends the lease of a task this worker still owns; false = ownership lost.
-    pub async fn renew_lease(
-        &self,
-        fence: &Fence,
-        lease_until: i64,
-        now: i64,
-    ) -> StoreResult<bool> {
-        let done = write_tx!(self, tx => {
-            sqlx::query(
-                "UPDATE agent_task SET lease_expire = $1, updated_at = $2 \
-                 WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
-            )
-            .bind(lease_until)
-            .bind(now)
-            .bind(fence.task_id)
-            .bind(&fence.owner)
-            .bind(fence.version)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-        });
-        Ok(done == 1)
-    }
-
     pub async fn task(&self, id: i64) -> StoreResult<Option<TaskRow>> {
         let sql = format!("SELECT {TASK_COLUMNS} FROM agent_task WHERE id = $1");
         Ok(on_pool!(self, pool => {

@@ -50,6 +50,8 @@ pub enum WriteOp {
         fence: Fence,
         outcome: Box<TaskOutcome>,
     },
+    /// Extends the lease of a task its worker still owns.
+    RenewLease { fence: Fence, lease_until: i64 },
     /// Marks a reply delivered, while `owner` still holds its delivery lease.
     MarkReplySent {
         reply_id: i64,
@@ -231,6 +233,21 @@ impl Store {
                         }
                         WriteOut::Done(owned)
                     }
+                    WriteOp::RenewLease { fence, lease_until } => {
+                        let renewed = sqlx::query(
+                            "UPDATE agent_task SET lease_expire = $1, updated_at = $2 \
+                             WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
+                        )
+                        .bind(lease_until)
+                        .bind(now)
+                        .bind(fence.task_id)
+                        .bind(&fence.owner)
+                        .bind(fence.version)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                        WriteOut::Done(renewed == 1)
+                    }
                     WriteOp::MarkReplySent {
                         reply_id,
                         task_id,
@@ -314,6 +331,20 @@ impl Store {
         let op = WriteOp::FinishTask {
             fence: fence.clone(),
             outcome: Box::new(outcome.clone()),
+        };
+        Ok(self.apply_one(op, now).await?.done())
+    }
+
+    /// Extends the lease of a task this worker still owns; false = ownership lost.
+    pub async fn renew_lease(
+        &self,
+        fence: &Fence,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let op = WriteOp::RenewLease {
+            fence: fence.clone(),
+            lease_until,
         };
         Ok(self.apply_one(op, now).await?.done())
     }

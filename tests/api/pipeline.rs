@@ -304,3 +304,35 @@ async fn a_history_over_the_token_budget_is_summarised_first() {
     );
     app.stop().await;
 }
+
+/// A model call longer than the lease: the heartbeat (group-committed on SQLite) renews the
+/// lease every third of it, so the task is never taken back by a claim, and the model is
+/// called once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_call_longer_than_the_lease_keeps_its_task() {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(completion("slow answer"))
+                .set_delay(Duration::from_millis(3_500)),
+        )
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
+        c.worker.lease_secs = 1;
+        c.worker.poll_interval_ms = 100;
+    })
+    .await;
+    let id = task_id_of(
+        app.post_message(&message("slow", 1, "take your time"))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED");
+    assert_eq!(task["claim_count"], 1, "the lease never lapsed: {task}");
+    assert_eq!(app.model.received_requests().await.unwrap().len(), 1);
+    app.stop().await;
+}
