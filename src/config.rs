@@ -340,9 +340,11 @@ pub struct WorkerConfig {
     pub poll_interval_ms: u64,
     pub claim_batch: usize,
     pub shutdown_grace_secs: u64,
-    /// SQLite: most step-journal and task-finishing writes of different tasks committed in
-    /// one transaction (1 = a transaction each). PostgreSQL always commits them separately.
+    /// Most step-journal, lease, finishing and reply-delivered writes of different tasks
+    /// committed in one transaction (1 = a transaction each).
     pub group_commit_max: usize,
+    /// PostgreSQL: such transactions in flight at once (SQLite: always 1).
+    pub group_commit_writers: usize,
 }
 
 impl WorkerConfig {
@@ -633,6 +635,10 @@ impl Config {
         positive(
             "worker.group_commit_max",
             self.worker.group_commit_max as u64,
+        )?;
+        positive(
+            "worker.group_commit_writers",
+            self.worker.group_commit_writers as u64,
         )?;
         positive("intake.writers", self.intake.writers as u64)?;
         if self.intake.batch_max > 1000 {

@@ -1,8 +1,8 @@
 //! The worker's fenced writes (step journal, lease renewals, task finish, reply delivered),
-//! committed through group commit on SQLite (`store::group`): the writes of many running
-//! tasks share one transaction of the single writer. On PostgreSQL each is its own
-//! transaction: concurrent transactions are what PostgreSQL does well, and one transaction
-//! holding several task rows could deadlock with another doing the same in another order.
+//! committed through group commit (`store::group`): the writes of many running tasks that
+//! are ready together share one transaction, each still fenced on its own. SQLite has one
+//! writer; on PostgreSQL `worker.group_commit_writers` batches commit at once. Every batch
+//! takes its task rows in id order (`Store::apply_writes`), so two cannot deadlock.
 
 use std::sync::Arc;
 
@@ -22,12 +22,16 @@ pub enum Journal {
 impl Journal {
     /// Starts the SQLite group-commit writer on the current runtime (when enabled).
     pub fn start(store: Store, config: &WorkerConfig) -> Journal {
-        if store.dialect() != Dialect::Sqlite || config.group_commit_max <= 1 {
+        if config.group_commit_max <= 1 {
             return Journal::Direct(store);
         }
         Journal::Grouped(GroupCommit::start(
             "journal",
-            1,
+            // SQLite has one writer; PostgreSQL commits several batches at once.
+            match store.dialect() {
+                Dialect::Sqlite => 1,
+                Dialect::Postgres => config.group_commit_writers,
+            },
             config.group_commit_max,
             Arc::new(move |ops: &[WriteOp]| {
                 let store = store.clone();

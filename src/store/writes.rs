@@ -89,9 +89,31 @@ impl WriteOut {
 }
 
 impl Store {
-    /// Applies `ops` in order in one transaction; one answer per operation. An error rolls
-    /// back all of them.
+    /// Applies `ops` in one transaction, ordered by task id (every transaction that holds
+    /// several task rows takes them in the same order, so two cannot deadlock on PostgreSQL;
+    /// operations of one task keep their order); one answer per operation, in the order
+    /// given. An error rolls back all of them.
     pub async fn apply_writes(&self, ops: &[WriteOp], now: i64) -> StoreResult<Vec<WriteOut>> {
+        let mut order: Vec<usize> = (0..ops.len()).collect();
+        order.sort_by_key(|&i| ops[i].task_id());
+        let mut answers: Vec<Option<WriteOut>> = vec![None; ops.len()];
+        let done = self
+            .apply_in_order(order.iter().map(|&i| &ops[i]), now)
+            .await?;
+        for (&i, out) in order.iter().zip(done) {
+            answers[i] = Some(out);
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or(WriteOut::Done(false)))
+            .collect())
+    }
+
+    async fn apply_in_order<'o>(
+        &self,
+        ops: impl ExactSizeIterator<Item = &'o WriteOp>,
+        now: i64,
+    ) -> StoreResult<Vec<WriteOut>> {
         // $1 task, $2 step no, $3 type, $4 tool, $5 key, $6 input, $7 status, $8 now, $9 owner,
         // $10 version. SQLite runs the two statements of its text in one call (`changes()` is
         // the update's row count); PostgreSQL does the same with a data-modifying CTE.
@@ -368,6 +390,17 @@ impl Store {
 }
 
 impl WriteOp {
+    /// The task whose row the operation locks first.
+    pub fn task_id(&self) -> i64 {
+        match self {
+            WriteOp::BeginStep { fence, .. }
+            | WriteOp::CompleteStep { fence, .. }
+            | WriteOp::RenewLease { fence, .. }
+            | WriteOp::FinishTask { fence, .. } => fence.task_id,
+            WriteOp::MarkReplySent { task_id, .. } => *task_id,
+        }
+    }
+
     pub fn mark_reply_sent(
         reply: &ReplyRow,
         owner: &str,
