@@ -52,6 +52,11 @@ pub(crate) async fn load_context(svc: &Services, task_id: i64) -> Result<TaskCon
         .task(task_id)
         .await?
         .ok_or_else(|| RunError::Corrupt("claimed task vanished".into()))?;
+    context_of(svc, task).await
+}
+
+/// The run context of `task` (as its claim returned it): its message and agent snapshot.
+async fn context_of(svc: &Services, task: TaskRow) -> Result<TaskContext, RunError> {
     let message = svc
         .store
         .message(task.message_id)
@@ -70,8 +75,13 @@ pub(crate) async fn load_context(svc: &Services, task_id: i64) -> Result<TaskCon
     })
 }
 
-async fn run_task(svc: &Services, fence: &Fence, lost: &CancellationToken) -> Result<(), RunError> {
-    let ctx = load_context(svc, fence.task_id).await?;
+async fn run_task(
+    svc: &Services,
+    fence: &Fence,
+    lost: &CancellationToken,
+    task: TaskRow,
+) -> Result<(), RunError> {
+    let ctx = context_of(svc, task).await?;
     tracing::Span::current().record("conversation", ctx.task.conversation_id.as_str());
     match ctx.agent.mode {
         AgentMode::SingleTurn => single_turn::run(svc, fence, lost, &ctx).await,
@@ -177,7 +187,7 @@ async fn run_claimed(svc: Arc<Services>, task: ClaimedTask, shutdown: Cancellati
     let lost = CancellationToken::new();
     svc.track_running(task.id, Some(lost.clone()));
     let heartbeat = tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone()));
-    let result = run_task(&svc, &fence, &lost).await;
+    let result = run_task(&svc, &fence, &lost, task.row).await;
     heartbeat.abort();
     svc.track_running(task.id, None);
     match result {

@@ -71,11 +71,14 @@ pub struct Fence {
     pub version: i64,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// A task just claimed: its fence fields and the whole row as the claim left it (so the
+/// worker need not read it again).
+#[derive(Debug, Clone)]
 pub struct ClaimedTask {
     pub id: i64,
     pub version: i64,
     pub claim_count: i64,
+    pub row: TaskRow,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -264,16 +267,24 @@ impl Store {
              started_at = COALESCE(started_at, $3), updated_at = $3, \
              workflow_snapshot = COALESCE(workflow_snapshot, (SELECT v.definition \
                  FROM agent_version v WHERE v.id = agent_task.agent_version_id)) \
-             WHERE id IN ({pick}) RETURNING id, version, claim_count"
+             WHERE id IN ({pick}) RETURNING {TASK_COLUMNS}"
         );
         let claimed = write_tx!(self, tx => {
-            let mut claimed: Vec<ClaimedTask> = sqlx::query_as(&sql)
+            let mut claimed: Vec<ClaimedTask> = sqlx::query_as::<_, TaskRow>(&sql)
                 .bind(owner)
                 .bind(lease_until)
                 .bind(now)
                 .bind(limit as i64)
                 .fetch_all(&mut *tx)
-                .await?;
+                .await?
+                .into_iter()
+                .map(|row| ClaimedTask {
+                    id: row.id,
+                    version: row.version,
+                    claim_count: row.claim_count,
+                    row,
+                })
+                .collect();
             claimed.sort_by_key(|c| c.id);
             for task in &claimed {
                 let summary = if task.claim_count > 1 {
