@@ -253,19 +253,43 @@ async fn telegram_honours_429_retry_after() {
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_telegram_send_with_unknown_outcome_is_not_repeated() {
+/// The platform stand-in with Telegram's sendMessage answering only after `delay`.
+async fn slow_telegram_api(delay: Duration) -> MockServer {
     let api = platform_api().await;
     Mock::given(method("POST"))
         .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
         .respond_with(
             ResponseTemplate::new(200)
                 .set_body_json(json!({"ok": true, "result": {"message_id": 1}}))
-                .set_delay(Duration::from_secs(3)),
+                .set_delay(delay),
         )
         .with_priority(1)
         .mount(&api)
         .await;
+    api
+}
+
+/// The task's REPLY_FAILED audit entry is risk-flagged, and the reply went out only once.
+async fn assert_unknown_and_sent_once(api: &MockServer, task: &Value) {
+    let failed = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["event"] == "REPLY_FAILED")
+        .unwrap();
+    assert_eq!(failed["risk_flag"], true);
+    assert_eq!(
+        sends(api, &format!("/bot{TG_TOKEN}/sendMessage"))
+            .await
+            .len(),
+        1,
+        "not blindly re-sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_telegram_send_with_unknown_outcome_is_not_repeated() {
+    let api = slow_telegram_api(Duration::from_secs(3)).await;
     let app = spawn_platforms(&api, |c| {
         c.outbox.timeout_secs = 1;
         c.outbox.lease_secs = 5;
@@ -279,21 +303,8 @@ async fn a_telegram_send_with_unknown_outcome_is_not_repeated() {
     let task = app
         .wait_task(id, WAIT, |t| t["reply"]["status"] == "UNKNOWN")
         .await;
-    let failed = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["event"] == "REPLY_FAILED")
-        .unwrap();
-    assert_eq!(failed["risk_flag"], true);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(
-        sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"))
-            .await
-            .len(),
-        1,
-        "not blindly re-sent"
-    );
+    assert_unknown_and_sent_once(&api, &task).await;
     app.stop().await;
 }
 
@@ -302,17 +313,7 @@ async fn a_telegram_send_with_unknown_outcome_is_not_repeated() {
 /// Telegram has no idempotency key, so the second instance marks it UNKNOWN and sends nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_telegram_reply_left_mid_send_by_another_instance_is_not_resent() {
-    let api = platform_api().await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"ok": true, "result": {"message_id": 1}}))
-                .set_delay(Duration::from_secs(4)),
-        )
-        .with_priority(1)
-        .mount(&api)
-        .await;
+    let api = slow_telegram_api(Duration::from_secs(4)).await;
     let tweak = |c: &mut assistd::Config| {
         c.outbox.timeout_secs = 10;
         c.outbox.lease_secs = 1;
@@ -335,21 +336,8 @@ async fn a_telegram_reply_left_mid_send_by_another_instance_is_not_resent() {
         .wait_task(id, WAIT, |t| t["reply"]["status"] == "UNKNOWN")
         .await;
     assert_eq!(task["reply"]["attempts"], 2, "{task}");
-    let failed = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["event"] == "REPLY_FAILED")
-        .unwrap();
-    assert_eq!(failed["risk_flag"], true);
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(
-        sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"))
-            .await
-            .len(),
-        1,
-        "not blindly re-sent"
-    );
+    assert_unknown_and_sent_once(&api, &task).await;
     assert_eq!(
         app.get_task(id).await["reply"]["status"],
         "UNKNOWN",
