@@ -12,10 +12,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
+use super::generic::CardAction;
 use super::{Delivered, DeliveryError, Refused};
 use crate::config::{MatrixChannelConfig, OutboxConfig};
 use crate::store::intake::NewMessage;
 use crate::store::outbox::ReplyRow;
+use crate::store::{Store, StoreResult};
 
 pub const CHANNEL: &str = "matrix";
 
@@ -51,13 +53,8 @@ pub enum MatrixEvent {
     Message(NewMessage),
     /// The bot was invited to this room.
     Invite(String),
-    /// `approve 7.3` / `reject 7.3` sent by `approver`.
-    Decision {
-        approver: String,
-        approve: bool,
-        task_id: i64,
-        step_no: i64,
-    },
+    /// `approve 7.3` / `reject 7.3` sent by an approver.
+    Decision(CardAction),
     /// A ✅ / ❌ (or 👍 / 👎) reaction by `approver` to the event `target`.
     Reaction {
         approver: String,
@@ -78,13 +75,33 @@ fn reaction_decision(key: &str) -> Option<bool> {
 
 /// The (task id, step no) an approval request sent by [`MatrixChannel::send`] asks about,
 /// read from the stored reply content.
-pub fn approval_of(reply_content: &str) -> Option<(i64, i64)> {
+fn approval_of(reply_content: &str) -> Option<(i64, i64)> {
     let content: Value = serde_json::from_str(reply_content).ok()?;
     let value = &content["card"]["actions"][0]["value"];
     if content["card"]["card_type"] != "approval_request" {
         return None;
     }
     Some((value["task_id"].as_i64()?, value["step_no"].as_i64()?))
+}
+
+/// The decision a reaction stands for: `None` unless it reacts to an approval request this
+/// channel sent (found by the event id the homeserver gave that message).
+pub async fn reaction_decision_of(
+    store: &Store,
+    approver: &str,
+    approve: bool,
+    target: &str,
+) -> StoreResult<Option<CardAction>> {
+    let asked = store
+        .reply_by_platform_message(CHANNEL, target)
+        .await?
+        .and_then(|reply| approval_of(&reply.content));
+    Ok(asked.map(|(task_id, step_no)| CardAction {
+        task_id,
+        step_no,
+        approve,
+        approver: approver.to_string(),
+    }))
 }
 
 /// Parses a verified transaction body.
@@ -146,12 +163,12 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                     continue;
                 }
                 if let Some((approve, task_id, step_no)) = super::parse_decision_command(&text) {
-                    out.push(MatrixEvent::Decision {
-                        approver: sender.to_string(),
-                        approve,
+                    out.push(MatrixEvent::Decision(CardAction {
                         task_id,
                         step_no,
-                    });
+                        approve,
+                        approver: sender.to_string(),
+                    }));
                     continue;
                 }
                 out.push(MatrixEvent::Message(NewMessage {

@@ -14,7 +14,7 @@ use crate::app::Services;
 use crate::config::AgentMode;
 use crate::domain::now_ms;
 use crate::store::StoreError;
-use crate::store::tasks::{ClaimedTask, Fence, MessageRow, TaskRow};
+use crate::store::tasks::{Fence, MessageRow, TaskRow};
 
 pub mod backoff;
 pub mod journal;
@@ -176,7 +176,7 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
     tracing::info!("workers stopped");
 }
 
-async fn run_claimed(svc: Arc<Services>, task: ClaimedTask, shutdown: CancellationToken) {
+async fn run_claimed(svc: Arc<Services>, task: TaskRow, shutdown: CancellationToken) {
     let fence = Fence {
         task_id: task.id,
         owner: svc.instance_id.clone(),
@@ -187,9 +187,9 @@ async fn run_claimed(svc: Arc<Services>, task: ClaimedTask, shutdown: Cancellati
     let lost = CancellationToken::new();
     svc.track_running(task.id, Some(lost.clone()));
     let heartbeat = tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone()));
-    let result = run_task(&svc, &fence, &lost, task.row).await;
+    let result = run_task(&svc, &fence, &lost, task).await;
     heartbeat.abort();
-    svc.track_running(task.id, None);
+    svc.track_running(fence.task_id, None);
     match result {
         Ok(()) => {}
         Err(RunError::Parked) => tracing::info!("waiting for a human decision"),

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::ApiError;
 use crate::app::Services;
 use crate::channels::console;
-use crate::intake::{IntakeError, accept_message};
+use crate::intake::accept_message;
 
 pub fn router() -> Router<Arc<Services>> {
     Router::new()
@@ -64,12 +64,7 @@ async fn send(
     let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let message =
         console::message(&body.conversation_id, &body.text).map_err(ApiError::BadRequest)?;
-    let ingested = accept_message(&svc, &message, &svc.config.channels.console.agent)
-        .await
-        .map_err(|e| match e {
-            IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
-            IntakeError::Store(s) => s.into(),
-        })?;
+    let ingested = accept_message(&svc, &message, &svc.config.channels.console.agent).await?;
     Ok(Json(json!({ "task_id": ingested.task_id })))
 }
 

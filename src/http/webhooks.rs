@@ -103,12 +103,7 @@ async fn generic_webhook(
 ) -> Result<Json<Value>, ApiError> {
     let raw = generic_verified(&svc, &headers, body).await?;
     let message = generic::parse(&raw).map_err(ApiError::BadRequest)?;
-    let ingested = accept_message(&svc, &message, &svc.config.channels.generic.agent)
-        .await
-        .map_err(|e| match e {
-            IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
-            IntakeError::Store(s) => s.into(),
-        })?;
+    let ingested = accept_message(&svc, &message, &svc.config.channels.generic.agent).await?;
     Ok(Json(
         json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }),
     ))
@@ -135,6 +130,16 @@ async fn generic_actions(
     super::tasks::decision_response(&svc, action.task_id, result).await
 }
 
+/// An agent without a published version is the operator's mistake, not the sender's.
+impl From<IntakeError> for ApiError {
+    fn from(e: IntakeError) -> Self {
+        match e {
+            IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
+            IntakeError::Store(s) => s.into(),
+        }
+    }
+}
+
 impl From<Refused> for ApiError {
     fn from(r: Refused) -> Self {
         match r {
@@ -142,6 +147,30 @@ impl From<Refused> for ApiError {
             Refused::BadRequest(m) => ApiError::BadRequest(m),
         }
     }
+}
+
+/// Applies an approval decision from a chat platform; the outcome in words, for the reply
+/// to the platform (and, on Telegram, the button).
+async fn decide_action(
+    svc: &Services,
+    action: &generic::CardAction,
+) -> Result<&'static str, ApiError> {
+    let result = crate::control::decide(
+        svc,
+        action.task_id,
+        Some(action.step_no),
+        action.approve,
+        &action.approver,
+        false,
+    )
+    .await?;
+    Ok(match result {
+        DecisionResult::Resumed => "approved",
+        DecisionResult::Cancelled => "rejected",
+        DecisionResult::NotFound => "unknown request",
+        DecisionResult::NotWaiting(_) => "already decided",
+        DecisionResult::Forbidden => "you may not decide this request",
+    })
 }
 
 /// Carries out what a verified platform request asks. Platforms only need a quick 2xx, so
@@ -154,34 +183,14 @@ async fn handle_inbound(
 ) -> Result<Response, ApiError> {
     match inbound {
         Inbound::Message(message) => {
-            let ingested = accept_message(svc, &message, agent)
-                .await
-                .map_err(|e| match e {
-                    IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
-                    IntakeError::Store(s) => s.into(),
-                })?;
+            let ingested = accept_message(svc, &message, agent).await?;
             Ok(
                 Json(json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }))
                     .into_response(),
             )
         }
         Inbound::Action { action, ack } => {
-            let result = crate::control::decide(
-                svc,
-                action.task_id,
-                Some(action.step_no),
-                action.approve,
-                &action.approver,
-                false,
-            )
-            .await?;
-            let outcome = match &result {
-                DecisionResult::Resumed => "approved",
-                DecisionResult::Cancelled => "rejected",
-                DecisionResult::NotFound => "unknown request",
-                DecisionResult::NotWaiting(_) => "already decided",
-                DecisionResult::Forbidden => "you may not decide this request",
-            };
+            let outcome = decide_action(svc, &action).await?;
             if let (Some(id), Some(channel)) = (ack, &svc.channels.telegram)
                 && platform == telegram::CHANNEL
             {
@@ -327,49 +336,29 @@ async fn matrix_transaction(
     for event in events {
         match event {
             matrix::MatrixEvent::Invite(room) => channel.join(&room).await,
-            matrix::MatrixEvent::Decision {
-                approver,
-                approve,
-                task_id,
-                step_no,
-            } => {
-                let result =
-                    crate::control::decide(&svc, task_id, Some(step_no), approve, &approver, false)
-                        .await?;
-                tracing::info!(task_id, step_no, ?result, "matrix approval command");
+            matrix::MatrixEvent::Decision(action) => {
+                let outcome = decide_action(&svc, &action).await?;
+                tracing::info!(task_id = action.task_id, outcome, "matrix approval command");
             }
             matrix::MatrixEvent::Reaction {
                 approver,
                 approve,
                 target,
             } => {
-                let asked = svc
-                    .store
-                    .reply_by_platform_message(matrix::CHANNEL, &target)
-                    .await?
-                    .and_then(|reply| matrix::approval_of(&reply.content));
                 // A reaction to anything but an approval request is just a reaction.
-                if let Some((task_id, step_no)) = asked {
-                    let result = crate::control::decide(
-                        &svc,
-                        task_id,
-                        Some(step_no),
-                        approve,
-                        &approver,
-                        false,
-                    )
-                    .await?;
-                    tracing::info!(task_id, step_no, ?result, "matrix approval reaction");
+                if let Some(action) =
+                    matrix::reaction_decision_of(&svc.store, &approver, approve, &target).await?
+                {
+                    let outcome = decide_action(&svc, &action).await?;
+                    tracing::info!(
+                        task_id = action.task_id,
+                        outcome,
+                        "matrix approval reaction"
+                    );
                 }
             }
             matrix::MatrixEvent::Message(message) => {
-                let ingested =
-                    accept_message(&svc, &message, &cfg.agent)
-                        .await
-                        .map_err(|e| match e {
-                            IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
-                            IntakeError::Store(s) => s.into(),
-                        })?;
+                let ingested = accept_message(&svc, &message, &cfg.agent).await?;
                 created += usize::from(!ingested.duplicate);
             }
         }

@@ -71,16 +71,6 @@ pub struct Fence {
     pub version: i64,
 }
 
-/// A task just claimed: its fence fields and the whole row as the claim left it (so the
-/// worker need not read it again).
-#[derive(Debug, Clone)]
-pub struct ClaimedTask {
-    pub id: i64,
-    pub version: i64,
-    pub claim_count: i64,
-    pub row: TaskRow,
-}
-
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TaskRow {
     pub id: i64,
@@ -259,7 +249,7 @@ impl Store {
         limit: usize,
         lease_until: i64,
         now: i64,
-    ) -> StoreResult<Vec<ClaimedTask>> {
+    ) -> StoreResult<Vec<TaskRow>> {
         let pick = claim_pick_sql(self.dialect());
         let sql = format!(
             "UPDATE agent_task SET status = 'RUNNING', owner = $1, lease_expire = $2, \
@@ -270,21 +260,14 @@ impl Store {
              WHERE id IN ({pick}) RETURNING {TASK_COLUMNS}"
         );
         let claimed = write_tx!(self, tx => {
-            let mut claimed: Vec<ClaimedTask> = sqlx::query_as::<_, TaskRow>(&sql)
+            // The whole row as the claim left it, so the worker need not read it again.
+            let mut claimed: Vec<TaskRow> = sqlx::query_as(&sql)
                 .bind(owner)
                 .bind(lease_until)
                 .bind(now)
                 .bind(limit as i64)
                 .fetch_all(&mut *tx)
-                .await?
-                .into_iter()
-                .map(|row| ClaimedTask {
-                    id: row.id,
-                    version: row.version,
-                    claim_count: row.claim_count,
-                    row,
-                })
-                .collect();
+                .await?;
             claimed.sort_by_key(|c| c.id);
             for task in &claimed {
                 let summary = if task.claim_count > 1 {

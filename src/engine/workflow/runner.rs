@@ -106,32 +106,7 @@ pub async fn run(
     lost: &CancellationToken,
     ctx: &TaskContext,
 ) -> Result<(), RunError> {
-    let raw = ctx
-        .agent
-        .workflow
-        .as_ref()
-        .ok_or_else(|| RunError::Corrupt("workflow agent without a workflow".into()))?;
-    let workflow = Workflow::parse(raw, &svc.tools, !ctx.agent.approvers.is_empty())
-        .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
-    let journal = svc
-        .store
-        .task_steps(fence.task_id)
-        .await?
-        .into_iter()
-        .map(|s| (s.step_no, s))
-        .collect();
-    let mut runner = Runner {
-        svc,
-        fence,
-        lost,
-        ctx,
-        journal,
-        step_no: 0,
-        outputs: Map::new(),
-        compensable: Vec::new(),
-        trace: Vec::new(),
-        replay_only: false,
-    };
+    let (mut runner, workflow) = Runner::prepare(svc, fence, lost, ctx, false).await?;
     match runner.walk(&workflow).await {
         Ok((reply_type, content, result)) => {
             runner.finish_success(reply_type, content, result).await
@@ -151,38 +126,14 @@ pub async fn run(
 /// (`assistd-bench context`).
 pub async fn replay(svc: &Services, task_id: i64) -> Result<i64, RunError> {
     let ctx = crate::engine::load_context(svc, task_id).await?;
-    let raw = ctx
-        .agent
-        .workflow
-        .as_ref()
-        .ok_or_else(|| RunError::Corrupt("not a workflow task".into()))?;
-    let workflow = Workflow::parse(raw, &svc.tools, !ctx.agent.approvers.is_empty())
-        .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
-    let journal = svc
-        .store
-        .task_steps(task_id)
-        .await?
-        .into_iter()
-        .map(|s| (s.step_no, s))
-        .collect();
+    // Fenced on an impossible version: should the walk reach a write, it cannot land.
     let fence = Fence {
         task_id,
         owner: String::new(),
         version: -1,
     };
     let lost = CancellationToken::new();
-    let mut runner = Runner {
-        svc,
-        fence: &fence,
-        lost: &lost,
-        ctx: &ctx,
-        journal,
-        step_no: 0,
-        outputs: Map::new(),
-        compensable: Vec::new(),
-        trace: Vec::new(),
-        replay_only: true,
-    };
+    let (mut runner, workflow) = Runner::prepare(svc, &fence, &lost, &ctx, true).await?;
     match runner.walk(&workflow).await {
         Ok(_) | Err(Stop::Failed(..)) | Err(Stop::Run(RunError::Parked)) => Ok(runner.step_no),
         Err(Stop::Run(e)) => Err(e),
@@ -190,6 +141,43 @@ pub async fn replay(svc: &Services, task_id: i64) -> Result<i64, RunError> {
 }
 
 impl<'a> Runner<'a> {
+    /// The task's snapshotted workflow, parsed, and a runner over its step journal.
+    async fn prepare(
+        svc: &'a Services,
+        fence: &'a Fence,
+        lost: &'a CancellationToken,
+        ctx: &'a TaskContext,
+        replay_only: bool,
+    ) -> Result<(Runner<'a>, Workflow), RunError> {
+        let raw = ctx
+            .agent
+            .workflow
+            .as_ref()
+            .ok_or_else(|| RunError::Corrupt("workflow agent without a workflow".into()))?;
+        let workflow = Workflow::parse(raw, &svc.tools, !ctx.agent.approvers.is_empty())
+            .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
+        let journal = svc
+            .store
+            .task_steps(fence.task_id)
+            .await?
+            .into_iter()
+            .map(|s| (s.step_no, s))
+            .collect();
+        let runner = Runner {
+            svc,
+            fence,
+            lost,
+            ctx,
+            journal,
+            step_no: 0,
+            outputs: Map::new(),
+            compensable: Vec::new(),
+            trace: Vec::new(),
+            replay_only,
+        };
+        Ok((runner, workflow))
+    }
+
     fn template_context(&self) -> Value {
         let m = &self.ctx.message;
         json!({
