@@ -115,6 +115,24 @@ pub struct CardAction {
     pub approver: String,
 }
 
+impl CardAction {
+    /// The decision carried by an approval card's button value, as the runner writes it
+    /// (`{"task_id", "step_no", "decision": "approve"|"reject"}`); `None` for anything else.
+    pub fn from_card_value(value: &Value, approver: &str) -> Option<CardAction> {
+        let approve = match value["decision"].as_str()? {
+            "approve" => true,
+            "reject" => false,
+            _ => return None,
+        };
+        Some(CardAction {
+            task_id: value["task_id"].as_i64()?,
+            step_no: value["step_no"].as_i64()?,
+            approve,
+            approver: approver.to_string(),
+        })
+    }
+}
+
 /// Parses a verified card-action body; the error names the offending field.
 pub fn parse_action(body: &[u8]) -> Result<CardAction, String> {
     let value: Value =
@@ -254,6 +272,23 @@ impl GenericChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn card_values_decide_only_approve_or_reject() {
+        let v = |d: &str| serde_json::json!({"task_id": 7, "step_no": 3, "decision": d});
+        let yes = CardAction::from_card_value(&v("approve"), "ada").unwrap();
+        assert_eq!(
+            (yes.task_id, yes.step_no, yes.approve, yes.approver.as_str()),
+            (7, 3, true, "ada")
+        );
+        assert!(
+            !CardAction::from_card_value(&v("reject"), "ada")
+                .unwrap()
+                .approve
+        );
+        assert!(CardAction::from_card_value(&v("maybe"), "ada").is_none());
+        assert!(CardAction::from_card_value(&serde_json::json!({"task_id": 7}), "ada").is_none());
+    }
 
     #[test]
     fn signature_known_answer() {

@@ -177,22 +177,10 @@ pub fn parse_card_action(
     token_matches(config, v["header"]["token"].as_str())?;
     let value = &v["event"]["action"]["value"];
     let approver = v["event"]["operator"]["open_id"].as_str().unwrap_or("");
-    let (Some(task_id), Some(step_no), Some(decision)) = (
-        value["task_id"].as_i64(),
-        value["step_no"].as_i64(),
-        value["decision"].as_str(),
-    ) else {
+    let Some(action) = CardAction::from_card_value(value, approver) else {
         return Ok(Inbound::Ignore("not an approval action"));
     };
-    Ok(Inbound::Action {
-        action: CardAction {
-            task_id,
-            step_no,
-            approve: decision == "approve",
-            approver: approver.to_string(),
-        },
-        ack: None,
-    })
+    Ok(Inbound::Action { action, ack: None })
 }
 
 /// The JSON of a request, decrypted when it is `{"encrypt": ...}`.

@@ -155,22 +155,10 @@ pub fn parse_action(body: &[u8]) -> Result<Inbound, Refused> {
     let Ok(value) = serde_json::from_str::<Value>(value) else {
         return Ok(Inbound::Ignore("action value is not ours"));
     };
-    let (Some(task_id), Some(step_no), Some(decision)) = (
-        value["task_id"].as_i64(),
-        value["step_no"].as_i64(),
-        value["decision"].as_str(),
-    ) else {
+    let Some(action) = CardAction::from_card_value(&value, approver) else {
         return Ok(Inbound::Ignore("action value is not an approval"));
     };
-    Ok(Inbound::Action {
-        action: CardAction {
-            task_id,
-            step_no,
-            approve: decision == "approve",
-            approver: approver.to_string(),
-        },
-        ack: None,
-    })
+    Ok(Inbound::Action { action, ack: None })
 }
 
 /// Removes `<@U123>` user mentions.
