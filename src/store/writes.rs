@@ -4,32 +4,16 @@
 //! still owns its task (or its sender the reply's lease), and a fence that fails affects
 //! that operation alone.
 
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+
 use super::outbox::ReplyRow;
-use super::tasks::{
-    Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome, insert_audit, insert_reply,
-};
+use super::tasks::{Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome};
 use super::{Store, StoreResult, write_tx};
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
-
-/// Writes a step's end inside the caller's transaction.
-macro_rules! update_step {
-    ($tx:expr, $step:expr, $now:expr) => {
-        sqlx::query(
-            "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
-             tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8",
-        )
-        .bind($step.status)
-        .bind(&$step.output)
-        .bind(&$step.error)
-        .bind($step.tokens_in)
-        .bind($step.tokens_out)
-        .bind($step.duration_ms)
-        .bind($now)
-        .bind($step.step_id)
-        .bind($step.attempts)
-        .execute($tx)
-    };
-}
 
 /// One fenced worker write.
 #[derive(Debug, Clone)]
@@ -89,68 +73,78 @@ impl WriteOut {
 }
 
 impl Store {
-    /// Applies `ops` in one transaction, ordered by task id (every transaction that holds
-    /// several task rows takes them in the same order, so two cannot deadlock on PostgreSQL;
-    /// operations of one task keep their order); one answer per operation, in the order
-    /// given. An error rolls back all of them.
+    /// Applies `ops` in one transaction; one answer per operation, in the order given. An
+    /// error rolls back all of them.
+    ///
+    /// Each kind of operation goes as one statement whatever the batch size (the rows come
+    /// as one JSON array, so the statement text, and its prepared statement, stays the same),
+    /// every row fenced on its own: lease renewals, step begins, step completions (with the
+    /// last step of finishing tasks), task finishes, their replies, reply-delivered marks,
+    /// and the audit rows of finishes and marks. A running task has one runner write in
+    /// flight (its heartbeat may add a renewal), so this order gives the same result as any
+    /// other. Should two operations of a batch name the same row (a stale write next to a
+    /// current one), the later goes in a later round of the same statement, so each answer
+    /// is its own row's. On PostgreSQL the batch first locks every task row it fences, in id
+    /// order, so two batches cannot deadlock and no claim slips in before commit.
     pub async fn apply_writes(&self, ops: &[WriteOp], now: i64) -> StoreResult<Vec<WriteOut>> {
-        let mut order: Vec<usize> = (0..ops.len()).collect();
-        order.sort_by_key(|&i| ops[i].task_id());
         let mut answers: Vec<Option<WriteOut>> = vec![None; ops.len()];
-        let done = self
-            .apply_in_order(order.iter().map(|&i| &ops[i]), now)
-            .await?;
-        for (&i, out) in order.iter().zip(done) {
-            answers[i] = Some(out);
-        }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.unwrap_or(WriteOut::Done(false)))
-            .collect())
-    }
-
-    async fn apply_in_order<'o>(
-        &self,
-        ops: impl ExactSizeIterator<Item = &'o WriteOp>,
-        now: i64,
-    ) -> StoreResult<Vec<WriteOut>> {
-        // $1 task, $2 step no, $3 type, $4 tool, $5 key, $6 input, $7 status, $8 now, $9 owner,
-        // $10 version. SQLite runs the two statements of its text in one call (`changes()` is
-        // the update's row count); PostgreSQL does the same with a data-modifying CTE.
-        let fenced_update = "UPDATE agent_task SET current_step = $2, updated_at = $8 \
-             WHERE id = $1 AND owner = $9 AND version = $10 AND status = 'RUNNING'";
-        let step_insert = "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
-             idempotency_key, input, status, attempt, created_at) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, 0, $8";
-        let begin = match self {
-            Store::Sqlite(_) => format!(
-                "{fenced_update}; {step_insert} WHERE changes() = 1 \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
-            ),
-            Store::Postgres(_) => format!(
-                "WITH fenced AS ({fenced_update} RETURNING id) {step_insert} FROM fenced \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
-            ),
-        };
-        let existing = format!(
-            "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
-             AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \
-             AND t.version = $4 AND t.status = 'RUNNING')"
-        );
-        let lock = match self {
-            Store::Sqlite(_) => "",
-            Store::Postgres(_) => " FOR UPDATE",
-        };
-        let complete = format!(
-            "UPDATE agent_step SET status = $1, output = $2, error = $3, tokens_in = $4, \
-             tokens_out = $5, duration_ms = $6, finished_at = $7, attempt = $9 WHERE id = $8 \
-             AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $10 AND t.owner = $11 \
-             AND t.version = $12 AND t.status = 'RUNNING'{lock})"
-        );
-        let out = write_tx!(self, tx => {
-            let mut out = Vec::with_capacity(ops.len());
-            for op in ops {
-                out.push(match op {
+        let sqlite = matches!(self, Store::Sqlite(_));
+        let sql = BatchSql::get(sqlite);
+        let renewals = rounds(ops, |op| match op {
+            WriteOp::RenewLease { fence, .. } => Some(fence.task_id),
+            _ => None,
+        });
+        let begins = rounds(ops, |op| match op {
+            WriteOp::BeginStep {
+                idempotency_key, ..
+            } => Some(idempotency_key.as_str()),
+            _ => None,
+        });
+        let completions = rounds(ops, |op| op.step_result().map(|(_, step)| step.step_id));
+        let finishes = rounds(ops, |op| match op {
+            WriteOp::FinishTask { fence, .. } => Some(fence.task_id),
+            _ => None,
+        });
+        let marks = rounds(ops, |op| match op {
+            WriteOp::MarkReplySent { reply_id, .. } => Some(*reply_id),
+            _ => None,
+        });
+        write_tx!(self, tx => {
+            if !sqlite {
+                let mut fenced: Vec<i64> = ops
+                    .iter()
+                    .filter(|op| !matches!(op, WriteOp::MarkReplySent { .. }))
+                    .map(WriteOp::task_id)
+                    .collect();
+                fenced.sort_unstable();
+                fenced.dedup();
+                if !fenced.is_empty() {
+                    sqlx::query(&sql.lock_tasks)
+                        .bind(Value::from(fenced).to_string())
+                        .fetch_all(&mut *tx)
+                        .await?;
+                }
+            }
+            for round in &renewals {
+                let rows = rows_json(round, ops, |op| match op {
+                    WriteOp::RenewLease { fence, lease_until } => {
+                        fenced_row(fence, json!({ "lease_until": lease_until }))
+                    }
+                    _ => Value::Null,
+                });
+                let renewed: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.renew)
+                    .bind(rows)
+                    .bind(now)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect();
+                for &i in round {
+                    answers[i] = Some(WriteOut::Done(renewed.contains(&ops[i].task_id())));
+                }
+            }
+            for round in &begins {
+                let rows = rows_json(round, ops, |op| match op {
                     WriteOp::BeginStep {
                         fence,
                         step_no,
@@ -158,161 +152,200 @@ impl Store {
                         tool_name,
                         idempotency_key,
                         input,
-                    } => {
-                        // One round trip: the fenced task-row update (which on PostgreSQL
-                        // also locks the row, so no claim slips in before commit) and the
-                        // insert, which only happens when the fence held.
-                        let inserted = sqlx::query_as::<_, StepRow>(&begin)
-                            .bind(fence.task_id)
-                            .bind(step_no)
-                            .bind(step_type)
-                            .bind(tool_name)
-                            .bind(idempotency_key)
-                            .bind(input)
-                            .bind(StepStatus::Pending)
-                            .bind(now)
-                            .bind(&fence.owner)
-                            .bind(fence.version)
-                            .fetch_all(&mut *tx)
-                            .await?
-                            .pop();
-                        let row = match inserted {
-                            Some(row) => Some(row),
-                            // Journalled before (a resume): read as it stands, if still ours.
-                            None => {
-                                sqlx::query_as::<_, StepRow>(&existing)
-                                    .bind(idempotency_key)
-                                    .bind(fence.task_id)
-                                    .bind(&fence.owner)
-                                    .bind(fence.version)
-                                    .fetch_optional(&mut *tx)
-                                    .await?
-                            }
-                        };
-                        WriteOut::Step(row.map(Box::new))
-                    }
-                    WriteOp::CompleteStep { fence, step } => {
-                        // The fence and the write in one statement; on PostgreSQL the task
-                        // row is locked as `fence_task!` would, so no claim slips in first.
-                        let written = sqlx::query(&complete)
-                            .bind(step.status)
-                            .bind(&step.output)
-                            .bind(&step.error)
-                            .bind(step.tokens_in)
-                            .bind(step.tokens_out)
-                            .bind(step.duration_ms)
-                            .bind(now)
-                            .bind(step.step_id)
-                            .bind(step.attempts)
-                            .bind(fence.task_id)
-                            .bind(&fence.owner)
-                            .bind(fence.version)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
-                        WriteOut::Done(written == 1)
-                    }
-                    WriteOp::FinishTask { fence, outcome } => {
-                        let owned = sqlx::query(
-                            "UPDATE agent_task SET status = $1, result = $2, failure_type = $3, \
-                             error_msg = $4, retry_count = retry_count + $5, version = version + 1, \
-                             lease_expire = NULL, finished_at = $6, updated_at = $6, trace = $10 \
-                             WHERE id = $7 AND owner = $8 AND version = $9 AND status = 'RUNNING'",
-                        )
-                        .bind(outcome.status)
-                        .bind(&outcome.result)
-                        .bind(outcome.failure_type)
-                        .bind(&outcome.error)
-                        .bind(outcome.retries)
+                    } => fenced_row(
+                        fence,
+                        json!({
+                            "step_no": step_no,
+                            "step_type": step_type.as_str(),
+                            "tool_name": tool_name,
+                            "idempotency_key": idempotency_key,
+                            "input": input,
+                        }),
+                    ),
+                    _ => Value::Null,
+                });
+                let mut inserted: HashMap<String, StepRow> =
+                    sqlx::query_as::<_, StepRow>(&sql.begin)
+                        .bind(rows)
                         .bind(now)
-                        .bind(fence.task_id)
-                        .bind(&fence.owner)
-                        .bind(fence.version)
-                        .bind(&outcome.trace)
-                        .execute(&mut *tx)
+                        .bind(StepStatus::Pending)
+                        .fetch_all(&mut *tx)
                         .await?
-                        .rows_affected()
-                            == 1;
-                        if owned {
-                            if let Some(step) = &outcome.step {
-                                update_step!(&mut *tx, step, now).await?;
-                            }
-                            insert_reply!(&mut *tx, fence.task_id, outcome.reply, now).await?;
-                            let event = match outcome.status {
-                                TaskStatus::Succeeded => AuditEvent::TaskSucceeded,
-                                TaskStatus::Cancelled => AuditEvent::TaskCancelled,
-                                _ => AuditEvent::TaskFailed,
-                            };
-                            insert_audit!(
-                                &mut *tx,
-                                Some(fence.task_id),
-                                event,
-                                &fence.owner,
-                                &outcome.audit_summary,
-                                false,
-                                now,
-                            )?;
+                        .into_iter()
+                        .map(|row| (row.idempotency_key.clone(), row))
+                        .collect();
+                for &i in round {
+                    let WriteOp::BeginStep {
+                        fence,
+                        idempotency_key,
+                        ..
+                    } = &ops[i]
+                    else {
+                        continue;
+                    };
+                    let row = match inserted.remove(idempotency_key) {
+                        Some(row) => Some(row),
+                        // Journalled before (a resume), or no longer ours: read it as it
+                        // stands, if still ours.
+                        None => {
+                            sqlx::query_as::<_, StepRow>(&sql.existing_step)
+                                .bind(idempotency_key)
+                                .bind(fence.task_id)
+                                .bind(&fence.owner)
+                                .bind(fence.version)
+                                .fetch_optional(&mut *tx)
+                                .await?
                         }
-                        WriteOut::Done(owned)
+                    };
+                    answers[i] = Some(WriteOut::Step(row.map(Box::new)));
+                }
+            }
+            // Before the finishes: a finishing task's last step is fenced on the version the
+            // finish is about to bump.
+            for round in &completions {
+                let rows = rows_json(round, ops, |op| match op.step_result() {
+                    Some((fence, step)) => fenced_row(
+                        fence,
+                        json!({
+                            "step_id": step.step_id,
+                            "status": step.status.as_str(),
+                            "output": step.output,
+                            "error": step.error,
+                            "tokens_in": step.tokens_in,
+                            "tokens_out": step.tokens_out,
+                            "duration_ms": step.duration_ms,
+                            "attempts": step.attempts,
+                        }),
+                    ),
+                    None => Value::Null,
+                });
+                let written: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.complete)
+                    .bind(rows)
+                    .bind(now)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect();
+                for &i in round {
+                    if let WriteOp::CompleteStep { step, .. } = &ops[i] {
+                        answers[i] = Some(WriteOut::Done(written.contains(&step.step_id)));
                     }
-                    WriteOp::RenewLease { fence, lease_until } => {
-                        let renewed = sqlx::query(
-                            "UPDATE agent_task SET lease_expire = $1, updated_at = $2 \
-                             WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
-                        )
-                        .bind(lease_until)
+                }
+            }
+            let mut audits: Vec<Value> = Vec::new();
+            for round in &finishes {
+                let rows = rows_json(round, ops, |op| match op {
+                    WriteOp::FinishTask { fence, outcome } => fenced_row(
+                        fence,
+                        json!({
+                            "status": outcome.status.as_str(),
+                            "result": outcome.result,
+                            "failure_type": outcome.failure_type.map(|f| f.as_str()),
+                            "error": outcome.error,
+                            "retries": outcome.retries,
+                            "trace": outcome.trace,
+                        }),
+                    ),
+                    _ => Value::Null,
+                });
+                let owned: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.finish)
+                    .bind(rows)
+                    .bind(now)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect();
+                let mut replies: Vec<Value> = Vec::new();
+                for &i in round {
+                    let WriteOp::FinishTask { fence, outcome } = &ops[i] else {
+                        continue;
+                    };
+                    let done = owned.contains(&fence.task_id);
+                    answers[i] = Some(WriteOut::Done(done));
+                    if !done {
+                        continue;
+                    }
+                    let reply = &outcome.reply;
+                    replies.push(json!({
+                        "task_id": fence.task_id,
+                        "idempotency_key": reply.idempotency_key,
+                        "channel": reply.channel,
+                        "conversation_id": reply.conversation_id,
+                        "in_reply_to": reply.in_reply_to,
+                        "reply_type": reply.reply_type.as_str(),
+                        "content": reply.content,
+                    }));
+                    let event = match outcome.status {
+                        TaskStatus::Succeeded => AuditEvent::TaskSucceeded,
+                        TaskStatus::Cancelled => AuditEvent::TaskCancelled,
+                        _ => AuditEvent::TaskFailed,
+                    };
+                    audits.push(audit_row(fence.task_id, event, &fence.owner, &outcome.audit_summary));
+                }
+                if !replies.is_empty() {
+                    sqlx::query(&sql.insert_replies)
+                        .bind(Value::Array(replies).to_string())
                         .bind(now)
-                        .bind(fence.task_id)
-                        .bind(&fence.owner)
-                        .bind(fence.version)
+                        .bind(ReplyStatus::Pending)
                         .execute(&mut *tx)
-                        .await?
-                        .rows_affected();
-                        WriteOut::Done(renewed == 1)
-                    }
+                        .await?;
+                }
+            }
+            for round in &marks {
+                let rows = rows_json(round, ops, |op| match op {
                     WriteOp::MarkReplySent {
+                        reply_id,
+                        owner,
+                        platform_message_id,
+                        ..
+                    } => json!({
+                        "reply_id": reply_id,
+                        "owner": owner,
+                        "platform_message_id": platform_message_id,
+                    }),
+                    _ => Value::Null,
+                });
+                let held: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.mark_sent)
+                    .bind(rows)
+                    .bind(now)
+                    .bind(ReplyStatus::Sent)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect();
+                for &i in round {
+                    let WriteOp::MarkReplySent {
                         reply_id,
                         task_id,
                         idempotency_key,
                         attempts,
                         owner,
-                        platform_message_id,
-                    } => {
-                        let held = sqlx::query(
-                            "UPDATE outbound_reply SET status = $1, platform_message_id = $2, \
-                             sent_at = $3, locked_by = NULL, locked_until = NULL, last_error = NULL \
-                             WHERE id = $4 AND locked_by = $5 AND status = 'PENDING'",
-                        )
-                        .bind(ReplyStatus::Sent)
-                        .bind(platform_message_id)
-                        .bind(now)
-                        .bind(reply_id)
-                        .bind(owner)
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected()
-                            == 1;
-                        if held {
-                            let summary = format!(
-                                "reply {idempotency_key} delivered after {attempts} attempt(s)"
-                            );
-                            insert_audit!(
-                                &mut *tx,
-                                Some(*task_id),
-                                AuditEvent::ReplySent,
-                                owner,
-                                &summary,
-                                false,
-                                now,
-                            )?;
-                        }
-                        WriteOut::Done(held)
+                        ..
+                    } = &ops[i]
+                    else {
+                        continue;
+                    };
+                    let done = held.contains(reply_id);
+                    answers[i] = Some(WriteOut::Done(done));
+                    if done {
+                        let summary =
+                            format!("reply {idempotency_key} delivered after {attempts} attempt(s)");
+                        audits.push(audit_row(*task_id, AuditEvent::ReplySent, owner, &summary));
                     }
-                });
+                }
             }
-            out
+            if !audits.is_empty() {
+                sqlx::query(&sql.insert_audits)
+                    .bind(Value::Array(audits).to_string())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         });
-        Ok(out)
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or(WriteOut::Done(false)))
+            .collect())
     }
 
     /// Journals a step as PENDING before its call (or finds it, on resume). `None` when the
@@ -390,7 +423,16 @@ impl Store {
 }
 
 impl WriteOp {
-    /// The task whose row the operation locks first.
+    /// The step result an operation writes: a completion's, or a finish's last step.
+    fn step_result(&self) -> Option<(&Fence, &StepResult)> {
+        match self {
+            WriteOp::CompleteStep { fence, step } => Some((fence, step)),
+            WriteOp::FinishTask { fence, outcome } => outcome.step.as_ref().map(|s| (fence, s)),
+            _ => None,
+        }
+    }
+
+    /// The task the operation is about.
     pub fn task_id(&self) -> i64 {
         match self {
             WriteOp::BeginStep { fence, .. }
@@ -426,4 +468,248 @@ impl WriteOp {
             input: step.input.to_string(),
         }
     }
+}
+
+/// The batched statements of [`Store::apply_writes`], per dialect. Each takes its rows as a
+/// JSON array of objects (`$1`, see [`rows_json`]) and the time (`$2`); fenced rows carry
+/// their task's `task_id`, `owner` and `version`.
+struct BatchSql {
+    lock_tasks: String,
+    renew: String,
+    begin: String,
+    existing_step: String,
+    complete: String,
+    finish: String,
+    insert_replies: String,
+    mark_sent: String,
+    insert_audits: String,
+}
+
+const FENCE: [(&str, &str); 3] = [
+    ("task_id", "bigint"),
+    ("owner", "text"),
+    ("version", "bigint"),
+];
+
+impl BatchSql {
+    fn get(sqlite: bool) -> &'static BatchSql {
+        static SQLITE: OnceLock<BatchSql> = OnceLock::new();
+        static POSTGRES: OnceLock<BatchSql> = OnceLock::new();
+        let cell = if sqlite { &SQLITE } else { &POSTGRES };
+        cell.get_or_init(|| BatchSql::new(sqlite))
+    }
+
+    fn new(sqlite: bool) -> BatchSql {
+        let rows = |cols: &[(&str, &str)]| json_rows(sqlite, cols);
+        let fenced_rows = |cols: &[(&str, &str)]| {
+            let all: Vec<(&str, &str)> = FENCE.iter().chain(cols).copied().collect();
+            json_rows(sqlite, &all)
+        };
+        let fence = |task: &str| {
+            format!(
+                "{task}.id = v.task_id AND {task}.owner = v.owner AND {task}.version = v.version \
+                 AND {task}.status = 'RUNNING'"
+            )
+        };
+        let owned = format!("EXISTS (SELECT 1 FROM agent_task t WHERE {})", fence("t"));
+        let lock_tasks = "SELECT id FROM agent_task WHERE id IN \
+             (SELECT value::bigint FROM json_array_elements_text($1::text::json)) \
+             ORDER BY id FOR UPDATE"
+            .to_string();
+        let renew = format!(
+            "UPDATE agent_task SET lease_expire = v.lease_until, updated_at = $2 \
+             FROM {} WHERE {} RETURNING agent_task.id",
+            fenced_rows(&[("lease_until", "bigint")]),
+            fence("agent_task")
+        );
+        let begin_rows = fenced_rows(&[
+            ("step_no", "bigint"),
+            ("step_type", "text"),
+            ("tool_name", "text"),
+            ("idempotency_key", "text"),
+            ("input", "text"),
+        ]);
+        // The fenced task-row update and the insert of the PENDING step, in one round trip:
+        // SQLite runs the two statements of the text in one call, PostgreSQL one
+        // data-modifying CTE. Only steps whose fence held are inserted.
+        let mark_current = format!(
+            "UPDATE agent_task SET current_step = v.step_no, updated_at = $2 FROM {} WHERE {}",
+            if sqlite { begin_rows.as_str() } else { "v" },
+            fence("agent_task")
+        );
+        let insert_step = "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
+             idempotency_key, input, status, attempt, created_at) \
+             SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
+             $3, 0, $2";
+        let begin = if sqlite {
+            format!(
+                "{mark_current}; {insert_step} FROM {begin_rows} WHERE {owned} \
+                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
+            )
+        } else {
+            format!(
+                "WITH v AS (SELECT * FROM {begin_rows}), \
+                 fenced AS ({mark_current} RETURNING agent_task.id, agent_task.owner, \
+                 agent_task.version) \
+                 {insert_step} FROM v JOIN fenced ON fenced.id = v.task_id \
+                 AND fenced.owner = v.owner AND fenced.version = v.version \
+                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
+            )
+        };
+        let existing_step = format!(
+            "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
+             AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \
+             AND t.version = $4 AND t.status = 'RUNNING')"
+        );
+        let complete = format!(
+            "UPDATE agent_step SET status = v.status, output = v.output, error = v.error, \
+             tokens_in = v.tokens_in, tokens_out = v.tokens_out, duration_ms = v.duration_ms, \
+             finished_at = $2, attempt = v.attempts FROM {} \
+             WHERE agent_step.id = v.step_id AND {owned} RETURNING agent_step.id",
+            fenced_rows(&[
+                ("step_id", "bigint"),
+                ("status", "text"),
+                ("output", "text"),
+                ("error", "text"),
+                ("tokens_in", "bigint"),
+                ("tokens_out", "bigint"),
+                ("duration_ms", "bigint"),
+                ("attempts", "bigint"),
+            ])
+        );
+        let finish = format!(
+            "UPDATE agent_task SET status = v.status, result = v.result, \
+             failure_type = v.failure_type, error_msg = v.error, \
+             retry_count = agent_task.retry_count + v.retries, \
+             version = agent_task.version + 1, lease_expire = NULL, finished_at = $2, \
+             updated_at = $2, trace = v.trace FROM {} WHERE {} RETURNING agent_task.id",
+            fenced_rows(&[
+                ("status", "text"),
+                ("result", "text"),
+                ("failure_type", "text"),
+                ("error", "text"),
+                ("retries", "bigint"),
+                ("trace", "text"),
+            ]),
+            fence("agent_task")
+        );
+        // One reply per task and key: a second insert under the same key is a no-op.
+        let insert_replies = format!(
+            "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
+             in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
+             SELECT v.task_id, v.idempotency_key, v.channel, v.conversation_id, v.in_reply_to, \
+             v.reply_type, v.content, $3, 0, $2, $2 FROM {} WHERE true \
+             ON CONFLICT (idempotency_key) DO NOTHING",
+            rows(&[
+                ("task_id", "bigint"),
+                ("idempotency_key", "text"),
+                ("channel", "text"),
+                ("conversation_id", "text"),
+                ("in_reply_to", "text"),
+                ("reply_type", "text"),
+                ("content", "text"),
+            ])
+        );
+        let mark_sent = format!(
+            "UPDATE outbound_reply SET status = $3, platform_message_id = v.platform_message_id, \
+             sent_at = $2, locked_by = NULL, locked_until = NULL, last_error = NULL FROM {} \
+             WHERE outbound_reply.id = v.reply_id AND outbound_reply.locked_by = v.owner \
+             AND outbound_reply.status = 'PENDING' RETURNING outbound_reply.id",
+            rows(&[
+                ("reply_id", "bigint"),
+                ("owner", "text"),
+                ("platform_message_id", "text"),
+            ])
+        );
+        let insert_audits = format!(
+            "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at) \
+             SELECT v.task_id, v.event, v.actor, v.summary, v.risk_flag, $2 FROM {}",
+            rows(&[
+                ("task_id", "bigint"),
+                ("event", "text"),
+                ("actor", "text"),
+                ("summary", "text"),
+                ("risk_flag", "boolean"),
+            ])
+        );
+        BatchSql {
+            lock_tasks,
+            renew,
+            begin,
+            existing_step,
+            complete,
+            finish,
+            insert_replies,
+            mark_sent,
+            insert_audits,
+        }
+    }
+}
+
+/// A table `v` of the objects in the JSON array bound as `$1`, with columns `cols` (name,
+/// PostgreSQL type).
+fn json_rows(sqlite: bool, cols: &[(&str, &str)]) -> String {
+    if sqlite {
+        let fields: Vec<String> = cols
+            .iter()
+            .map(|(name, _)| format!("value ->> '{name}' AS {name}"))
+            .collect();
+        format!("(SELECT {} FROM json_each($1)) AS v", fields.join(", "))
+    } else {
+        let fields: Vec<String> = cols
+            .iter()
+            .map(|(name, ty)| format!("{name} {ty}"))
+            .collect();
+        format!(
+            "json_to_recordset($1::text::json) AS v({})",
+            fields.join(", ")
+        )
+    }
+}
+
+/// The operations of `ops` that have a key, split into rounds in which no key repeats: the
+/// first operation of each key in the first round, the second in the second, and so on.
+fn rounds<'a, K: Eq + Hash>(
+    ops: &'a [WriteOp],
+    key: impl Fn(&'a WriteOp) -> Option<K>,
+) -> Vec<Vec<usize>> {
+    let mut seen: HashMap<K, usize> = HashMap::new();
+    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        if let Some(k) = key(op) {
+            let n = seen.entry(k).or_insert(0);
+            if rounds.len() <= *n {
+                rounds.push(Vec::new());
+            }
+            rounds[*n].push(i);
+            *n += 1;
+        }
+    }
+    rounds
+}
+
+/// The JSON array of the rows of `ops[indices]`.
+fn rows_json(indices: &[usize], ops: &[WriteOp], row: impl Fn(&WriteOp) -> Value) -> String {
+    Value::Array(indices.iter().map(|&i| row(&ops[i])).collect()).to_string()
+}
+
+/// `fields` with the fence of `fence` added.
+fn fenced_row(fence: &Fence, mut fields: Value) -> Value {
+    if let Value::Object(map) = &mut fields {
+        map.insert("task_id".into(), fence.task_id.into());
+        map.insert("owner".into(), fence.owner.clone().into());
+        map.insert("version".into(), fence.version.into());
+    }
+    fields
+}
+
+/// An audit row for `insert_audits` (summary truncated and redacted as `insert_audit!` does).
+fn audit_row(task_id: i64, event: AuditEvent, actor: &str, summary: &str) -> Value {
+    json!({
+        "task_id": task_id,
+        "event": event.as_str(),
+        "actor": actor,
+        "summary": crate::redaction::redact(&crate::domain::truncate(summary, 2000)),
+        "risk_flag": false,
+    })
 }

@@ -618,6 +618,46 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
         store.task_steps(b).await.unwrap()[0].status,
         StepStatus::Succeeded
     );
+
+    // A stale write and a current one naming the same row, stale first: each answer is its
+    // own (the batch applies them in separate rounds of the same statement).
+    let out = store
+        .apply_writes(
+            &[
+                WriteOp::begin_step(
+                    &stale,
+                    &NewStep {
+                        step_no: 2,
+                        ..step("b:2:chat")
+                    },
+                ),
+                WriteOp::RenewLease {
+                    fence: stale.clone(),
+                    lease_until: now + LEASE,
+                },
+                WriteOp::begin_step(
+                    &fence(b),
+                    &NewStep {
+                        step_no: 2,
+                        ..step("b:2:chat")
+                    },
+                ),
+                WriteOp::RenewLease {
+                    fence: fence(b),
+                    lease_until: now + 2 * LEASE,
+                },
+            ],
+            now,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out[0], WriteOut::Step(None)));
+    assert!(matches!(out[1], WriteOut::Done(false)));
+    assert!(matches!(&out[2], WriteOut::Step(Some(row)) if row.step_no == 2 && row.task_id == b));
+    assert!(matches!(out[3], WriteOut::Done(true)));
+    let task = store.task(b).await.unwrap().unwrap();
+    assert_eq!(task.lease_expire, Some(now + 2 * LEASE));
+    assert_eq!(task.current_step, 2);
     store.close().await;
     db.drop_db().await;
 }
