@@ -16,51 +16,81 @@ use crate::domain::{ReplyStatus, now_ms};
 use crate::engine::backoff;
 use crate::store::outbox::ReplyRow;
 
+/// Delivers due replies until `shutdown` fires. Up to `outbox.batch` deliveries run at once.
+/// A claim takes as many due replies as there are free slots; when it filled them all (more
+/// may be due), the next claim comes as soon as half of the slots are free again, not only
+/// when the whole batch is done, so one slow send does not hold up the rest and claims stay
+/// batched. Otherwise the next claim waits for a wake-up (a task finished), a paced reply's
+/// slot, or the poll interval. On shutdown the deliveries in flight are finished (each is
+/// bounded by `outbox.timeout_secs`).
 pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
     let cfg = &svc.config.outbox;
     let poll = Duration::from_millis(cfg.poll_interval_ms);
+    let mut sends: JoinSet<Option<i64>> = JoinSet::new();
+    // The earliest time a reply held back by its chat's pace may go.
+    let mut deferred: Option<i64> = None;
+    let mut claim_now = true;
+    // The last claim filled every free slot: more replies may be due.
+    let mut backlog = false;
     loop {
         if shutdown.is_cancelled() {
             break;
         }
-        let now = now_ms();
-        let lease_until = now + (cfg.lease_secs as i64) * 1000;
-        let due = match svc
-            .store
-            .claim_due_replies(&svc.instance_id, cfg.batch, lease_until, now)
-            .await
-        {
-            Ok(due) => due,
-            Err(e) => {
-                tracing::warn!(error = %e, "picking due replies failed; will retry");
-                Vec::new()
-            }
-        };
-        let full = due.len() == cfg.batch;
-        let mut sends = JoinSet::new();
-        for reply in due {
-            let svc = svc.clone();
-            let span = tracing::info_span!("reply", task_id = reply.task_id);
-            sends.spawn(async move { deliver(&svc, reply).await }.instrument(span));
+        while let Some(done) = sends.try_join_next() {
+            note_deferral(&mut deferred, done);
         }
-        // The earliest time a reply held back by its chat's pace may go.
-        let mut deferred: Option<i64> = None;
-        while let Some(done) = sends.join_next().await {
-            if let Ok(Some(at)) = done {
-                deferred = Some(deferred.map_or(at, |d| d.min(at)));
-            }
+        let free = cfg.batch.saturating_sub(sends.len());
+        if claim_now && free == 0 {
+            // Woken with every slot busy: claim once half of them are free.
+            backlog = true;
+            claim_now = false;
         }
-        if full {
-            continue;
+        if claim_now || (backlog && free * 2 >= cfg.batch) {
+            claim_now = false;
+            let now = now_ms();
+            let lease_until = now + (cfg.lease_secs as i64) * 1000;
+            // This claim picks up whatever is due by now, deferred replies included.
+            deferred = None;
+            let due = match svc
+                .store
+                .claim_due_replies(&svc.instance_id, free, lease_until, now)
+                .await
+            {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(error = %e, "picking due replies failed; will retry");
+                    Vec::new()
+                }
+            };
+            backlog = due.len() == free;
+            for reply in due {
+                let svc = svc.clone();
+                let span = tracing::info_span!("reply", task_id = reply.task_id);
+                sends.spawn(async move { deliver(&svc, reply).await }.instrument(span));
+            }
+            if backlog && sends.len() * 2 <= cfg.batch {
+                continue;
+            }
         }
         let wait = deferred.map_or(poll, |at| {
             Duration::from_millis((at - now_ms()).max(1) as u64).min(poll)
         });
         tokio::select! {
-            _ = svc.reply_wake.notified() => {}
-            _ = tokio::time::sleep(wait) => {}
+            Some(done) = sends.join_next(), if !sends.is_empty() => {
+                note_deferral(&mut deferred, done);
+            }
+            _ = svc.reply_wake.notified() => claim_now = true,
+            _ = tokio::time::sleep(wait) => claim_now = true,
             _ = shutdown.cancelled() => break,
         }
+    }
+    while sends.join_next().await.is_some() {}
+}
+
+/// Keeps the earliest time a delivery was deferred to by its chat's pace.
+fn note_deferral(deferred: &mut Option<i64>, done: Result<Option<i64>, tokio::task::JoinError>) {
+    if let Ok(Some(at)) = done {
+        *deferred = Some(deferred.map_or(at, |d| d.min(at)));
     }
 }
 

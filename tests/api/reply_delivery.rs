@@ -116,3 +116,50 @@ async fn a_reply_is_given_up_after_max_attempts_when_configured() {
     assert_eq!(failed["risk_flag"], true);
     app.stop().await;
 }
+
+/// A slow reply holds one delivery slot, not the replies claimed after it: slots are refilled
+/// as deliveries finish, not once a whole batch is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reply_does_not_hold_up_the_others() {
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .and(wiremock::matchers::body_partial_json(
+            serde_json::json!({ "conversation_id": "c-slow" }),
+        ))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(5)))
+        .with_priority(1)
+        .mount(&receiver)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200))
+        .with_priority(2)
+        .mount(&receiver)
+        .await;
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, receiver, |c| c.outbox.batch = 2).await;
+    let slow = task_id_of(app.post_message(&message("c-slow", 1, "hi")).await).await;
+    app.wait_task(slow, WAIT, |t| t["status"] == "SUCCEEDED")
+        .await;
+    let mut fast = Vec::new();
+    for n in 0..6 {
+        let conversation = format!("c-fast-{n}");
+        fast.push(task_id_of(app.post_message(&message(&conversation, 1, "hi")).await).await);
+    }
+    for id in fast {
+        app.wait_replied(id, Duration::from_secs(4)).await;
+    }
+    let task = app.get_task(slow).await;
+    assert_eq!(
+        task["reply"]["status"], "PENDING",
+        "the slow reply is still being delivered while the others went out"
+    );
+    app.wait_replied(slow, WAIT).await;
+    app.stop().await;
+}
