@@ -17,36 +17,36 @@ use crate::engine::backoff;
 use crate::store::outbox::ReplyRow;
 
 /// Delivers due replies until `shutdown` fires. Up to `outbox.batch` deliveries run at once.
-/// A claim takes as many due replies as there are free slots; when it filled them all (more
-/// may be due), the next claim comes as soon as half of the slots are free again, not only
-/// when the whole batch is done, so one slow send does not hold up the rest and claims stay
-/// batched. Otherwise the next claim waits for a wake-up (a task finished), a paced reply's
-/// slot, or the poll interval. On shutdown the deliveries in flight are finished (each is
-/// bounded by `outbox.timeout_secs`).
+/// Slots are refilled as deliveries finish, not only once a whole batch is done, so one slow
+/// send holds up only its own slot; claims stay batched: after a wake-up (a task finished)
+/// the next claim comes when nothing is in flight, when a delivery has finished since the
+/// last claim, or on the poll timer; while more replies are due than there were free slots,
+/// when half of the slots are free again. On shutdown the deliveries in flight are finished
+/// (each is bounded by `outbox.timeout_secs`).
 pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
     let cfg = &svc.config.outbox;
     let poll = Duration::from_millis(cfg.poll_interval_ms);
     let mut sends: JoinSet<Option<i64>> = JoinSet::new();
     // The earliest time a reply held back by its chat's pace may go.
     let mut deferred: Option<i64> = None;
-    let mut claim_now = true;
+    // Replies may be due that no claim has picked up yet.
+    let mut pending = true;
     // The last claim filled every free slot: more replies may be due.
     let mut backlog = false;
+    // A delivery finished since the last claim.
+    let mut finished = false;
+    let mut timer = false;
     loop {
         if shutdown.is_cancelled() {
             break;
         }
         while let Some(done) = sends.try_join_next() {
             note_deferral(&mut deferred, done);
+            finished = true;
         }
         let free = cfg.batch.saturating_sub(sends.len());
-        if claim_now && free == 0 {
-            // Woken with every slot busy: claim once half of them are free.
-            backlog = true;
-            claim_now = false;
-        }
-        if claim_now || (backlog && free * 2 >= cfg.batch) {
-            claim_now = false;
+        let ready = sends.is_empty() || timer || (finished && (!backlog || free * 2 >= cfg.batch));
+        if pending && free > 0 && ready {
             let now = now_ms();
             let lease_until = now + (cfg.lease_secs as i64) * 1000;
             // This claim picks up whatever is due by now, deferred replies included.
@@ -63,24 +63,28 @@ pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
                 }
             };
             backlog = due.len() == free;
+            pending = backlog;
+            finished = false;
             for reply in due {
                 let svc = svc.clone();
                 let span = tracing::info_span!("reply", task_id = reply.task_id);
                 sends.spawn(async move { deliver(&svc, reply).await }.instrument(span));
             }
-            if backlog && sends.len() * 2 <= cfg.batch {
-                continue;
-            }
         }
+        timer = false;
         let wait = deferred.map_or(poll, |at| {
             Duration::from_millis((at - now_ms()).max(1) as u64).min(poll)
         });
         tokio::select! {
             Some(done) = sends.join_next(), if !sends.is_empty() => {
                 note_deferral(&mut deferred, done);
+                finished = true;
             }
-            _ = svc.reply_wake.notified() => claim_now = true,
-            _ = tokio::time::sleep(wait) => claim_now = true,
+            _ = svc.reply_wake.notified() => pending = true,
+            _ = tokio::time::sleep(wait) => {
+                pending = true;
+                timer = true;
+            }
             _ = shutdown.cancelled() => break,
         }
     }
