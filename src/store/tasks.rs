@@ -546,6 +546,20 @@ impl Store {
         }))
     }
 
+    /// Finished steps in the journal and the time from the first step's start to the last
+    /// step's end, in milliseconds (`assistd-bench steps`).
+    pub async fn finished_steps_span(&self) -> StoreResult<(i64, i64)> {
+        let (count, first, last): (i64, Option<i64>, Option<i64>) = on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT COUNT(*), MIN(created_at), MAX(finished_at) FROM agent_step \
+                 WHERE finished_at IS NOT NULL",
+            )
+            .fetch_one(pool)
+            .await?
+        });
+        Ok((count, last.unwrap_or(0) - first.unwrap_or(0)))
+    }
+
     pub async fn task_audit(&self, task_id: i64) -> StoreResult<Vec<AuditRow>> {
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, AuditRow>(
