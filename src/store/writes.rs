@@ -15,6 +15,21 @@ use super::tasks::{Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome};
 use super::{Store, StoreResult, write_tx};
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
 
+/// Runs a batched statement over the JSON `rows` at `now` (and an optional third parameter)
+/// inside the caller's transaction; the ids it returned: the rows whose fence held.
+macro_rules! landed_ids {
+    ($tx:expr, $sql:expr, $rows:expr, $now:expr $(, $extra:expr)?) => {
+        sqlx::query_scalar::<_, i64>($sql)
+            .bind($rows)
+            .bind($now)
+            $(.bind($extra))?
+            .fetch_all($tx)
+            .await?
+            .into_iter()
+            .collect::<HashSet<i64>>()
+    };
+}
+
 /// One fenced worker write.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
@@ -132,13 +147,7 @@ impl Store {
                     }
                     _ => Value::Null,
                 });
-                let renewed: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.renew)
-                    .bind(rows)
-                    .bind(now)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .collect();
+                let renewed = landed_ids!(&mut *tx, &sql.renew, rows, now);
                 for &i in round {
                     answers[i] = Some(WriteOut::Done(renewed.contains(&ops[i].task_id())));
                 }
@@ -219,13 +228,7 @@ impl Store {
                     ),
                     None => Value::Null,
                 });
-                let written: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.complete)
-                    .bind(rows)
-                    .bind(now)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .collect();
+                let written = landed_ids!(&mut *tx, &sql.complete, rows, now);
                 for &i in round {
                     if let WriteOp::CompleteStep { step, .. } = &ops[i] {
                         answers[i] = Some(WriteOut::Done(written.contains(&step.step_id)));
@@ -248,13 +251,7 @@ impl Store {
                     ),
                     _ => Value::Null,
                 });
-                let owned: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.finish)
-                    .bind(rows)
-                    .bind(now)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .collect();
+                let owned = landed_ids!(&mut *tx, &sql.finish, rows, now);
                 let mut replies: Vec<Value> = Vec::new();
                 for &i in round {
                     let WriteOp::FinishTask { fence, outcome } = &ops[i] else {
@@ -305,14 +302,7 @@ impl Store {
                     }),
                     _ => Value::Null,
                 });
-                let held: HashSet<i64> = sqlx::query_scalar::<_, i64>(&sql.mark_sent)
-                    .bind(rows)
-                    .bind(now)
-                    .bind(ReplyStatus::Sent)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .collect();
+                let held = landed_ids!(&mut *tx, &sql.mark_sent, rows, now, ReplyStatus::Sent);
                 for &i in round {
                     let WriteOp::MarkReplySent {
                         reply_id,

@@ -4,8 +4,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer};
 
 use crate::helpers::*;
 
@@ -95,12 +93,7 @@ pub fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_answers_a_signed_message_and_stops_cleanly_on_sigterm() {
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    let model = echo_model().await;
     let receiver = accepting_receiver().await;
     let db = TestDb::new().await;
     let workdir = tempfile::tempdir().unwrap();

@@ -165,16 +165,21 @@ pub async fn accepting_receiver() -> MockServer {
     receiver
 }
 
+/// A mock model that answers every chat call with `answer to: <last user message>`.
+pub async fn echo_model() -> MockServer {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(EchoModel)
+        .mount(&model)
+        .await;
+    model
+}
+
 impl TestApp {
     /// Starts the app with an echoing model and an accepting receiver.
     pub async fn spawn() -> TestApp {
-        let model = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(chat_path())
-            .respond_with(EchoModel)
-            .mount(&model)
-            .await;
-        Self::spawn_with(model, accepting_receiver().await, |_| {}).await
+        Self::spawn_with(echo_model().await, accepting_receiver().await, |_| {}).await
     }
 
     /// Starts the app against the given mocks; `tweak` adjusts the config first.

@@ -245,12 +245,7 @@ impl wiremock::Respond for DelayedEcho {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_over_the_token_budget_is_summarised_first() {
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    let model = echo_model().await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
         c.context.history_token_budget = 60;
     })

@@ -63,12 +63,7 @@ fn enable_platforms(c: &mut assistd::Config, api: &str, agent: &str) {
 }
 
 async fn spawn_platforms(api: &MockServer, tweak: impl FnOnce(&mut assistd::Config)) -> TestApp {
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    let model = echo_model().await;
     let uri = api.uri();
     TestApp::spawn_with(model, accepting_receiver().await, move |c| {
         enable_platforms(c, &uri, "default");

@@ -13,12 +13,7 @@ async fn reply_waits_for_a_receiver_that_is_down_then_arrives_once() {
     let reserved = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = reserved.local_addr().unwrap().port();
     drop(reserved);
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    let model = echo_model().await;
     let placeholder = MockServer::start().await;
     let app = TestApp::spawn_with(model, placeholder, |c| {
         c.channels.generic.reply_url = format!("http://127.0.0.1:{port}/reply");
@@ -68,12 +63,7 @@ async fn receiver_errors_are_retried_with_the_same_key() {
         .with_priority(2)
         .mount(&receiver)
         .await;
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    let model = echo_model().await;
     let app = TestApp::spawn_with(model, receiver, |_| {}).await;
     let id = task_id_of(app.post_message(&message("c-503r", 1, "hi")).await).await;
     let task = app.wait_replied(id, WAIT).await;
@@ -96,12 +86,7 @@ async fn a_reply_is_given_up_after_max_attempts_when_configured() {
         .respond_with(ResponseTemplate::new(500))
         .mount(&receiver)
         .await;
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    let model = echo_model().await;
     let app = TestApp::spawn_with(model, receiver, |c| c.outbox.max_attempts = 2).await;
     let id = task_id_of(app.post_message(&message("c-giveup", 1, "hi")).await).await;
     let task = app
@@ -137,13 +122,7 @@ async fn a_slow_reply_does_not_hold_up_the_others() {
         .with_priority(2)
         .mount(&receiver)
         .await;
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
-    let app = TestApp::spawn_with(model, receiver, |c| c.outbox.batch = 2).await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| c.outbox.batch = 2).await;
     let slow = task_id_of(app.post_message(&message("c-slow", 1, "hi")).await).await;
     app.wait_task(slow, WAIT, |t| t["status"] == "SUCCEEDED")
         .await;

@@ -384,12 +384,7 @@ async fn job_runs_are_listed_for_admins() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_and_worker_roles_split_the_work() {
-    let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    let model = echo_model().await;
     let receiver = accepting_receiver().await;
     let db = TestDb::new().await;
     let reply_url = format!("{}/reply", receiver.uri());
