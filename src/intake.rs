@@ -45,7 +45,7 @@ pub async fn accept_message(
 
 /// Group commit for intake (see `store::group`): webhook handlers queue their message and
 /// wait; messages that arrive together are committed by `Store::ingest_batch` in one
-/// transaction of multi-row statements. A webhook is answered only after its batch committed.
+/// transaction of a few statements. A webhook is answered only after its batch committed.
 pub struct IntakeQueue(GroupCommit<(NewMessage, String), Ingested>);
 
 impl IntakeQueue {

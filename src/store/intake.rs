@@ -2,7 +2,11 @@
 //! not at all. Duplicates are refused by the unique keys of `im_message`, never by a cache.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
+use serde_json::{Value, json};
+
+use super::writes::{audit_row, insert_audits_sql, json_rows};
 use super::{Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
 use crate::domain::{AuditEvent, TaskStatus, TaskType};
 
@@ -50,7 +54,7 @@ impl Store {
     }
 
     /// Commits a batch of messages, each with its PENDING task and TASK_CREATED audit row,
-    /// in one transaction of a few multi-row statements (group commit: the per-statement
+    /// in one transaction of a few statements whatever the batch size (group commit: the per-statement
     /// round trips, not SQL, are what intake costs). Per message, in order: its task
     /// (`duplicate` when the event or message id was stored before, in this batch or
     /// earlier), or `NotFound` when its agent has no published version — that message writes
@@ -75,6 +79,8 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        let sqlite = !notify;
+        let sql = IntakeSql::get(sqlite);
         let results = write_tx!(self, tx => {
             let mut agents_q = sqlx::query_as::<_, (String, i64, i64)>(&agents_sql);
             for name in &agent_names {
@@ -92,27 +98,30 @@ impl Store {
             // Messages (conflicts on either platform key skip the row: a duplicate).
             let mut inserted: HashMap<(String, String), i64> = HashMap::new();
             if !known.is_empty() {
-                let sql = format!(
-                    "INSERT INTO im_message (channel, external_event_id, external_message_id, \
-                     conversation_id, sender_id, sender_name, text, received_at, reply_context) \
-                     VALUES {} ON CONFLICT DO NOTHING RETURNING id, channel, external_event_id",
-                    values_list(known.len(), 9)
-                );
-                let mut q = sqlx::query_as::<_, (i64, String, String)>(&sql);
-                for &i in &known {
-                    let m = batch[i].0;
-                    q = q
-                        .bind(&m.channel)
-                        .bind(&m.event_id)
-                        .bind(&m.message_id)
-                        .bind(&m.conversation_id)
-                        .bind(&m.sender_id)
-                        .bind(&m.sender_name)
-                        .bind(&m.text)
-                        .bind(now)
-                        .bind(&m.reply_context);
-                }
-                for (id, channel, event) in q.fetch_all(&mut *tx).await? {
+                // `ord` keeps the batch's order, so tasks get ids in arrival order.
+                let rows: Vec<Value> = known
+                    .iter()
+                    .map(|&i| {
+                        let m = batch[i].0;
+                        json!({
+                            "ord": i,
+                            "channel": m.channel,
+                            "event_id": m.event_id,
+                            "message_id": m.message_id,
+                            "conversation_id": m.conversation_id,
+                            "sender_id": m.sender_id,
+                            "sender_name": m.sender_name,
+                            "text": m.text,
+                            "reply_context": m.reply_context,
+                        })
+                    })
+                    .collect();
+                for (id, channel, event) in sqlx::query_as::<_, (i64, String, String)>(&sql.messages)
+                    .bind(Value::Array(rows).to_string())
+                    .bind(now)
+                    .fetch_all(&mut *tx)
+                    .await?
+                {
                     inserted.insert((channel, event), id);
                 }
             }
@@ -126,50 +135,49 @@ impl Store {
             }
             let mut task_of_message: HashMap<i64, i64> = HashMap::new();
             if !fresh.is_empty() {
-                let sql = format!(
-                    "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
-                     conversation_id, message_id, trigger_user, status, run_after, created_at, \
-                     updated_at) VALUES {} RETURNING id, message_id",
-                    values_list(fresh.len(), 11)
-                );
-                let mut q = sqlx::query_as::<_, (i64, i64)>(&sql);
-                for &(i, message_row) in &fresh {
-                    let (m, agent) = batch[i];
-                    let (agent_id, version_id) = agents[agent];
-                    q = q
-                        .bind(agent_id)
-                        .bind(version_id)
-                        .bind(TaskType::ConversationReply)
-                        .bind(&m.channel)
-                        .bind(&m.conversation_id)
-                        .bind(message_row)
-                        .bind(&m.sender_id)
-                        .bind(TaskStatus::Pending)
-                        .bind(now)
-                        .bind(now)
-                        .bind(now);
-                }
-                task_of_message = q.fetch_all(&mut *tx).await?.into_iter().map(|(t, m)| (m, t)).collect();
-                let sql = format!(
-                    "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at) \
-                     VALUES {}",
-                    values_list(fresh.len(), 6)
-                );
-                let mut q = sqlx::query(&sql);
-                for &(i, message_row) in &fresh {
-                    let m = batch[i].0;
-                    q = q
-                        .bind(task_of_message[&message_row])
-                        .bind(AuditEvent::TaskCreated)
-                        .bind(format!("{}:{}", m.channel, m.sender_id))
-                        .bind(format!(
-                            "message {} in conversation {}",
-                            m.message_id, m.conversation_id
-                        ))
-                        .bind(false)
-                        .bind(now);
-                }
-                q.execute(&mut *tx).await?;
+                let rows: Vec<Value> = fresh
+                    .iter()
+                    .map(|&(i, message_row)| {
+                        let (m, agent) = batch[i];
+                        let (agent_id, version_id) = agents[agent];
+                        json!({
+                            "ord": i,
+                            "agent_id": agent_id,
+                            "agent_version_id": version_id,
+                            "channel": m.channel,
+                            "conversation_id": m.conversation_id,
+                            "message_id": message_row,
+                            "trigger_user": m.sender_id,
+                        })
+                    })
+                    .collect();
+                task_of_message = sqlx::query_as::<_, (i64, i64)>(&sql.tasks)
+                    .bind(Value::Array(rows).to_string())
+                    .bind(now)
+                    .bind(TaskType::ConversationReply)
+                    .bind(TaskStatus::Pending)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .map(|(t, m)| (m, t))
+                    .collect();
+                let audits: Vec<Value> = fresh
+                    .iter()
+                    .map(|&(i, message_row)| {
+                        let m = batch[i].0;
+                        audit_row(
+                            task_of_message[&message_row],
+                            AuditEvent::TaskCreated,
+                            &format!("{}:{}", m.channel, m.sender_id),
+                            &format!("message {} in conversation {}", m.message_id, m.conversation_id),
+                        )
+                    })
+                    .collect();
+                sqlx::query(insert_audits_sql(sqlite))
+                    .bind(Value::Array(audits).to_string())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
                 if notify {
                     // Delivered by PostgreSQL only when this transaction commits.
                     sqlx::query("SELECT pg_notify($1, '')")
@@ -302,21 +310,65 @@ impl Store {
     }
 }
 
-/// `($1, …, $cols), ($cols+1, …)` for `rows` rows: the VALUES of a multi-row insert.
-fn values_list(rows: usize, cols: usize) -> String {
-    let mut out = String::with_capacity(rows * cols * 5);
-    for r in 0..rows {
-        if r > 0 {
-            out.push_str(", ");
-        }
-        out.push('(');
-        for c in 0..cols {
-            if c > 0 {
-                out.push_str(", ");
-            }
-            out.push_str(&format!("${}", r * cols + c + 1));
-        }
-        out.push(')');
+/// The intake's batched inserts, per dialect: the rows come as one JSON array (`$1`, see
+/// `writes::json_rows`), so the statement text stays the same for any batch size. `$2` is
+/// the time.
+struct IntakeSql {
+    /// Messages; a row whose event or message id is stored already is skipped.
+    messages: String,
+    /// Their PENDING tasks (`$3` task type, `$4` status).
+    tasks: String,
+}
+
+impl IntakeSql {
+    fn get(sqlite: bool) -> &'static IntakeSql {
+        static SQLITE: OnceLock<IntakeSql> = OnceLock::new();
+        static POSTGRES: OnceLock<IntakeSql> = OnceLock::new();
+        let cell = if sqlite { &SQLITE } else { &POSTGRES };
+        cell.get_or_init(|| IntakeSql::new(sqlite))
     }
-    out
+
+    fn new(sqlite: bool) -> IntakeSql {
+        let messages = format!(
+            "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+             conversation_id, sender_id, sender_name, text, received_at, reply_context) \
+             SELECT v.channel, v.event_id, v.message_id, v.conversation_id, v.sender_id, \
+             v.sender_name, v.text, $2, v.reply_context FROM {} ORDER BY v.ord \
+             ON CONFLICT DO NOTHING RETURNING id, channel, external_event_id",
+            json_rows(
+                sqlite,
+                &[
+                    ("ord", "bigint"),
+                    ("channel", "text"),
+                    ("event_id", "text"),
+                    ("message_id", "text"),
+                    ("conversation_id", "text"),
+                    ("sender_id", "text"),
+                    ("sender_name", "text"),
+                    ("text", "text"),
+                    ("reply_context", "text"),
+                ],
+            )
+        );
+        let tasks = format!(
+            "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+             conversation_id, message_id, trigger_user, status, run_after, created_at, \
+             updated_at) SELECT v.agent_id, v.agent_version_id, $3, v.channel, \
+             v.conversation_id, v.message_id, v.trigger_user, $4, $2, $2, $2 FROM {} \
+             ORDER BY v.ord RETURNING id, message_id",
+            json_rows(
+                sqlite,
+                &[
+                    ("ord", "bigint"),
+                    ("agent_id", "bigint"),
+                    ("agent_version_id", "bigint"),
+                    ("channel", "text"),
+                    ("conversation_id", "text"),
+                    ("message_id", "bigint"),
+                    ("trigger_user", "text"),
+                ],
+            )
+        );
+        IntakeSql { messages, tasks }
+    }
 }

@@ -638,7 +638,7 @@ impl BatchSql {
 
 /// A table `v` of the objects in the JSON array bound as `$1`, with columns `cols` (name,
 /// PostgreSQL type).
-fn json_rows(sqlite: bool, cols: &[(&str, &str)]) -> String {
+pub(super) fn json_rows(sqlite: bool, cols: &[(&str, &str)]) -> String {
     if sqlite {
         let fields: Vec<String> = cols
             .iter()
@@ -693,8 +693,14 @@ fn fenced_row(fence: &Fence, mut fields: Value) -> Value {
     fields
 }
 
+/// The statement that inserts the audit rows (see [`audit_row`]) of the JSON array bound as
+/// `$1`, at time `$2`, in one round trip.
+pub(super) fn insert_audits_sql(sqlite: bool) -> &'static str {
+    &BatchSql::get(sqlite).insert_audits
+}
+
 /// An audit row for `insert_audits` (summary truncated and redacted as `insert_audit!` does).
-fn audit_row(task_id: i64, event: AuditEvent, actor: &str, summary: &str) -> Value {
+pub(super) fn audit_row(task_id: i64, event: AuditEvent, actor: &str, summary: &str) -> Value {
     json!({
         "task_id": task_id,
         "event": event.as_str(),
