@@ -20,7 +20,7 @@ pub enum Journal {
 }
 
 impl Journal {
-    /// Starts the SQLite group-commit writer on the current runtime (when enabled).
+    /// Starts the group-commit writers on the current runtime (unless `group_commit_max` is 1).
     pub fn start(store: Store, config: &WorkerConfig) -> Journal {
         if config.group_commit_max <= 1 {
             return Journal::Direct(store);
@@ -45,11 +45,7 @@ impl Journal {
 
     async fn write(&self, op: WriteOp) -> StoreResult<WriteOut> {
         match self {
-            Journal::Direct(store) => Ok(store
-                .apply_writes(std::slice::from_ref(&op), now_ms())
-                .await?
-                .pop()
-                .unwrap_or(WriteOut::Done(false))),
+            Journal::Direct(store) => store.apply_one(op, now_ms()).await,
             Journal::Grouped(queue) => queue.submit(op).await,
         }
     }

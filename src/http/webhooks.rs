@@ -118,15 +118,7 @@ async fn generic_actions(
 ) -> Result<Json<Value>, ApiError> {
     let raw = generic_verified(&svc, &headers, body).await?;
     let action = generic::parse_action(&raw).map_err(ApiError::BadRequest)?;
-    let result = crate::control::decide(
-        &svc,
-        action.task_id,
-        Some(action.step_no),
-        action.approve,
-        &action.approver,
-        false,
-    )
-    .await?;
+    let result = decide(&svc, &action).await?;
     super::tasks::decision_response(&svc, action.task_id, result).await
 }
 
@@ -149,13 +141,9 @@ impl From<Refused> for ApiError {
     }
 }
 
-/// Applies an approval decision from a chat platform; the outcome in words, for the reply
-/// to the platform (and, on Telegram, the button).
-async fn decide_action(
-    svc: &Services,
-    action: &generic::CardAction,
-) -> Result<&'static str, ApiError> {
-    let result = crate::control::decide(
+/// Applies an approval decision made in a chat (card button, reaction or command).
+async fn decide(svc: &Services, action: &generic::CardAction) -> Result<DecisionResult, ApiError> {
+    Ok(crate::control::decide(
         svc,
         action.task_id,
         Some(action.step_no),
@@ -163,8 +151,16 @@ async fn decide_action(
         &action.approver,
         false,
     )
-    .await?;
-    Ok(match result {
+    .await?)
+}
+
+/// Applies an approval decision from a chat platform; the outcome in words, for the reply
+/// to the platform (and, on Telegram, the button).
+async fn decide_action(
+    svc: &Services,
+    action: &generic::CardAction,
+) -> Result<&'static str, ApiError> {
+    Ok(match decide(svc, action).await? {
         DecisionResult::Resumed => "approved",
         DecisionResult::Cancelled => "rejected",
         DecisionResult::NotFound => "unknown request",

@@ -2,12 +2,11 @@
 //! not at all. Duplicates are refused by the unique keys of `im_message`, never by a cache.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
 use super::writes::{audit_row, insert_audits_sql, json_rows};
-use super::{Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
+use super::{Dialect, PerDialect, Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
 use crate::domain::{AuditEvent, TaskStatus, TaskType};
 
 /// A chat message as a channel parsed it.
@@ -79,8 +78,7 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let sqlite = !notify;
-        let sql = IntakeSql::get(sqlite);
+        let sql = IntakeSql::get(self.dialect());
         let results = write_tx!(self, tx => {
             let mut agents_q = sqlx::query_as::<_, (String, i64, i64)>(&agents_sql);
             for name in &agent_names {
@@ -173,7 +171,7 @@ impl Store {
                         )
                     })
                     .collect();
-                sqlx::query(insert_audits_sql(sqlite))
+                sqlx::query(insert_audits_sql(self.dialect()))
                     .bind(Value::Array(audits).to_string())
                     .bind(now)
                     .execute(&mut *tx)
@@ -321,11 +319,9 @@ struct IntakeSql {
 }
 
 impl IntakeSql {
-    fn get(sqlite: bool) -> &'static IntakeSql {
-        static SQLITE: OnceLock<IntakeSql> = OnceLock::new();
-        static POSTGRES: OnceLock<IntakeSql> = OnceLock::new();
-        let cell = if sqlite { &SQLITE } else { &POSTGRES };
-        cell.get_or_init(|| IntakeSql::new(sqlite))
+    fn get(dialect: Dialect) -> &'static IntakeSql {
+        static SQL: PerDialect<IntakeSql> = PerDialect::new();
+        SQL.get(dialect, IntakeSql::new)
     }
 
     fn new(sqlite: bool) -> IntakeSql {

@@ -110,6 +110,20 @@ macro_rules! write_tx {
 
 pub(crate) use {on_pool, write_tx};
 
+/// Something built once per dialect on first use, e.g. the text of batched statements.
+pub(super) struct PerDialect<T>([std::sync::OnceLock<T>; 2]);
+
+impl<T> PerDialect<T> {
+    pub(super) const fn new() -> Self {
+        PerDialect([std::sync::OnceLock::new(), std::sync::OnceLock::new()])
+    }
+
+    pub(super) fn get(&self, dialect: Dialect, build: fn(bool) -> T) -> &T {
+        let sqlite = dialect == Dialect::Sqlite;
+        self.0[usize::from(sqlite)].get_or_init(|| build(sqlite))
+    }
+}
+
 impl Store {
     /// Connects (creating a SQLite file and its folder if missing); does not migrate.
     pub async fn connect(config: &DatabaseConfig) -> anyhow::Result<Store> {

@@ -6,13 +6,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
-use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
 use super::outbox::ReplyRow;
 use super::tasks::{Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome};
-use super::{Store, StoreResult, write_tx};
+use super::{Dialect, PerDialect, Store, StoreResult, write_tx};
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
 
 /// Runs a batched statement over the JSON `rows` at `now` (and an optional third parameter)
@@ -103,8 +102,8 @@ impl Store {
     /// order, so two batches cannot deadlock and no claim slips in before commit.
     pub async fn apply_writes(&self, ops: &[WriteOp], now: i64) -> StoreResult<Vec<WriteOut>> {
         let mut answers: Vec<Option<WriteOut>> = vec![None; ops.len()];
-        let sqlite = matches!(self, Store::Sqlite(_));
-        let sql = BatchSql::get(sqlite);
+        let sqlite = self.dialect() == Dialect::Sqlite;
+        let sql = BatchSql::get(self.dialect());
         let renewals = rounds(ops, |op| match op {
             WriteOp::RenewLease { fence, .. } => Some(fence.task_id),
             _ => None,
@@ -350,20 +349,6 @@ impl Store {
         Ok(self.apply_one(op, now).await?.step())
     }
 
-    /// Records how a step ended; `false` when the worker no longer owns the task.
-    pub async fn complete_step(
-        &self,
-        fence: &Fence,
-        step: &StepResult,
-        now: i64,
-    ) -> StoreResult<bool> {
-        let op = WriteOp::CompleteStep {
-            fence: fence.clone(),
-            step: step.clone(),
-        };
-        Ok(self.apply_one(op, now).await?.done())
-    }
-
     /// Ends a task: terminal status, its last step, its one outbox reply and its audit event,
     /// in one transaction fenced on ownership. Returns false (and writes nothing) when the
     /// worker no longer owns the task.
@@ -394,19 +379,8 @@ impl Store {
         Ok(self.apply_one(op, now).await?.done())
     }
 
-    /// Marks a reply delivered; false when another instance holds it now.
-    pub async fn mark_reply_sent(
-        &self,
-        reply: &ReplyRow,
-        owner: &str,
-        platform_message_id: Option<&str>,
-        now: i64,
-    ) -> StoreResult<bool> {
-        let op = WriteOp::mark_reply_sent(reply, owner, platform_message_id);
-        Ok(self.apply_one(op, now).await?.done())
-    }
-
-    async fn apply_one(&self, op: WriteOp, now: i64) -> StoreResult<WriteOut> {
+    /// Applies one operation in a transaction of its own.
+    pub async fn apply_one(&self, op: WriteOp, now: i64) -> StoreResult<WriteOut> {
         let mut out = self.apply_writes(std::slice::from_ref(&op), now).await?;
         Ok(out.pop().unwrap_or(WriteOut::Done(false)))
     }
@@ -482,11 +456,9 @@ const FENCE: [(&str, &str); 3] = [
 ];
 
 impl BatchSql {
-    fn get(sqlite: bool) -> &'static BatchSql {
-        static SQLITE: OnceLock<BatchSql> = OnceLock::new();
-        static POSTGRES: OnceLock<BatchSql> = OnceLock::new();
-        let cell = if sqlite { &SQLITE } else { &POSTGRES };
-        cell.get_or_init(|| BatchSql::new(sqlite))
+    fn get(dialect: Dialect) -> &'static BatchSql {
+        static SQL: PerDialect<BatchSql> = PerDialect::new();
+        SQL.get(dialect, BatchSql::new)
     }
 
     fn new(sqlite: bool) -> BatchSql {
@@ -695,8 +667,8 @@ fn fenced_row(fence: &Fence, mut fields: Value) -> Value {
 
 /// The statement that inserts the audit rows (see [`audit_row`]) of the JSON array bound as
 /// `$1`, at time `$2`, in one round trip.
-pub(super) fn insert_audits_sql(sqlite: bool) -> &'static str {
-    &BatchSql::get(sqlite).insert_audits
+pub(super) fn insert_audits_sql(dialect: Dialect) -> &'static str {
+    &BatchSql::get(dialect).insert_audits
 }
 
 /// An audit row for `insert_audits` (summary truncated and redacted as `insert_audit!` does).
