@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -122,7 +122,21 @@ struct Mocks {
     max_in_flight: Arc<AtomicUsize>,
     replies: Arc<AtomicUsize>,
     replied: Arc<Notify>,
+    /// When the mocks started; the marks below are milliseconds since then.
+    epoch: Instant,
+    /// Latest arrival of a model call.
+    last_call_ms: Arc<AtomicU64>,
+    /// First arrival of a reply.
+    first_reply_ms: Arc<AtomicU64>,
     stop: CancellationToken,
+}
+
+impl Mocks {
+    /// A mark as seconds after `since` (which must be after `epoch`).
+    fn mark_after(&self, mark: &AtomicU64, since: Instant) -> f64 {
+        let at = self.epoch + Duration::from_millis(mark.load(Ordering::Relaxed));
+        at.saturating_duration_since(since).as_secs_f64()
+    }
 }
 
 async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
@@ -133,11 +147,16 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
     let open = Arc::new(AtomicUsize::new(0));
     let (r, n, calls) = (replies.clone(), replied.clone(), model_calls.clone());
     let peak = max_in_flight.clone();
+    let epoch = Instant::now();
+    let last_call_ms = Arc::new(AtomicU64::new(0));
+    let first_reply_ms = Arc::new(AtomicU64::new(u64::MAX));
+    let (last_call, first_reply) = (last_call_ms.clone(), first_reply_ms.clone());
     let app = Router::new()
         .route(
             "/v1/chat/completions",
             post(move |body: axum::Json<Value>| async move {
                 calls.fetch_add(1, Ordering::Relaxed);
+                last_call.fetch_max(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
                 let now_open = open.fetch_add(1, Ordering::Relaxed) + 1;
                 peak.fetch_max(now_open, Ordering::Relaxed);
                 if !model_latency.is_zero() {
@@ -159,6 +178,7 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
             "/reply",
             post(move || async move {
                 r.fetch_add(1, Ordering::Relaxed);
+                first_reply.fetch_min(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
                 n.notify_waiters();
                 "ok"
             }),
@@ -178,6 +198,9 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
         max_in_flight,
         replies,
         replied,
+        epoch,
+        last_call_ms,
+        first_reply_ms,
         stop,
     })
 }
@@ -409,12 +432,14 @@ async fn in_flight(args: &Args) -> anyhow::Result<()> {
     let _ = child.kill();
     let _ = child.wait();
     println!(
-        "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB rss_per_task={:.1}KiB",
+        "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s last_call={:.2}s first_reply={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB rss_per_task={:.1}KiB",
         db_name(args.db),
         args.n,
         args.model_latency_ms,
         wall.as_secs_f64(),
         ingest_time.as_secs_f64(),
+        mocks.mark_after(&mocks.last_call_ms, started),
+        mocks.mark_after(&mocks.first_reply_ms, started),
         mocks.max_in_flight.load(Ordering::Relaxed),
         baseline as f64 / 1024.0,
         peak as f64 / 1024.0,
