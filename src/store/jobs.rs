@@ -1,7 +1,7 @@
 //! Scheduled jobs: the per-job lock (one instance per tick), job_run records, and the scans
 //! the jobs run. Every scan works in bounded batches over index-backed conditions.
 
-use super::tasks::{NewReply, insert_audit, insert_reply};
+use super::tasks::{NewReply, current_step_sql, insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, Decision, FailureType, JobRunStatus, TaskStatus};
 
@@ -219,11 +219,13 @@ impl Store {
         limit: i64,
         now: i64,
     ) -> StoreResult<(i64, Vec<Reclaimed>)> {
+        let sql = concat!(
+            "SELECT id, owner, ",
+            current_step_sql!(),
+            " FROM agent_task WHERE status = 'RUNNING' AND lease_expire < $1 ORDER BY id LIMIT $2"
+        );
         let candidates: Vec<(i64, Option<String>, i64)> = on_pool!(self, pool => {
-            sqlx::query_as(
-                "SELECT id, owner, current_step FROM agent_task \
-                 WHERE status = 'RUNNING' AND lease_expire < $1 ORDER BY id LIMIT $2",
-            )
+            sqlx::query_as(sql)
             .bind(cutoff)
             .bind(limit)
             .fetch_all(pool)

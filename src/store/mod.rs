@@ -147,9 +147,12 @@ impl Store {
                     anyhow::anyhow!("cannot create database folder {}: {e}", parent.display())
                 })?;
             }
+            // An embedded database has no server to drop a connection: sqlx's ping before
+            // every acquire (a round trip to the connection's thread) buys nothing here.
             let pool = SqlitePoolOptions::new()
                 .max_connections(config.max_connections)
                 .acquire_timeout(acquire)
+                .test_before_acquire(false)
                 .connect_with(options)
                 .await?;
             Ok(Store::Sqlite(pool))

@@ -102,10 +102,25 @@ pub struct TaskRow {
     pub finished_at: Option<i64>,
 }
 
-const TASK_COLUMNS: &str = "id, agent_id, agent_version_id, task_type, channel, conversation_id, \
-     message_id, trigger_user, status, current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
+/// The highest step journalled for the task in `agent_task` (0 before its first step): the
+/// step it is at, or was at when it stopped. Read, not stored, so that beginning a step
+/// writes only the step row.
+macro_rules! current_step_sql {
+    () => {
+        "(SELECT COALESCE(MAX(s.step_no), 0) FROM agent_step s WHERE s.task_id = agent_task.id)"
+    };
+}
+pub(super) use current_step_sql;
+
+/// A task's columns; its current step is the highest step of its journal.
+const TASK_COLUMNS: &str = concat!(
+    "id, agent_id, agent_version_id, task_type, channel, conversation_id, \
+     message_id, trigger_user, status, ",
+    current_step_sql!(),
+    " AS current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
      error_msg, retry_count, claim_count, resume_count, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
-     started_at, finished_at";
+     started_at, finished_at"
+);
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct MessageRow {

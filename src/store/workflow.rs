@@ -166,13 +166,12 @@ impl Store {
     ) -> StoreResult<bool> {
         let parked = write_tx!(self, tx => {
             let n = sqlx::query(
-                "UPDATE agent_task SET status = $1, confirm_deadline = $2, current_step = $3, \
-                 version = version + 1, lease_expire = NULL, updated_at = $4 \
-                 WHERE id = $5 AND owner = $6 AND version = $7 AND status = 'RUNNING'",
+                "UPDATE agent_task SET status = $1, confirm_deadline = $2, \
+                 version = version + 1, lease_expire = NULL, updated_at = $3 \
+                 WHERE id = $4 AND owner = $5 AND version = $6 AND status = 'RUNNING'",
             )
             .bind(TaskStatus::WaitingHumanConfirm)
             .bind(action.deadline)
-            .bind(step.step_no)
             .bind(now)
             .bind(fence.task_id)
             .bind(&fence.owner)

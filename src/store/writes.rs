@@ -484,40 +484,23 @@ impl BatchSql {
             fenced_rows(&[("lease_until", "bigint")]),
             fence("agent_task")
         );
-        let begin_rows = fenced_rows(&[
-            ("step_no", "bigint"),
-            ("step_type", "text"),
-            ("tool_name", "text"),
-            ("idempotency_key", "text"),
-            ("input", "text"),
-        ]);
-        // The fenced task-row update and the insert of the PENDING step, in one round trip:
-        // SQLite runs the two statements of the text in one call, PostgreSQL one
-        // data-modifying CTE. Only steps whose fence held are inserted.
-        let mark_current = format!(
-            "UPDATE agent_task SET current_step = v.step_no, updated_at = $2 FROM {} WHERE {}",
-            if sqlite { begin_rows.as_str() } else { "v" },
-            fence("agent_task")
-        );
-        let insert_step = "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
-             idempotency_key, input, status, attempt, created_at) \
+        // The PENDING step, inserted only where its task's fence holds. The task row is not
+        // touched: its current step is read from the journal (`TASK_COLUMNS`), so a step
+        // costs one row write to begin and one to complete.
+        let begin = format!(
+            "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
+             input, status, attempt, created_at) \
              SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
-             $3, 0, $2";
-        let begin = if sqlite {
-            format!(
-                "{mark_current}; {insert_step} FROM {begin_rows} WHERE {owned} \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
-            )
-        } else {
-            format!(
-                "WITH v AS (SELECT * FROM {begin_rows}), \
-                 fenced AS ({mark_current} RETURNING agent_task.id, agent_task.owner, \
-                 agent_task.version) \
-                 {insert_step} FROM v JOIN fenced ON fenced.id = v.task_id \
-                 AND fenced.owner = v.owner AND fenced.version = v.version \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}"
-            )
-        };
+             $3, 0, $2 FROM {} WHERE {owned} \
+             ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}",
+            fenced_rows(&[
+                ("step_no", "bigint"),
+                ("step_type", "text"),
+                ("tool_name", "text"),
+                ("idempotency_key", "text"),
+                ("input", "text"),
+            ])
+        );
         let existing_step = format!(
             "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
              AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \

@@ -26,6 +26,7 @@ async fn a_message_gets_exactly_one_reply() {
     assert_eq!(task["result"], "answer to: What is the capital of France?");
     let steps = task["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 1);
+    assert_eq!(task["current_step"], 1);
     assert_eq!(steps[0]["status"], "SUCCEEDED");
     assert_eq!(steps[0]["idempotency_key"], format!("{id}:1:chat"));
     assert_eq!(steps[0]["tokens_in"], 11);

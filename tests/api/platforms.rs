@@ -385,7 +385,13 @@ async fn telegram_approvals_use_inline_keyboards() {
         .await
         .unwrap();
     assert_eq!(denied["result"], "you may not decide this request");
-    assert_eq!(app.get_task(id).await["status"], "WAITING_HUMAN_CONFIRM");
+    let parked = app.get_task(id).await;
+    assert_eq!(parked["status"], "WAITING_HUMAN_CONFIRM");
+    // The step it waits at is its current step: the gate, journalled PENDING.
+    let gate = parked["steps"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(gate["status"], "PENDING");
+    assert_eq!(gate["tool"], "confirm:send_notice");
+    assert_eq!(parked["current_step"], gate["step_no"]);
     let ok: Value = app
         .telegram(&callback(42, &approve), Some(TG_SECRET))
         .await
