@@ -2,6 +2,7 @@
 //! it only lands while `owner` and `version` are still the worker's, so a worker that lost
 //! its lease cannot overwrite the work of the instance that took the task over.
 
+use super::writes::{audit_row, insert_audits_sql};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{
     AuditEvent, FailureType, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
@@ -284,13 +285,25 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?;
             claimed.sort_by_key(|c| c.id);
-            for task in &claimed {
-                let summary = if task.claim_count > 1 {
-                    format!("claimed by {owner} (claim {}, resumed)", task.claim_count)
-                } else {
-                    format!("claimed by {owner}")
-                };
-                insert_audit!(&mut *tx, Some(task.id), AuditEvent::TaskRunning, owner, &summary, false, now)?;
+            if !claimed.is_empty() {
+                // One statement for all the claim's audit rows: a claim holds the write
+                // lock, and a statement per row was a round trip each.
+                let audits: Vec<serde_json::Value> = claimed
+                    .iter()
+                    .map(|task| {
+                        let summary = if task.claim_count > 1 {
+                            format!("claimed by {owner} (claim {}, resumed)", task.claim_count)
+                        } else {
+                            format!("claimed by {owner}")
+                        };
+                        audit_row(task.id, AuditEvent::TaskRunning, owner, &summary)
+                    })
+                    .collect();
+                sqlx::query(insert_audits_sql(self.dialect()))
+                    .bind(serde_json::Value::Array(audits).to_string())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
             }
             claimed
         });
