@@ -71,16 +71,22 @@ pub enum Dialect {
 /// A pool for one of the two dialects. Cheap to clone.
 #[derive(Clone, Debug)]
 pub enum Store {
-    Sqlite(SqlitePool),
+    Sqlite(SqlitePool, WriteGate),
     Postgres(PgPool),
 }
+
+/// This process's SQLite write transactions take turns here, first come first served,
+/// instead of in SQLite's busy handler (which sleeps and retries, so a writer can lose the
+/// race for the write lock many times in a row while others keep taking it).
+#[derive(Clone, Debug, Default)]
+pub struct WriteGate(std::sync::Arc<tokio::sync::Mutex<()>>);
 
 /// Runs `$body` with `$pool` bound to the concrete pool; the body is compiled once per
 /// dialect, so the same statement text serves both.
 macro_rules! on_pool {
     ($store:expr, $pool:ident => $body:expr) => {
         match $store {
-            $crate::store::Store::Sqlite($pool) => $body,
+            $crate::store::Store::Sqlite($pool, _) => $body,
             $crate::store::Store::Postgres($pool) => $body,
         }
     };
@@ -92,7 +98,8 @@ macro_rules! on_pool {
 macro_rules! write_tx {
     ($store:expr, $tx:ident => $body:expr) => {
         match $store {
-            $crate::store::Store::Sqlite(pool) => {
+            $crate::store::Store::Sqlite(pool, gate) => {
+                let _turn = gate.0.lock().await;
                 let mut $tx = pool.begin_with("BEGIN IMMEDIATE").await?;
                 let out = $body;
                 $tx.commit().await?;
@@ -155,7 +162,7 @@ impl Store {
                 .test_before_acquire(false)
                 .connect_with(options)
                 .await?;
-            Ok(Store::Sqlite(pool))
+            Ok(Store::Sqlite(pool, WriteGate::default()))
         } else {
             let options = PgConnectOptions::from_str(url)?;
             let pool = PgPoolOptions::new()
@@ -169,7 +176,7 @@ impl Store {
 
     pub fn dialect(&self) -> Dialect {
         match self {
-            Store::Sqlite(_) => Dialect::Sqlite,
+            Store::Sqlite(..) => Dialect::Sqlite,
             Store::Postgres(_) => Dialect::Postgres,
         }
     }
@@ -178,7 +185,7 @@ impl Store {
     /// PostgreSQL, where sqlx takes an advisory lock).
     pub async fn migrate(&self) -> StoreResult<()> {
         match self {
-            Store::Sqlite(pool) => {
+            Store::Sqlite(pool, _) => {
                 sqlx::migrate!("migrations/sqlite").run(pool).await?;
                 sqlx::query("PRAGMA optimize").execute(pool).await?;
             }
@@ -203,7 +210,7 @@ impl Store {
     pub async fn explain(&self, sql: &str) -> StoreResult<Vec<String>> {
         use sqlx::Row;
         match self {
-            Store::Sqlite(pool) => {
+            Store::Sqlite(pool, _) => {
                 let text = format!("EXPLAIN QUERY PLAN {sql}");
                 let rows = sqlx::query(&text).fetch_all(pool).await?;
                 Ok(rows.iter().map(|r| r.get::<String, _>("detail")).collect())
@@ -240,5 +247,49 @@ mod tests {
             assert_eq!(level, expected, "{choice:?}");
             store.close().await;
         }
+    }
+
+    /// A write transaction that finds another of this process holding SQLite's write lock
+    /// waits its turn (`WriteGate`) rather than in SQLite's busy handler, so it neither
+    /// fails with "database is locked" nor depends on the busy timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_waits_its_turn_however_long_the_lock_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = crate::config::Config::load_with_env(None, Vec::new())
+            .unwrap()
+            .database;
+        config.url = format!("sqlite://{}/gate.db", dir.path().display());
+        config.sqlite_busy_timeout_ms = 1;
+        let store = Store::connect(&config).await.unwrap();
+        on_pool!(&store, pool => {
+            sqlx::query("CREATE TABLE t (v INTEGER)").execute(pool).await.unwrap();
+        });
+        let write = |v: i64, hold: Duration| {
+            let store = store.clone();
+            async move {
+                let r: StoreResult<()> = async {
+                    write_tx!(&store, tx => {
+                        sqlx::query("INSERT INTO t (v) VALUES ($1)")
+                            .bind(v)
+                            .execute(&mut *tx)
+                            .await?;
+                        tokio::time::sleep(hold).await;
+                    });
+                    Ok(())
+                }
+                .await;
+                r
+            }
+        };
+        let first = tokio::spawn(write(1, std::time::Duration::from_millis(300)));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let second = tokio::spawn(write(2, std::time::Duration::ZERO));
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        let rows: Vec<(i64,)> = on_pool!(&store, pool => {
+            sqlx::query_as("SELECT v FROM t ORDER BY rowid").fetch_all(pool).await.unwrap()
+        });
+        assert_eq!(rows, vec![(1,), (2,)]);
+        store.close().await;
     }
 }

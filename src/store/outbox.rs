@@ -40,7 +40,7 @@ impl Store {
         now: i64,
     ) -> StoreResult<Vec<ReplyRow>> {
         let lock = match self {
-            Store::Sqlite(_) => "",
+            Store::Sqlite(..) => "",
             Store::Postgres(_) => " FOR UPDATE SKIP LOCKED",
         };
         let sql = format!(
