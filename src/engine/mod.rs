@@ -2,6 +2,7 @@
 //! database connection or transaction while a model call is in flight. Bounded by a
 //! semaphore, so thousands of tasks waiting on a model cost memory, not threads.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,16 +53,24 @@ pub(crate) async fn load_context(svc: &Services, task_id: i64) -> Result<TaskCon
         .task(task_id)
         .await?
         .ok_or_else(|| RunError::Corrupt("claimed task vanished".into()))?;
-    context_of(svc, task).await
+    context_of(svc, task, None).await
 }
 
-/// The run context of `task` (as its claim returned it): its message and agent snapshot.
-async fn context_of(svc: &Services, task: TaskRow) -> Result<TaskContext, RunError> {
-    let message = svc
-        .store
-        .message(task.message_id)
-        .await?
-        .ok_or_else(|| RunError::Corrupt(format!("message {} missing", task.message_id)))?;
+/// The run context of `task` (as its claim returned it): its message (`message` when the
+/// caller has read it already) and agent snapshot.
+async fn context_of(
+    svc: &Services,
+    task: TaskRow,
+    message: Option<MessageRow>,
+) -> Result<TaskContext, RunError> {
+    let message = match message {
+        Some(message) => message,
+        None => svc
+            .store
+            .message(task.message_id)
+            .await?
+            .ok_or_else(|| RunError::Corrupt(format!("message {} missing", task.message_id)))?,
+    };
     let snapshot = task
         .workflow_snapshot
         .as_deref()
@@ -80,8 +89,9 @@ async fn run_task(
     fence: &Fence,
     lost: &CancellationToken,
     task: TaskRow,
+    message: Option<MessageRow>,
 ) -> Result<(), RunError> {
-    let ctx = context_of(svc, task).await?;
+    let ctx = context_of(svc, task, message).await?;
     tracing::Span::current().record("conversation", ctx.task.conversation_id.as_str());
     match ctx.agent.mode {
         AgentMode::SingleTurn => single_turn::run(svc, fence, lost, &ctx).await,
@@ -126,6 +136,16 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
             }
         };
         let got = claimed.len();
+        // The claimed tasks' messages in one read; a task whose message is not among them
+        // (the read failed) reads its own.
+        let mut messages: HashMap<i64, MessageRow> = HashMap::new();
+        if got > 0 {
+            let ids: Vec<i64> = claimed.iter().map(|t| t.message_id).collect();
+            match svc.store.messages(&ids).await {
+                Ok(rows) => messages.extend(rows.into_iter().map(|m| (m.id, m))),
+                Err(e) => tracing::warn!(error = %e, "reading the claimed tasks' messages failed"),
+            }
+        }
         // Reap finished runs so the set only holds what is in flight.
         while running.try_join_next().is_some() {}
         for task in claimed {
@@ -136,6 +156,7 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
                 .expect("permit reserved by claim size");
             let svc = svc.clone();
             let shutdown = shutdown.clone();
+            let message = messages.remove(&task.message_id);
             let span = tracing::info_span!(
                 "task",
                 task_id = task.id,
@@ -143,7 +164,7 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
             );
             running.spawn(
                 async move {
-                    run_claimed(svc.clone(), task, shutdown).await;
+                    run_claimed(svc.clone(), task, message, shutdown).await;
                     drop(permit);
                     // A finished task may unblock the next message of its conversation.
                     svc.task_wake.notify_one();
@@ -176,7 +197,12 @@ pub async fn run_workers(svc: Arc<Services>, shutdown: CancellationToken) {
     tracing::info!("workers stopped");
 }
 
-async fn run_claimed(svc: Arc<Services>, task: TaskRow, shutdown: CancellationToken) {
+async fn run_claimed(
+    svc: Arc<Services>,
+    task: TaskRow,
+    message: Option<MessageRow>,
+    shutdown: CancellationToken,
+) {
     let fence = Fence {
         task_id: task.id,
         owner: svc.instance_id.clone(),
@@ -187,7 +213,7 @@ async fn run_claimed(svc: Arc<Services>, task: TaskRow, shutdown: CancellationTo
     let lost = CancellationToken::new();
     svc.track_running(task.id, Some(lost.clone()));
     let heartbeat = tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone()));
-    let result = run_task(&svc, &fence, &lost, task).await;
+    let result = run_task(&svc, &fence, &lost, task, message).await;
     heartbeat.abort();
     svc.track_running(fence.task_id, None);
     match result {

@@ -123,6 +123,9 @@ const TASK_COLUMNS: &str = concat!(
      started_at, finished_at"
 );
 
+const MESSAGE_COLUMNS: &str = "id, channel, external_event_id, external_message_id, \
+     conversation_id, sender_id, sender_name, text, received_at";
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct MessageRow {
     pub id: i64,
@@ -365,14 +368,28 @@ impl Store {
     }
 
     pub async fn message(&self, id: i64) -> StoreResult<Option<MessageRow>> {
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM im_message WHERE id = $1");
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, MessageRow>(
-                "SELECT id, channel, external_event_id, external_message_id, conversation_id, \
-                 sender_id, sender_name, text, received_at FROM im_message WHERE id = $1",
-            )
-            .bind(id)
-            .fetch_optional(pool)
-            .await?
+            sqlx::query_as::<_, MessageRow>(&sql)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+        }))
+    }
+
+    /// The messages with these ids (those that exist, in no particular order): the
+    /// messages of a claim's tasks in one statement rather than one each.
+    pub async fn messages(&self, ids: &[i64]) -> StoreResult<Vec<MessageRow>> {
+        let list = match self.dialect() {
+            Dialect::Sqlite => "SELECT value FROM json_each($1)",
+            Dialect::Postgres => {
+                "SELECT value::bigint FROM json_array_elements_text($1::text::json)"
+            }
+        };
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM im_message WHERE id IN ({list})");
+        let ids = serde_json::Value::from(ids.to_vec()).to_string();
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, MessageRow>(&sql).bind(ids).fetch_all(pool).await?
         }))
     }
 

@@ -513,6 +513,36 @@ async fn an_older_task_back_to_pending_waits_while_a_newer_one_runs() {
     db.drop_db().await;
 }
 
+/// The messages of a claim's tasks come back from one read (the worker's batch read), each
+/// the message its task was created for; ids that name no message are left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_messages_are_read_in_one_statement() {
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    for c in 0..5 {
+        store
+            .ingest_message(&msg(&format!("mr{c}"), 1), "default", now)
+            .await
+            .unwrap();
+    }
+    let claimed = store.claim_tasks("me", 5, now + LEASE, now).await.unwrap();
+    let mut ids: Vec<i64> = claimed.iter().map(|t| t.message_id).collect();
+    ids.push(i64::MAX);
+    let messages = store.messages(&ids).await.unwrap();
+    assert_eq!(messages.len(), 5);
+    for task in &claimed {
+        let m = messages.iter().find(|m| m.id == task.message_id).unwrap();
+        assert_eq!(m.conversation_id, task.conversation_id);
+        assert_eq!(
+            m.external_message_id,
+            format!("m-{}-1", task.conversation_id)
+        );
+    }
+    assert!(store.messages(&[]).await.unwrap().is_empty());
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// Several batches at once (PostgreSQL runs several journal writers, and two instances
 /// during a takeover) naming the same task rows in opposite orders: none deadlocks or fails,
 /// and every write lands. Each batch locks its task rows in id order before writing.
