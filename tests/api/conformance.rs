@@ -39,6 +39,16 @@ fn msg(conversation: &str, n: u32) -> NewMessage {
     }
 }
 
+/// One message in each of `count` conversations `{prefix}0`, `{prefix}1`, …
+async fn ingest_conversations(store: &Store, prefix: &str, count: usize, now: i64) {
+    for c in 0..count {
+        store
+            .ingest_message(&msg(&format!("{prefix}{c}"), 1), "default", now)
+            .await
+            .unwrap();
+    }
+}
+
 fn outcome(task_id: i64) -> TaskOutcome {
     TaskOutcome {
         status: TaskStatus::Succeeded,
@@ -519,12 +529,7 @@ async fn an_older_task_back_to_pending_waits_while_a_newer_one_runs() {
 async fn a_claims_messages_are_read_in_one_statement() {
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    for c in 0..5 {
-        store
-            .ingest_message(&msg(&format!("mr{c}"), 1), "default", now)
-            .await
-            .unwrap();
-    }
+    ingest_conversations(&store, "mr", 5, now).await;
     let claimed = store.claim_tasks("me", 5, now + LEASE, now).await.unwrap();
     let mut ids: Vec<i64> = claimed.iter().map(|t| t.message_id).collect();
     ids.push(i64::MAX);
@@ -551,12 +556,7 @@ async fn concurrent_batches_over_the_same_tasks_do_not_deadlock() {
     use assistd::store::writes::{WriteOp, WriteOut};
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    for c in 0..24 {
-        store
-            .ingest_message(&msg(&format!("dl{c}"), 1), "default", now)
-            .await
-            .unwrap();
-    }
+    ingest_conversations(&store, "dl", 24, now).await;
     let claimed = store.claim_tasks("me", 24, now + LEASE, now).await.unwrap();
     assert_eq!(claimed.len(), 24);
     let fences: Vec<Fence> = claimed
