@@ -281,9 +281,9 @@ mod tests {
                 r
             }
         };
-        let first = tokio::spawn(write(1, std::time::Duration::from_millis(300)));
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        let second = tokio::spawn(write(2, std::time::Duration::ZERO));
+        let first = tokio::spawn(write(1, Duration::from_millis(300)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = tokio::spawn(write(2, Duration::ZERO));
         first.await.unwrap().unwrap();
         second.await.unwrap().unwrap();
         let rows: Vec<(i64,)> = on_pool!(&store, pool => {
