@@ -227,9 +227,16 @@ impl TestApp {
 
     /// Stops the app and drops its database.
     pub async fn stop(self) {
+        let (db, _, _) = self.stop_keeping_db().await;
+        db.drop_db().await;
+    }
+
+    /// Stops the app (graceful shutdown, as on SIGTERM) and hands back its database and
+    /// mocks, for an instance started again on them.
+    pub async fn stop_keeping_db(self) -> (TestDb, MockServer, MockServer) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;
-        self.db.drop_db().await;
+        (self.db, self.model, self.receiver)
     }
 
     /// Posts `body` to the generic webhook, signed with the test secret, timestamp now.

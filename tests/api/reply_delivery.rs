@@ -142,3 +142,32 @@ async fn a_slow_reply_does_not_hold_up_the_others() {
     app.wait_replied(slow, WAIT).await;
     app.stop().await;
 }
+
+/// A reply still being delivered when the instance is told to stop is finished and recorded
+/// before it stops, so the instance started after it does not send the reply again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_in_flight_at_shutdown_is_finished_and_not_sent_again() {
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_millis(1500)))
+        .mount(&receiver)
+        .await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |_| {}).await;
+    let id = task_id_of(app.post_message(&message("c-drain", 1, "hi")).await).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while app.receiver.received_requests().await.unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the reply never left");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Stop while the receiver is still answering.
+    let (db, model, receiver) = app.stop_keeping_db().await;
+    let reply_url = format!("{}/reply", receiver.uri());
+    let config = test_config(&db.url, &model.uri(), &reply_url);
+    let again = TestApp::spawn_config(db, model, receiver, config).await;
+    let task = again.get_task(id).await;
+    assert_eq!(task["reply"]["status"], "SENT", "{task}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(again.receiver.received_requests().await.unwrap().len(), 1);
+    again.stop().await;
+}
