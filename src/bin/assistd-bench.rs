@@ -418,7 +418,7 @@ async fn in_flight(args: &Args) -> anyhow::Result<()> {
     let pid = child.id();
     let baseline = rss_kib(pid, "VmRSS:");
     let started = Instant::now();
-    send_messages(
+    let mut acks = send_messages(
         format!("127.0.0.1:{port}").parse()?,
         args.n,
         args.concurrency,
@@ -426,18 +426,21 @@ async fn in_flight(args: &Args) -> anyhow::Result<()> {
     )
     .await?;
     let ingest_time = started.elapsed();
+    acks.sort_unstable();
     wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
     let wall = started.elapsed();
     let peak = rss_kib(pid, "VmHWM:");
     let _ = child.kill();
     let _ = child.wait();
     println!(
-        "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s last_call={:.2}s first_reply={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB rss_per_task={:.1}KiB",
+        "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s ack_p50={:.2}ms ack_p99={:.2}ms last_call={:.2}s first_reply={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB rss_per_task={:.1}KiB",
         db_name(args.db),
         args.n,
         args.model_latency_ms,
         wall.as_secs_f64(),
         ingest_time.as_secs_f64(),
+        percentile(&acks, 0.50),
+        percentile(&acks, 0.99),
         mocks.mark_after(&mocks.last_call_ms, started),
         mocks.mark_after(&mocks.first_reply_ms, started),
         mocks.max_in_flight.load(Ordering::Relaxed),
