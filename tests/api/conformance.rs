@@ -523,6 +523,89 @@ async fn an_older_task_back_to_pending_waits_while_a_newer_one_runs() {
     db.drop_db().await;
 }
 
+/// A database made by an earlier release (migrations up to 0002, a `current_step` column
+/// on the task) upgrades in place: 0003 drops the column, and the task's current step is
+/// then read from its journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() {
+    let db = TestDb::new().await;
+    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    let store = Store::connect(&cfg.database).await.unwrap();
+    // The schema as the release before 0003 left it: its migration files, applied alone.
+    let dialect = if db.is_postgres() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let older = tempfile::tempdir().unwrap();
+    for file in ["0001_initial.sql", "0002_platform_callbacks.sql"] {
+        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(dialect)
+            .join(file);
+        std::fs::copy(from, older.path().join(file)).unwrap();
+    }
+    let migrator = sqlx::migrate::Migrator::new(older.path()).await.unwrap();
+    match &store {
+        Store::Sqlite(pool, _) => migrator.run(pool).await.unwrap(),
+        Store::Postgres(pool) => migrator.run(pool).await.unwrap(),
+    }
+    publish(&store, &cfg).await;
+    let now = now_ms();
+    let id = store
+        .ingest_message(&msg("upgrade", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let claimed = store.claim_tasks("me", 1, now + LEASE, now).await.unwrap();
+    let fence = Fence {
+        task_id: id,
+        owner: "me".into(),
+        version: claimed[0].version,
+    };
+    let set_stored = "UPDATE agent_task SET current_step = 9 WHERE id = $1";
+    match &store {
+        Store::Sqlite(pool, _) => {
+            sqlx::query(set_stored)
+                .bind(id)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        Store::Postgres(pool) => {
+            sqlx::query(set_stored)
+                .bind(id)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+    }
+
+    store.migrate().await.unwrap();
+    assert_eq!(store.task(id).await.unwrap().unwrap().current_step, 0);
+    let step = NewStep {
+        step_no: 3,
+        step_type: StepType::Tool,
+        tool_name: "t",
+        idempotency_key: "upgrade:3:t",
+        input: "{}",
+    };
+    assert!(
+        store
+            .apply_one(
+                assistd::store::writes::WriteOp::begin_step(&fence, &step),
+                now
+            )
+            .await
+            .unwrap()
+            .step()
+            .is_some()
+    );
+    assert_eq!(store.task(id).await.unwrap().unwrap().current_step, 3);
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// The messages of a claim's tasks come back from one read (the worker's batch read), each
 /// the message its task was created for; ids that name no message are left out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
