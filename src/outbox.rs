@@ -49,8 +49,9 @@ pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
         if pending && free > 0 && ready {
             let now = now_ms();
             let lease_until = now + (cfg.lease_secs as i64) * 1000;
-            // This claim picks up whatever is due by now, deferred replies included.
-            deferred = None;
+            // This claim picks up whatever is due by now; a reply deferred to later is not,
+            // so its time is kept for the wait below.
+            deferred = deferred.filter(|&at| at > now);
             let due = match svc
                 .store
                 .claim_due_replies(&svc.instance_id, free, lease_until, now)

@@ -2,7 +2,7 @@
 //! it only lands while `owner` and `version` are still the worker's, so a worker that lost
 //! its lease cannot overwrite the work of the instance that took the task over.
 
-use super::writes::{audit_row, insert_audits_sql};
+use super::writes::{audit_row, insert_audits_sql, json_ids};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{
     AuditEvent, FailureType, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
@@ -380,13 +380,10 @@ impl Store {
     /// The messages with these ids (those that exist, in no particular order): the
     /// messages of a claim's tasks in one statement rather than one each.
     pub async fn messages(&self, ids: &[i64]) -> StoreResult<Vec<MessageRow>> {
-        let list = match self.dialect() {
-            Dialect::Sqlite => "SELECT value FROM json_each($1)",
-            Dialect::Postgres => {
-                "SELECT value::bigint FROM json_array_elements_text($1::text::json)"
-            }
-        };
-        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM im_message WHERE id IN ({list})");
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS} FROM im_message WHERE id IN ({})",
+            json_ids(self.dialect())
+        );
         let ids = serde_json::Value::from(ids.to_vec()).to_string();
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, MessageRow>(&sql).bind(ids).fetch_all(pool).await?

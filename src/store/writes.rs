@@ -474,10 +474,10 @@ impl BatchSql {
             )
         };
         let owned = format!("EXISTS (SELECT 1 FROM agent_task t WHERE {})", fence("t"));
-        let lock_tasks = "SELECT id FROM agent_task WHERE id IN \
-             (SELECT value::bigint FROM json_array_elements_text($1::text::json)) \
-             ORDER BY id FOR UPDATE"
-            .to_string();
+        let lock_tasks = format!(
+            "SELECT id FROM agent_task WHERE id IN ({}) ORDER BY id FOR UPDATE",
+            json_ids(Dialect::Postgres)
+        );
         let renew = format!(
             "UPDATE agent_task SET lease_expire = v.lease_until, updated_at = $2 \
              FROM {} WHERE {} RETURNING agent_task.id",
@@ -609,6 +609,14 @@ pub(super) fn json_rows(sqlite: bool, cols: &[(&str, &str)]) -> String {
             "json_to_recordset($1::text::json) AS v({})",
             fields.join(", ")
         )
+    }
+}
+
+/// The ids of the JSON array bound as `$1`, as a subquery: `… WHERE id IN (<this>)`.
+pub(super) fn json_ids(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Sqlite => "SELECT value FROM json_each($1)",
+        Dialect::Postgres => "SELECT value::bigint FROM json_array_elements_text($1::text::json)",
     }
 }
 

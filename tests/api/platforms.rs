@@ -1617,3 +1617,62 @@ async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
     }
     app.stop().await;
 }
+
+/// A reply held back by its chat's pace goes when its time comes, even if the outbox claimed
+/// other replies in between (it must not fall back to the poll interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_reply_keeps_its_time_across_other_claims() {
+    let api = MockServer::start().await;
+    let arrivals = Arrivals::default();
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
+        .respond_with(arrivals.clone())
+        .mount(&api)
+        .await;
+    let app = spawn_platforms(&api, |c| {
+        c.channels.telegram.per_chat_interval_ms = 300;
+        c.outbox.poll_interval_ms = 15_000;
+    })
+    .await;
+    let mut busy = Vec::new();
+    for i in 0..2 {
+        let resp = app
+            .telegram(
+                &tg_update(300 + i, -7, 30 + i, 42, &format!("q{i}")),
+                Some(TG_SECRET),
+            )
+            .await;
+        busy.push(task_id_of(resp).await);
+    }
+    // The first reply went; the second is deferred by the pace. Now another chat's reply
+    // makes the outbox claim again before the deferred one is due.
+    let deadline = std::time::Instant::now() + WAIT;
+    while arrivals.0.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no reply left");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let quiet = task_id_of(
+        app.telegram(&tg_update(400, -8, 1, 43, "quiet chat"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    for id in busy.iter().chain([&quiet]) {
+        app.wait_replied(*id, WAIT).await;
+    }
+    let sent: Vec<std::time::Instant> = arrivals
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, b)| b["chat_id"] == "-7")
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(sent.len(), 2);
+    let gap = sent[1] - sent[0];
+    assert!(
+        gap < Duration::from_secs(5),
+        "the paced reply went {gap:?} after the first (poll interval 15 s)"
+    );
+    app.stop().await;
+}
