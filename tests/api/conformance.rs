@@ -49,6 +49,15 @@ async fn ingest_conversations(store: &Store, prefix: &str, count: usize, now: i6
     }
 }
 
+/// The fence of a task as `owner` claimed it.
+fn fence_of(task: &assistd::store::tasks::TaskRow, owner: &str) -> Fence {
+    Fence {
+        task_id: task.id,
+        owner: owner.into(),
+        version: task.version,
+    }
+}
+
 fn outcome(task_id: i64) -> TaskOutcome {
     TaskOutcome {
         status: TaskStatus::Succeeded,
@@ -558,11 +567,8 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
         .unwrap()
         .task_id;
     let claimed = store.claim_tasks("me", 1, now + LEASE, now).await.unwrap();
-    let fence = Fence {
-        task_id: id,
-        owner: "me".into(),
-        version: claimed[0].version,
-    };
+    assert_eq!(claimed[0].id, id);
+    let fence = fence_of(&claimed[0], "me");
     let set_stored = "UPDATE agent_task SET current_step = 9 WHERE id = $1";
     match &store {
         Store::Sqlite(pool, _) => {
@@ -642,14 +648,7 @@ async fn concurrent_batches_over_the_same_tasks_do_not_deadlock() {
     ingest_conversations(&store, "dl", 24, now).await;
     let claimed = store.claim_tasks("me", 24, now + LEASE, now).await.unwrap();
     assert_eq!(claimed.len(), 24);
-    let fences: Vec<Fence> = claimed
-        .iter()
-        .map(|t| Fence {
-            task_id: t.id,
-            owner: "me".into(),
-            version: t.version,
-        })
-        .collect();
+    let fences: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "me")).collect();
     let mut batches = tokio::task::JoinSet::new();
     for b in 0..8usize {
         let store = store.clone();
@@ -714,11 +713,7 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
         .unwrap()
         .task_id;
     let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
-    let fence = |id: i64| Fence {
-        task_id: id,
-        owner: "me".into(),
-        version: claimed.iter().find(|c| c.id == id).unwrap().version,
-    };
+    let fence = |id: i64| fence_of(claimed.iter().find(|c| c.id == id).unwrap(), "me");
     let stale = Fence {
         version: fence(b).version - 1,
         ..fence(b)

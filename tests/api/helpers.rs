@@ -156,10 +156,15 @@ pub fn chat_path() -> wiremock::matchers::PathExactMatcher {
 
 /// A mock receiver that accepts every reply.
 pub async fn accepting_receiver() -> MockServer {
+    receiver_answering(ResponseTemplate::new(200)).await
+}
+
+/// A mock receiver that answers every reply with `answer`.
+pub async fn receiver_answering(answer: ResponseTemplate) -> MockServer {
     let receiver = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/reply"))
-        .respond_with(ResponseTemplate::new(200))
+        .respond_with(answer)
         .mount(&receiver)
         .await;
     receiver

@@ -80,12 +80,7 @@ async fn receiver_errors_are_retried_with_the_same_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_is_given_up_after_max_attempts_when_configured() {
-    let receiver = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .respond_with(ResponseTemplate::new(500))
-        .mount(&receiver)
-        .await;
+    let receiver = receiver_answering(ResponseTemplate::new(500)).await;
     let model = echo_model().await;
     let app = TestApp::spawn_with(model, receiver, |c| c.outbox.max_attempts = 2).await;
     let id = task_id_of(app.post_message(&message("c-giveup", 1, "hi")).await).await;
@@ -147,12 +142,8 @@ async fn a_slow_reply_does_not_hold_up_the_others() {
 /// before it stops, so the instance started after it does not send the reply again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_in_flight_at_shutdown_is_finished_and_not_sent_again() {
-    let receiver = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_millis(1500)))
-        .mount(&receiver)
-        .await;
+    let receiver =
+        receiver_answering(ResponseTemplate::new(200).set_delay(Duration::from_millis(1500))).await;
     let app = TestApp::spawn_with(echo_model().await, receiver, |_| {}).await;
     let id = task_id_of(app.post_message(&message("c-drain", 1, "hi")).await).await;
     let deadline = std::time::Instant::now() + WAIT;
