@@ -1557,8 +1557,23 @@ impl wiremock::Respond for Arrivals {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
+impl Arrivals {
+    /// When the sends into chat `chat_id` arrived, in order.
+    fn sent_to_chat(&self, chat_id: &str) -> Vec<std::time::Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, b)| b["chat_id"] == chat_id)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+}
+
+/// The platforms app with its Telegram sends recorded in `Arrivals`.
+async fn telegram_with_arrivals(
+    tweak: impl FnOnce(&mut assistd::Config),
+) -> (MockServer, Arrivals, TestApp) {
     let api = MockServer::start().await;
     let arrivals = Arrivals::default();
     Mock::given(method("POST"))
@@ -1566,7 +1581,14 @@ async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
         .respond_with(arrivals.clone())
         .mount(&api)
         .await;
-    let app = spawn_platforms(&api, |c| c.channels.telegram.per_chat_interval_ms = 400).await;
+    let app = spawn_platforms(&api, tweak).await;
+    (api, arrivals, app)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
+    let (_api, arrivals, app) =
+        telegram_with_arrivals(|c| c.channels.telegram.per_chat_interval_ms = 400).await;
     // Four questions in one busy chat, then one in a quiet chat.
     let mut ids = Vec::new();
     for i in 0..4 {
@@ -1586,12 +1608,7 @@ async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
     for id in ids.iter().chain([&quiet]) {
         app.wait_replied(*id, WAIT).await;
     }
-    let arrivals = arrivals.0.lock().unwrap().clone();
-    let busy: Vec<std::time::Instant> = arrivals
-        .iter()
-        .filter(|(_, b)| b["chat_id"] == "-7")
-        .map(|(t, _)| *t)
-        .collect();
+    let busy = arrivals.sent_to_chat("-7");
     assert_eq!(busy.len(), 4, "every reply sent once");
     for pair in busy.windows(2) {
         let gap = pair[1] - pair[0];
@@ -1601,11 +1618,7 @@ async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
             "sends into one chat {gap:?} apart"
         );
     }
-    let quiet_at = arrivals
-        .iter()
-        .find(|(_, b)| b["chat_id"] == "-8")
-        .map(|(t, _)| *t)
-        .unwrap();
+    let quiet_at = arrivals.sent_to_chat("-8")[0];
     assert!(
         quiet_at < *busy.last().unwrap(),
         "the quiet chat's reply did not wait behind the busy chat"
@@ -1622,14 +1635,7 @@ async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
 /// other replies in between (it must not fall back to the poll interval).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paced_reply_keeps_its_time_across_other_claims() {
-    let api = MockServer::start().await;
-    let arrivals = Arrivals::default();
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
-        .respond_with(arrivals.clone())
-        .mount(&api)
-        .await;
-    let app = spawn_platforms(&api, |c| {
+    let (_api, arrivals, app) = telegram_with_arrivals(|c| {
         c.channels.telegram.per_chat_interval_ms = 300;
         c.outbox.poll_interval_ms = 15_000;
     })
@@ -1660,14 +1666,7 @@ async fn a_paced_reply_keeps_its_time_across_other_claims() {
     for id in busy.iter().chain([&quiet]) {
         app.wait_replied(*id, WAIT).await;
     }
-    let sent: Vec<std::time::Instant> = arrivals
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(_, b)| b["chat_id"] == "-7")
-        .map(|(t, _)| *t)
-        .collect();
+    let sent = arrivals.sent_to_chat("-7");
     assert_eq!(sent.len(), 2);
     let gap = sent[1] - sent[0];
     assert!(
