@@ -613,7 +613,8 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
 }
 
 /// The messages of a claim's tasks come back from one read (the worker's batch read), each
-/// the message its task was created for; ids that name no message are left out.
+/// the message its task was created for; ids that name no message are left out. The claim
+/// audited each of its tasks once, under the task's own id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claims_messages_are_read_in_one_statement() {
     let (db, store) = fresh_store().await;
@@ -633,6 +634,21 @@ async fn a_claims_messages_are_read_in_one_statement() {
         );
     }
     assert!(store.messages(&[]).await.unwrap().is_empty());
+    for task in &claimed {
+        let running: Vec<_> = store
+            .task_audit(task.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.event == assistd::domain::AuditEvent::TaskRunning)
+            .collect();
+        assert_eq!(running.len(), 1, "{running:?}");
+        assert_eq!(running[0].task_id, Some(task.id));
+        assert_eq!(
+            (running[0].actor.as_str(), running[0].summary.as_str()),
+            ("me", "claimed by me")
+        );
+    }
     store.close().await;
     db.drop_db().await;
 }
