@@ -139,7 +139,7 @@ pub struct MessageRow {
     pub received_at: i64,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct StepRow {
     pub id: i64,
     pub task_id: i64,

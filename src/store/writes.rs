@@ -105,94 +105,137 @@ impl Store {
         let sqlite = self.dialect() == Dialect::Sqlite;
         let sql = BatchSql::get(self.dialect());
         let renewals = rounds(ops, |op| match op {
-            WriteOp::RenewLease { fence, .. } => Some(fence.task_id),
+            WriteOp::RenewLease { fence, lease_until } => Some((
+                fence.task_id,
+                fenced_row(fence, json!({ "lease_until": lease_until })),
+            )),
             _ => None,
         });
         let begins = rounds(ops, |op| match op {
             WriteOp::BeginStep {
-                idempotency_key, ..
-            } => Some(idempotency_key.as_str()),
+                fence,
+                step_no,
+                step_type,
+                tool_name,
+                idempotency_key,
+                input,
+            } => Some((
+                idempotency_key.as_str(),
+                fenced_row(
+                    fence,
+                    json!({
+                        "step_no": step_no,
+                        "step_type": step_type.as_str(),
+                        "tool_name": tool_name,
+                        "idempotency_key": idempotency_key,
+                        "input": input,
+                    }),
+                ),
+            )),
             _ => None,
         });
-        let completions = rounds(ops, |op| op.step_result().map(|(_, step)| step.step_id));
+        let completions = rounds(ops, |op| {
+            let (fence, step) = op.step_result()?;
+            Some((
+                step.step_id,
+                fenced_row(
+                    fence,
+                    json!({
+                        "step_id": step.step_id,
+                        "status": step.status.as_str(),
+                        "output": step.output,
+                        "error": step.error,
+                        "tokens_in": step.tokens_in,
+                        "tokens_out": step.tokens_out,
+                        "duration_ms": step.duration_ms,
+                        "attempts": step.attempts,
+                    }),
+                ),
+            ))
+        });
         let finishes = rounds(ops, |op| match op {
-            WriteOp::FinishTask { fence, .. } => Some(fence.task_id),
+            WriteOp::FinishTask { fence, outcome } => Some((
+                fence.task_id,
+                fenced_row(
+                    fence,
+                    json!({
+                        "status": outcome.status.as_str(),
+                        "result": outcome.result,
+                        "failure_type": outcome.failure_type.map(|f| f.as_str()),
+                        "error": outcome.error,
+                        "retries": outcome.retries,
+                        "trace": outcome.trace,
+                    }),
+                ),
+            )),
             _ => None,
         });
         let marks = rounds(ops, |op| match op {
-            WriteOp::MarkReplySent { reply_id, .. } => Some(*reply_id),
+            WriteOp::MarkReplySent {
+                reply_id,
+                owner,
+                platform_message_id,
+                ..
+            } => Some((
+                *reply_id,
+                json!({
+                    "reply_id": reply_id,
+                    "owner": owner,
+                    "platform_message_id": platform_message_id,
+                }),
+            )),
             _ => None,
         });
+        // PostgreSQL: the task rows the batch fences, locked in id order first.
+        let mut fenced: Vec<i64> = Vec::new();
+        if !sqlite {
+            fenced = ops
+                .iter()
+                .filter(|op| !matches!(op, WriteOp::MarkReplySent { .. }))
+                .map(WriteOp::task_id)
+                .collect();
+            fenced.sort_unstable();
+            fenced.dedup();
+        }
         write_tx!(self, tx => {
-            if !sqlite {
-                let mut fenced: Vec<i64> = ops
-                    .iter()
-                    .filter(|op| !matches!(op, WriteOp::MarkReplySent { .. }))
-                    .map(WriteOp::task_id)
-                    .collect();
-                fenced.sort_unstable();
-                fenced.dedup();
-                if !fenced.is_empty() {
-                    sqlx::query(&sql.lock_tasks)
-                        .bind(Value::from(fenced).to_string())
-                        .fetch_all(&mut *tx)
-                        .await?;
-                }
+            if !fenced.is_empty() {
+                sqlx::query(&sql.lock_tasks)
+                    .bind(Value::from(fenced).to_string())
+                    .fetch_all(&mut *tx)
+                    .await?;
             }
             for round in &renewals {
-                let rows = rows_json(round, ops, |op| match op {
-                    WriteOp::RenewLease { fence, lease_until } => {
-                        fenced_row(fence, json!({ "lease_until": lease_until }))
-                    }
-                    _ => Value::Null,
-                });
+                let rows = round.rows.as_str();
                 let renewed = landed_ids!(&mut *tx, &sql.renew, rows, now);
-                for &i in round {
+                for &i in &round.ops {
                     answers[i] = Some(WriteOut::Done(renewed.contains(&ops[i].task_id())));
                 }
             }
             for round in &begins {
-                let rows = rows_json(round, ops, |op| match op {
-                    WriteOp::BeginStep {
-                        fence,
-                        step_no,
-                        step_type,
-                        tool_name,
-                        idempotency_key,
-                        input,
-                    } => fenced_row(
-                        fence,
-                        json!({
-                            "step_no": step_no,
-                            "step_type": step_type.as_str(),
-                            "tool_name": tool_name,
-                            "idempotency_key": idempotency_key,
-                            "input": input,
-                        }),
-                    ),
-                    _ => Value::Null,
-                });
-                let mut inserted: HashMap<String, StepRow> =
-                    sqlx::query_as::<_, StepRow>(&sql.begin)
+                let rows = round.rows.as_str();
+                // Only the new rows' ids come back: the rest of each row is the operation's.
+                let inserted: HashMap<String, i64> =
+                    sqlx::query_as::<_, (i64, String)>(&sql.begin)
                         .bind(rows)
                         .bind(now)
                         .bind(StepStatus::Pending)
                         .fetch_all(&mut *tx)
                         .await?
                         .into_iter()
-                        .map(|row| (row.idempotency_key.clone(), row))
+                        .map(|(id, key)| (key, id))
                         .collect();
-                for &i in round {
+                for &i in &round.ops {
+                    let op = &ops[i];
                     let WriteOp::BeginStep {
                         fence,
                         idempotency_key,
                         ..
-                    } = &ops[i]
+                    } = op
                     else {
                         continue;
                     };
-                    let row = match inserted.remove(idempotency_key) {
-                        Some(row) => Some(row),
+                    let row = match inserted.get(idempotency_key) {
+                        Some(&id) => op.begun_step(id, now),
                         // Journalled before (a resume), or no longer ours: read it as it
                         // stands, if still ours.
                         None => {
@@ -211,24 +254,9 @@ impl Store {
             // Before the finishes: a finishing task's last step is fenced on the version the
             // finish is about to bump.
             for round in &completions {
-                let rows = rows_json(round, ops, |op| match op.step_result() {
-                    Some((fence, step)) => fenced_row(
-                        fence,
-                        json!({
-                            "step_id": step.step_id,
-                            "status": step.status.as_str(),
-                            "output": step.output,
-                            "error": step.error,
-                            "tokens_in": step.tokens_in,
-                            "tokens_out": step.tokens_out,
-                            "duration_ms": step.duration_ms,
-                            "attempts": step.attempts,
-                        }),
-                    ),
-                    None => Value::Null,
-                });
+                let rows = round.rows.as_str();
                 let written = landed_ids!(&mut *tx, &sql.complete, rows, now);
-                for &i in round {
+                for &i in &round.ops {
                     if let WriteOp::CompleteStep { step, .. } = &ops[i] {
                         answers[i] = Some(WriteOut::Done(written.contains(&step.step_id)));
                     }
@@ -236,23 +264,10 @@ impl Store {
             }
             let mut audits: Vec<Value> = Vec::new();
             for round in &finishes {
-                let rows = rows_json(round, ops, |op| match op {
-                    WriteOp::FinishTask { fence, outcome } => fenced_row(
-                        fence,
-                        json!({
-                            "status": outcome.status.as_str(),
-                            "result": outcome.result,
-                            "failure_type": outcome.failure_type.map(|f| f.as_str()),
-                            "error": outcome.error,
-                            "retries": outcome.retries,
-                            "trace": outcome.trace,
-                        }),
-                    ),
-                    _ => Value::Null,
-                });
+                let rows = round.rows.as_str();
                 let owned = landed_ids!(&mut *tx, &sql.finish, rows, now);
                 let mut replies: Vec<Value> = Vec::new();
-                for &i in round {
+                for &i in &round.ops {
                     let WriteOp::FinishTask { fence, outcome } = &ops[i] else {
                         continue;
                     };
@@ -288,21 +303,9 @@ impl Store {
                 }
             }
             for round in &marks {
-                let rows = rows_json(round, ops, |op| match op {
-                    WriteOp::MarkReplySent {
-                        reply_id,
-                        owner,
-                        platform_message_id,
-                        ..
-                    } => json!({
-                        "reply_id": reply_id,
-                        "owner": owner,
-                        "platform_message_id": platform_message_id,
-                    }),
-                    _ => Value::Null,
-                });
+                let rows = round.rows.as_str();
                 let held = landed_ids!(&mut *tx, &sql.mark_sent, rows, now, ReplyStatus::Sent);
-                for &i in round {
+                for &i in &round.ops {
                     let WriteOp::MarkReplySent {
                         reply_id,
                         task_id,
@@ -394,6 +397,40 @@ impl WriteOp {
             WriteOp::FinishTask { fence, outcome } => outcome.step.as_ref().map(|s| (fence, s)),
             _ => None,
         }
+    }
+
+    /// The PENDING step row a `BeginStep` inserted as `id` at `now` (`None` for any other
+    /// operation), as the begin statement wrote it.
+    fn begun_step(&self, id: i64, now: i64) -> Option<StepRow> {
+        let WriteOp::BeginStep {
+            fence,
+            step_no,
+            step_type,
+            tool_name,
+            idempotency_key,
+            input,
+        } = self
+        else {
+            return None;
+        };
+        Some(StepRow {
+            id,
+            task_id: fence.task_id,
+            step_no: *step_no,
+            step_type: *step_type,
+            tool_name: tool_name.clone(),
+            idempotency_key: idempotency_key.clone(),
+            input: Some(input.clone()),
+            output: None,
+            error: None,
+            status: StepStatus::Pending,
+            tokens_in: None,
+            tokens_out: None,
+            duration_ms: None,
+            attempt: 0,
+            created_at: now,
+            finished_at: None,
+        })
     }
 
     /// The task the operation is about.
@@ -492,7 +529,7 @@ impl BatchSql {
              input, status, attempt, created_at) \
              SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
              $3, 0, $2 FROM {} WHERE {owned} \
-             ON CONFLICT (idempotency_key) DO NOTHING RETURNING {STEP_COLUMNS}",
+             ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key",
             fenced_rows(&[
                 ("step_no", "bigint"),
                 ("step_type", "text"),
@@ -620,30 +657,41 @@ pub(super) fn json_ids(dialect: Dialect) -> &'static str {
     }
 }
 
+/// One statement's share of a batch: the operations it carries (indices into the batch) and
+/// their rows, as the JSON array bound as `$1`.
+struct Round {
+    ops: Vec<usize>,
+    rows: String,
+}
+
 /// The operations of `ops` that have a key, split into rounds in which no key repeats: the
 /// first operation of each key in the first round, the second in the second, and so on.
+/// `keyed_row` gives an operation's key and row; the rows are built here, before the batch
+/// takes its write turn.
 fn rounds<'a, K: Eq + Hash>(
     ops: &'a [WriteOp],
-    key: impl Fn(&'a WriteOp) -> Option<K>,
-) -> Vec<Vec<usize>> {
+    keyed_row: impl Fn(&'a WriteOp) -> Option<(K, Value)>,
+) -> Vec<Round> {
     let mut seen: HashMap<K, usize> = HashMap::new();
-    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    let mut rounds: Vec<(Vec<usize>, Vec<Value>)> = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        if let Some(k) = key(op) {
+        if let Some((k, row)) = keyed_row(op) {
             let n = seen.entry(k).or_insert(0);
             if rounds.len() <= *n {
-                rounds.push(Vec::new());
+                rounds.push((Vec::new(), Vec::new()));
             }
-            rounds[*n].push(i);
+            rounds[*n].0.push(i);
+            rounds[*n].1.push(row);
             *n += 1;
         }
     }
     rounds
-}
-
-/// The JSON array of the rows of `ops[indices]`.
-fn rows_json(indices: &[usize], ops: &[WriteOp], row: impl Fn(&WriteOp) -> Value) -> String {
-    Value::Array(indices.iter().map(|&i| row(&ops[i])).collect()).to_string()
+        .into_iter()
+        .map(|(ops, rows)| Round {
+            ops,
+            rows: Value::Array(rows).to_string(),
+        })
+        .collect()
 }
 
 /// `fields` with the fence of `fence` added.

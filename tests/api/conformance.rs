@@ -359,6 +359,12 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
     );
     let row = store.begin_step(&new, &step, later).await.unwrap().unwrap();
     assert_eq!(row.status, StepStatus::Pending);
+    // The begin returns only the new row's id; the rest is built from what it wrote.
+    assert_eq!(
+        store.task_steps(id).await.unwrap(),
+        vec![row.clone()],
+        "the begun step is the journalled row"
+    );
     assert!(!store.record_step_attempt(&old, row.id, 1).await.unwrap());
 
     let mut done = outcome(id);
