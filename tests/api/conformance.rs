@@ -860,3 +860,122 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// Group commit over the real database: a batch that fails as a whole (here one step begin
+/// breaks the journal's unique step number) is rolled back entirely and each operation is
+/// applied again alone, so the bad one fails by itself and the others land exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
+    use std::sync::{Arc, Mutex};
+
+    use assistd::store::group::GroupCommit;
+    use assistd::store::writes::{WriteOp, WriteOut};
+    use assistd::store::{StoreError, StoreResult};
+
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let a = store
+        .ingest_message(&msg("a", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let b = store
+        .ingest_message(&msg("b", 1), "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
+    let fence = |id: i64| fence_of(claimed.iter().find(|c| c.id == id).unwrap(), "me");
+
+    // Batches as applied, by size; the first is held so the rest queue up behind it.
+    let sizes = Arc::new(Mutex::new(Vec::<usize>::new()));
+    let queue: GroupCommit<WriteOp, WriteOut> = {
+        let (store, sizes) = (store.clone(), sizes.clone());
+        GroupCommit::start(
+            "test",
+            1,
+            64,
+            Arc::new(move |ops: &[WriteOp]| {
+                let (store, sizes) = (store.clone(), sizes.clone());
+                Box::pin(async move {
+                    let first = {
+                        let mut sizes = sizes.lock().unwrap();
+                        sizes.push(ops.len());
+                        sizes.len() == 1
+                    };
+                    if first {
+                        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    }
+                    let out = store.apply_writes(ops, now_ms()).await?;
+                    Ok(out.into_iter().map(Ok).collect())
+                })
+            }),
+        )
+    };
+    let queue = Arc::new(queue);
+    // Queued in this order: each submission is given a moment to enter the queue.
+    let submit = async |op: WriteOp| {
+        let queue = queue.clone();
+        let handle = tokio::spawn(async move { queue.submit(op).await });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        handle
+    };
+    let held = submit(WriteOp::RenewLease {
+        fence: fence(b),
+        lease_until: now + LEASE,
+    })
+    .await;
+    let step = |no: i64, key: &'static str| NewStep {
+        step_no: no,
+        step_type: StepType::Llm,
+        tool_name: "chat",
+        idempotency_key: key,
+        input: "{}",
+    };
+    let good_begin = submit(WriteOp::begin_step(&fence(a), &step(1, "a:1:chat"))).await;
+    // Step 1 of task `a` again under another key: breaks the unique (task, step number).
+    let bad_begin = submit(WriteOp::begin_step(&fence(a), &step(1, "a:1:other"))).await;
+    let finish = submit(WriteOp::FinishTask {
+        fence: fence(b),
+        outcome: Box::new(outcome(b)),
+    })
+    .await;
+    let results: Vec<StoreResult<WriteOut>> = vec![
+        held.await.unwrap(),
+        good_begin.await.unwrap(),
+        bad_begin.await.unwrap(),
+        finish.await.unwrap(),
+    ];
+    assert_eq!(
+        *sizes.lock().unwrap(),
+        vec![1, 3, 1, 1, 1],
+        "the three queued writes went as one batch, then one by one"
+    );
+    let mut results = results.into_iter();
+    assert!(results.next().unwrap().unwrap().done(), "lease renewed");
+    let begun = results.next().unwrap().unwrap().step().expect("good begin");
+    assert_eq!(begun.idempotency_key, "a:1:chat");
+    assert!(
+        matches!(results.next().unwrap(), Err(StoreError::UniqueViolation(_))),
+        "the bad begin fails alone"
+    );
+    assert!(results.next().unwrap().unwrap().done(), "finish landed");
+
+    let steps = store.task_steps(a).await.unwrap();
+    assert_eq!(steps, vec![begun], "one step 1 for task a, the good one");
+    assert_eq!(
+        store.task(b).await.unwrap().unwrap().status,
+        TaskStatus::Succeeded
+    );
+    assert!(store.task_reply(b).await.unwrap().is_some());
+    let finished: Vec<_> = store
+        .task_audit(b)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event == assistd::domain::AuditEvent::TaskSucceeded)
+        .collect();
+    assert_eq!(finished.len(), 1, "the finish was audited once");
+    store.close().await;
+    db.drop_db().await;
+}
