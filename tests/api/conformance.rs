@@ -913,18 +913,6 @@ async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
         )
     };
     let queue = Arc::new(queue);
-    // Queued in this order: each submission is given a moment to enter the queue.
-    let submit = async |op: WriteOp| {
-        let queue = queue.clone();
-        let handle = tokio::spawn(async move { queue.submit(op).await });
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        handle
-    };
-    let held = submit(WriteOp::RenewLease {
-        fence: fence(b),
-        lease_until: now + LEASE,
-    })
-    .await;
     let step = |no: i64, key: &'static str| NewStep {
         step_no: no,
         step_type: StepType::Llm,
@@ -932,20 +920,31 @@ async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
         idempotency_key: key,
         input: "{}",
     };
-    let good_begin = submit(WriteOp::begin_step(&fence(a), &step(1, "a:1:chat"))).await;
-    // Step 1 of task `a` again under another key: breaks the unique (task, step number).
-    let bad_begin = submit(WriteOp::begin_step(&fence(a), &step(1, "a:1:other"))).await;
-    let finish = submit(WriteOp::FinishTask {
-        fence: fence(b),
-        outcome: Box::new(outcome(b)),
-    })
-    .await;
-    let results: Vec<StoreResult<WriteOut>> = vec![
-        held.await.unwrap(),
-        good_begin.await.unwrap(),
-        bad_begin.await.unwrap(),
-        finish.await.unwrap(),
+    let ops = [
+        // Held in its batch while the rest queue up.
+        WriteOp::RenewLease {
+            fence: fence(b),
+            lease_until: now + LEASE,
+        },
+        WriteOp::begin_step(&fence(a), &step(1, "a:1:chat")),
+        // Step 1 of task `a` again under another key: breaks the unique (task, step number).
+        WriteOp::begin_step(&fence(a), &step(1, "a:1:other")),
+        WriteOp::FinishTask {
+            fence: fence(b),
+            outcome: Box::new(outcome(b)),
+        },
     ];
+    // Queued in this order: each submission is given a moment to enter the queue.
+    let mut handles = Vec::new();
+    for op in ops {
+        let queue = queue.clone();
+        handles.push(tokio::spawn(async move { queue.submit(op).await }));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut results: Vec<StoreResult<WriteOut>> = Vec::new();
+    for handle in handles {
+        results.push(handle.await.unwrap());
+    }
     assert_eq!(
         *sizes.lock().unwrap(),
         vec![1, 3, 1, 1, 1],
