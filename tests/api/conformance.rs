@@ -335,6 +335,19 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
         .remove(0);
     assert_eq!(second.id, id);
     assert_eq!(second.claim_count, 2);
+    let claims: Vec<String> = store
+        .task_audit(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event == assistd::domain::AuditEvent::TaskRunning)
+        .map(|e| e.summary)
+        .collect();
+    assert_eq!(
+        claims,
+        ["claimed by old", "claimed by new (claim 2, resumed)"],
+        "each claim audited, a takeover as a resume"
+    );
     let new = Fence {
         task_id: id,
         owner: "new".into(),
