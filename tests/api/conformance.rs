@@ -49,6 +49,15 @@ async fn ingest_conversations(store: &Store, prefix: &str, count: usize, now: i6
     }
 }
 
+/// Ingests message `seq` of `conversation`; the id of the task it created.
+async fn ingest(store: &Store, conversation: &str, seq: u32, now: i64) -> i64 {
+    store
+        .ingest_message(&msg(conversation, seq), "default", now)
+        .await
+        .unwrap()
+        .task_id
+}
+
 /// The fence of a task as `owner` claimed it.
 fn fence_of(task: &assistd::store::tasks::TaskRow, owner: &str) -> Fence {
     Fence {
@@ -216,21 +225,9 @@ async fn concurrent_ingest_of_one_message_makes_one_task() {
 async fn claims_take_the_oldest_task_of_each_conversation_only() {
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let a1 = store
-        .ingest_message(&msg("a", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
-    let a2 = store
-        .ingest_message(&msg("a", 2), "default", now)
-        .await
-        .unwrap()
-        .task_id;
-    let b1 = store
-        .ingest_message(&msg("b", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let a1 = ingest(&store, "a", 1, now).await;
+    let a2 = ingest(&store, "a", 2, now).await;
+    let b1 = ingest(&store, "b", 1, now).await;
     let claimed = store.claim_tasks("w1", 10, now + LEASE, now).await.unwrap();
     let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
     assert_eq!(ids, [a1, b1]);
@@ -303,11 +300,7 @@ async fn concurrent_claimers_never_run_two_tasks_of_one_conversation() {
 async fn a_worker_that_lost_its_lease_cannot_write() {
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let id = store
-        .ingest_message(&msg("c", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let id = ingest(&store, "c", 1, now).await;
     let first = store
         .claim_tasks("old", 1, now + 1_000, now)
         .await
@@ -430,11 +423,7 @@ async fn a_changed_agent_definition_becomes_a_new_version() {
         1
     );
     let now = now_ms();
-    let t1 = store
-        .ingest_message(&msg("c", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let t1 = ingest(&store, "c", 1, now).await;
     cfg.agents.get_mut("default").unwrap().system_prompt = "You are terse.".into();
     publish(&store, &cfg).await;
     let v2 = store
@@ -444,11 +433,7 @@ async fn a_changed_agent_definition_becomes_a_new_version() {
         .unwrap();
     assert_eq!(v2.version_no, 2);
     assert!(v2.definition.contains("You are terse."));
-    let t2 = store
-        .ingest_message(&msg("c", 2), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let t2 = ingest(&store, "c", 2, now).await;
     let task1 = store.task(t1).await.unwrap().unwrap();
     let task2 = store.task(t2).await.unwrap().unwrap();
     assert_ne!(task1.agent_version_id, task2.agent_version_id);
@@ -502,21 +487,9 @@ async fn an_older_task_back_to_pending_waits_while_a_newer_one_runs() {
     // that is RUNNING now: claiming it would break one-RUNNING-per-conversation.
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let a = store
-        .ingest_message(&msg("c", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
-    let b = store
-        .ingest_message(&msg("c", 2), "default", now)
-        .await
-        .unwrap()
-        .task_id;
-    let other = store
-        .ingest_message(&msg("d", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let a = ingest(&store, "c", 1, now).await;
+    let b = ingest(&store, "c", 2, now).await;
+    let other = ingest(&store, "d", 1, now).await;
     let first = store.claim_tasks("w", 10, now + LEASE, now).await.unwrap();
     assert_eq!(first.iter().map(|c| c.id).collect::<Vec<_>>(), [a, other]);
     let fence_a = Fence {
@@ -580,11 +553,7 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
     }
     publish(&store, &cfg).await;
     let now = now_ms();
-    let id = store
-        .ingest_message(&msg("upgrade", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let id = ingest(&store, "upgrade", 1, now).await;
     let claimed = store.claim_tasks("me", 1, now + LEASE, now).await.unwrap();
     assert_eq!(claimed[0].id, id);
     let fence = fence_of(&claimed[0], "me");
@@ -737,16 +706,8 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
     use assistd::store::writes::{WriteOp, WriteOut};
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let a = store
-        .ingest_message(&msg("a", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
-    let b = store
-        .ingest_message(&msg("b", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let a = ingest(&store, "a", 1, now).await;
+    let b = ingest(&store, "b", 1, now).await;
     let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
     let fence = |id: i64| fence_of(claimed.iter().find(|c| c.id == id).unwrap(), "me");
     let stale = Fence {
@@ -887,16 +848,8 @@ async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
 
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let a = store
-        .ingest_message(&msg("a", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
-    let b = store
-        .ingest_message(&msg("b", 1), "default", now)
-        .await
-        .unwrap()
-        .task_id;
+    let a = ingest(&store, "a", 1, now).await;
+    let b = ingest(&store, "b", 1, now).await;
     let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
     let fence = |id: i64| fence_of(claimed.iter().find(|c| c.id == id).unwrap(), "me");
 
