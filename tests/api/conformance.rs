@@ -58,6 +58,16 @@ async fn ingest(store: &Store, conversation: &str, seq: u32, now: i64) -> i64 {
         .task_id
 }
 
+/// One task in each of conversations `a` and `b`, both claimed by `me`: their ids, and
+/// the fence of each by id.
+async fn claim_a_and_b(store: &Store, now: i64) -> (i64, i64, impl Fn(i64) -> Fence) {
+    let a = ingest(store, "a", 1, now).await;
+    let b = ingest(store, "b", 1, now).await;
+    let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
+    let fence = move |id: i64| fence_of(claimed.iter().find(|c| c.id == id).unwrap(), "me");
+    (a, b, fence)
+}
+
 /// The fence of a task as `owner` claimed it.
 fn fence_of(task: &assistd::store::tasks::TaskRow, owner: &str) -> Fence {
     Fence {
@@ -706,10 +716,7 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
     use assistd::store::writes::{WriteOp, WriteOut};
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let a = ingest(&store, "a", 1, now).await;
-    let b = ingest(&store, "b", 1, now).await;
-    let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
-    let fence = |id: i64| fence_of(claimed.iter().find(|c| c.id == id).unwrap(), "me");
+    let (a, b, fence) = claim_a_and_b(&store, now).await;
     let stale = Fence {
         version: fence(b).version - 1,
         ..fence(b)
@@ -848,10 +855,7 @@ async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
 
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    let a = ingest(&store, "a", 1, now).await;
-    let b = ingest(&store, "b", 1, now).await;
-    let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
-    let fence = |id: i64| fence_of(claimed.iter().find(|c| c.id == id).unwrap(), "me");
+    let (a, b, fence) = claim_a_and_b(&store, now).await;
 
     // Batches as applied, by size; the first is held so the rest queue up behind it.
     let sizes = Arc::new(Mutex::new(Vec::<usize>::new()));
