@@ -249,6 +249,32 @@ mod tests {
         }
     }
 
+    /// The bundled SQLite is built by `.cargo/config.toml`'s flags: each connection has a page
+    /// cache of its own and memory is not counted under a process-wide mutex, so the
+    /// writer's thread does not wait on the readers' (docs/benchmarks.md, sixth look).
+    #[tokio::test]
+    async fn sqlite_is_built_without_process_wide_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = crate::config::Config::load_with_env(None, Vec::new())
+            .unwrap()
+            .database;
+        config.url = format!("sqlite://{}/options.db", dir.path().display());
+        let store = Store::connect(&config).await.unwrap();
+        let options: Vec<(String,)> = on_pool!(&store, pool => {
+            sqlx::query_as("PRAGMA compile_options").fetch_all(pool).await.unwrap()
+        });
+        let options: Vec<String> = options.into_iter().map(|(o,)| o).collect();
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+        store.close().await;
+    }
+
     /// A write transaction that finds another of this process holding SQLite's write lock
     /// waits its turn (`WriteGate`) rather than in SQLite's busy handler, so it neither
     /// fails with "database is locked" nor depends on the busy timeout.
