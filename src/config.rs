@@ -280,6 +280,8 @@ pub struct DatabaseConfig {
     pub acquire_timeout_secs: u64,
     /// SQLite `synchronous` in WAL mode: `normal` or `full`.
     pub sqlite_synchronous: SqliteSync,
+    /// Rows a SQLite connection's thread may produce ahead of the reader (sqlx's default: 50).
+    pub sqlite_row_buffer: usize,
 }
 
 /// How SQLite commits reach the disk (see `config/default.toml`).
@@ -651,6 +653,10 @@ impl Config {
             "database.max_connections",
             self.database.max_connections as u64,
         )?;
+        positive(
+            "database.sqlite_row_buffer",
+            self.database.sqlite_row_buffer as u64,
+        )?;
         http_url("llm.base_url", &self.llm.base_url)?;
         if self.llm.model.trim().is_empty() {
             return Err(invalid("llm.model", "must not be empty"));
@@ -1000,6 +1006,19 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("database.sqlite_synchronous"), "{err}");
+    }
+
+    #[test]
+    fn the_sqlite_row_buffer_is_set_and_must_hold_a_row() {
+        let c = Config::load_with_env(None, Vec::new()).unwrap();
+        assert_eq!(c.database.sqlite_row_buffer, 256);
+        let c = Config::load_with_env(None, env(&[("ASSISTD_DATABASE__SQLITE_ROW_BUFFER", "64")]))
+            .unwrap();
+        assert_eq!(c.database.sqlite_row_buffer, 64);
+        let err = Config::load_with_env(None, env(&[("ASSISTD_DATABASE__SQLITE_ROW_BUFFER", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("database.sqlite_row_buffer"), "{err}");
     }
 
     #[test]

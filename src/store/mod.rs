@@ -146,7 +146,8 @@ impl Store {
                 })
                 .busy_timeout(Duration::from_millis(config.sqlite_busy_timeout_ms))
                 .foreign_keys(true)
-                .pragma("temp_store", "memory");
+                .pragma("temp_store", "memory")
+                .row_buffer_size(config.sqlite_row_buffer);
             if let Some(parent) = options.get_filename().parent()
                 && !parent.as_os_str().is_empty()
             {
