@@ -229,6 +229,15 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// The default database settings, on a SQLite file `name` in `dir`.
+    fn sqlite_config(dir: &tempfile::TempDir, name: &str) -> DatabaseConfig {
+        let mut config = crate::config::Config::load_with_env(None, Vec::new())
+            .unwrap()
+            .database;
+        config.url = format!("sqlite://{}/{name}", dir.path().display());
+        config
+    }
+
     #[tokio::test]
     async fn sqlite_synchronous_follows_the_config() {
         let dir = tempfile::tempdir().unwrap();
@@ -236,10 +245,7 @@ mod tests {
             (crate::config::SqliteSync::Normal, 1),
             (crate::config::SqliteSync::Full, 2),
         ] {
-            let mut config = crate::config::Config::load_with_env(None, Vec::new())
-                .unwrap()
-                .database;
-            config.url = format!("sqlite://{}/{expected}.db", dir.path().display());
+            let mut config = sqlite_config(&dir, &format!("{expected}.db"));
             config.sqlite_synchronous = choice;
             let store = Store::connect(&config).await.unwrap();
             let (level,): (i64,) = on_pool!(&store, pool => {
@@ -256,11 +262,9 @@ mod tests {
     #[tokio::test]
     async fn sqlite_is_built_without_process_wide_locks() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = crate::config::Config::load_with_env(None, Vec::new())
-            .unwrap()
-            .database;
-        config.url = format!("sqlite://{}/options.db", dir.path().display());
-        let store = Store::connect(&config).await.unwrap();
+        let store = Store::connect(&sqlite_config(&dir, "options.db"))
+            .await
+            .unwrap();
         let options: Vec<(String,)> = on_pool!(&store, pool => {
             sqlx::query_as("PRAGMA compile_options").fetch_all(pool).await.unwrap()
         });
@@ -282,10 +286,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_writer_waits_its_turn_however_long_the_lock_is_held() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = crate::config::Config::load_with_env(None, Vec::new())
-            .unwrap()
-            .database;
-        config.url = format!("sqlite://{}/gate.db", dir.path().display());
+        let mut config = sqlite_config(&dir, "gate.db");
         config.sqlite_busy_timeout_ms = 1;
         let store = Store::connect(&config).await.unwrap();
         on_pool!(&store, pool => {
