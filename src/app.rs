@@ -115,9 +115,8 @@ impl App {
                  (set ASSISTD_CHANNELS__GENERIC__SECRET)"
             );
         }
-        let listener = TcpListener::bind(&config.server.listen)
-            .await
-            .map_err(|e| {
+        let listener =
+            listen(&config.server.listen, config.server.listen_backlog).map_err(|e| {
                 anyhow::anyhow!(
                     "cannot listen on server.listen {}: {e}",
                     config.server.listen
@@ -259,6 +258,29 @@ async fn listen_for_tasks(svc: Arc<Services>, pool: sqlx::PgPool, shutdown: Canc
 }
 
 /// The URL without its password, for messages.
+/// A TCP listener on `addr` (an `ip:port`) whose accept queue holds `backlog` connections.
+/// `TcpListener::bind` asks for 128: a burst of new connections beyond that (webhooks after
+/// an outage, or a restarted worker's model calls arriving at a local mock) has its SYNs
+/// dropped and each client retries a second or more later.
+pub fn listen(addr: &str, backlog: u32) -> std::io::Result<TcpListener> {
+    let addr: SocketAddr = addr.parse().map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("`{addr}` is not an ip:port: {e}"),
+        )
+    })?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restart need not wait for the old connections' TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 pub fn redact_url(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut u) if u.password().is_some() => {
@@ -266,5 +288,51 @@ pub fn redact_url(url: &str) -> String {
             u.to_string()
         }
         _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listen;
+    use std::time::Duration;
+
+    /// How many of `n` connections to a listener that accepts none are established within a
+    /// second: the kernel completes a handshake only while the accept queue has room.
+    async fn established(backlog: u32, n: usize) -> usize {
+        let listener = listen("127.0.0.1:0", backlog).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut connects = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            connects.spawn(async move {
+                tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            });
+        }
+        let mut open = Vec::new();
+        while let Some(conn) = connects.join_next().await {
+            open.extend(conn.unwrap());
+        }
+        drop(listener);
+        open.len()
+    }
+
+    #[tokio::test]
+    async fn the_listener_queues_as_many_connections_as_its_backlog() {
+        // Linux caps the backlog at net.core.somaxconn (4096 on current kernels).
+        let cap = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(4096);
+        let n = 400.min(cap);
+        assert_eq!(established(n as u32, n).await, n, "backlog {n}");
+        // The same burst against a small queue: most handshakes wait for a SYN retry, which
+        // is what the default backlog of 128 did to bursts above it.
+        let small = established(16, n).await;
+        assert!(
+            small < n / 2,
+            "{small} of {n} established with a backlog of 16"
+        );
     }
 }

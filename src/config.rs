@@ -181,6 +181,9 @@ pub struct ServerConfig {
     pub role: Role,
     pub body_limit_bytes: usize,
     pub request_timeout_secs: u64,
+    /// Connections the kernel queues for the HTTP listener before they are accepted
+    /// (`listen(2)` backlog; Linux caps it at `net.core.somaxconn`).
+    pub listen_backlog: u32,
 }
 
 /// What an instance runs.
@@ -623,6 +626,7 @@ impl Config {
             "server.request_timeout_secs",
             self.server.request_timeout_secs,
         )?;
+        positive("server.listen_backlog", self.server.listen_backlog as u64)?;
         let url = &self.database.url;
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres://")
@@ -1006,6 +1010,19 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("database.sqlite_synchronous"), "{err}");
+    }
+
+    #[test]
+    fn the_listen_backlog_is_set_and_must_hold_a_connection() {
+        let c = Config::load_with_env(None, Vec::new()).unwrap();
+        assert_eq!(c.server.listen_backlog, 1024);
+        let c = Config::load_with_env(None, env(&[("ASSISTD_SERVER__LISTEN_BACKLOG", "4096")]))
+            .unwrap();
+        assert_eq!(c.server.listen_backlog, 4096);
+        let err = Config::load_with_env(None, env(&[("ASSISTD_SERVER__LISTEN_BACKLOG", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server.listen_backlog"), "{err}");
     }
 
     #[test]

@@ -183,7 +183,10 @@ async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks> {
                 "ok"
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    // A burst of model calls (all of `recovery`'s tasks resuming at once, `in-flight`'s
+    // 10,000) must not overflow the accept queue: dropped SYNs are retried a second later,
+    // which the figures would count as the server's delay.
+    let listener = assistd::app::listen("127.0.0.1:0", 4096)?;
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
     let s = stop.clone();
@@ -456,8 +459,8 @@ async fn in_flight(args: &Args) -> anyhow::Result<()> {
 }
 
 /// A child `assistd serve` (the binary next to this one) on SQLite or PostgreSQL.
-/// Starts `assistd` as a child on `port`. Its warnings and errors go to `log` when given
-/// (appended), else nowhere.
+/// Starts `assistd` as a child on `port`. Its log (warnings and errors; it logs to stdout)
+/// goes to `log` when given (appended), else nowhere.
 fn spawn_child(
     db_url: &str,
     mocks: &Mocks,
@@ -466,14 +469,18 @@ fn spawn_child(
     concurrency: usize,
     log: Option<&std::path::Path>,
 ) -> anyhow::Result<std::process::Child> {
-    let stderr = match log {
-        Some(path) => std::process::Stdio::from(
-            std::fs::OpenOptions::new()
+    let (stdout, stderr) = match log {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(path)?,
-        ),
-        None => std::process::Stdio::null(),
+                .open(path)?;
+            (
+                std::process::Stdio::from(file.try_clone()?),
+                std::process::Stdio::from(file),
+            )
+        }
+        None => (std::process::Stdio::null(), std::process::Stdio::null()),
     };
     let exe = std::env::current_exe()?.with_file_name("assistd");
     Ok(std::process::Command::new(exe)
@@ -497,7 +504,7 @@ fn spawn_child(
             grace_secs.to_string(),
         )
         .env("ASSISTD_LOG__LEVEL", "warn")
-        .stdout(std::process::Stdio::null())
+        .stdout(stdout)
         .stderr(stderr)
         .spawn()?)
 }
