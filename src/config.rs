@@ -1012,30 +1012,37 @@ mod tests {
         assert!(err.contains("database.sqlite_synchronous"), "{err}");
     }
 
-    #[test]
-    fn the_listen_backlog_is_set_and_must_hold_a_connection() {
+    /// A count setting: `default` unless `var` says otherwise, and 0 rejected naming `key`.
+    fn check_count_setting(var: &str, key: &str, default: u64, read: fn(&Config) -> u64) {
         let c = Config::load_with_env(None, Vec::new()).unwrap();
-        assert_eq!(c.server.listen_backlog, 1024);
-        let c = Config::load_with_env(None, env(&[("ASSISTD_SERVER__LISTEN_BACKLOG", "4096")]))
-            .unwrap();
-        assert_eq!(c.server.listen_backlog, 4096);
-        let err = Config::load_with_env(None, env(&[("ASSISTD_SERVER__LISTEN_BACKLOG", "0")]))
+        assert_eq!(read(&c), default, "{key}");
+        let other = (default * 2).to_string();
+        let c = Config::load_with_env(None, env(&[(var, other.as_str())])).unwrap();
+        assert_eq!(read(&c), default * 2, "{key}");
+        let err = Config::load_with_env(None, env(&[(var, "0")]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("server.listen_backlog"), "{err}");
+        assert!(err.contains(key), "{err}");
+    }
+
+    #[test]
+    fn the_listen_backlog_is_set_and_must_hold_a_connection() {
+        check_count_setting(
+            "ASSISTD_SERVER__LISTEN_BACKLOG",
+            "server.listen_backlog",
+            1024,
+            |c| c.server.listen_backlog as u64,
+        );
     }
 
     #[test]
     fn the_sqlite_row_buffer_is_set_and_must_hold_a_row() {
-        let c = Config::load_with_env(None, Vec::new()).unwrap();
-        assert_eq!(c.database.sqlite_row_buffer, 256);
-        let c = Config::load_with_env(None, env(&[("ASSISTD_DATABASE__SQLITE_ROW_BUFFER", "64")]))
-            .unwrap();
-        assert_eq!(c.database.sqlite_row_buffer, 64);
-        let err = Config::load_with_env(None, env(&[("ASSISTD_DATABASE__SQLITE_ROW_BUFFER", "0")]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("database.sqlite_row_buffer"), "{err}");
+        check_count_setting(
+            "ASSISTD_DATABASE__SQLITE_ROW_BUFFER",
+            "database.sqlite_row_buffer",
+            256,
+            |c| c.database.sqlite_row_buffer as u64,
+        );
     }
 
     #[test]
