@@ -257,7 +257,6 @@ async fn listen_for_tasks(svc: Arc<Services>, pool: sqlx::PgPool, shutdown: Canc
     }
 }
 
-/// The URL without its password, for messages.
 /// A TCP listener on `addr` (an `ip:port`) whose accept queue holds `backlog` connections.
 /// `TcpListener::bind` asks for 128: a burst of new connections beyond that (webhooks after
 /// an outage, or a restarted worker's model calls arriving at a local mock) has its SYNs
@@ -281,6 +280,7 @@ pub fn listen(addr: &str, backlog: u32) -> std::io::Result<TcpListener> {
     socket.listen(backlog)
 }
 
+/// The URL without its password, for messages.
 pub fn redact_url(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut u) if u.password().is_some() => {

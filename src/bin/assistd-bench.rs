@@ -458,9 +458,9 @@ async fn in_flight(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A child `assistd serve` (the binary next to this one) on SQLite or PostgreSQL.
-/// Starts `assistd` as a child on `port`. Its log (warnings and errors; it logs to stdout)
-/// goes to `log` when given (appended), else nowhere.
+/// Starts `assistd serve` (the binary next to this one) as a child on `port`, on SQLite or
+/// PostgreSQL. Its log (warnings and errors; it logs to stdout) goes to `log` when given
+/// (appended), else nowhere.
 fn spawn_child(
     db_url: &str,
     mocks: &Mocks,

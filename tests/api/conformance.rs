@@ -68,6 +68,16 @@ async fn claim_a_and_b(store: &Store, now: i64) -> (i64, i64, impl Fn(i64) -> Fe
     (a, b, fence)
 }
 
+/// The audit rows of task `id` that record `event`, oldest first.
+async fn audits_of(
+    store: &Store,
+    id: i64,
+    event: assistd::domain::AuditEvent,
+) -> Vec<assistd::store::tasks::AuditRow> {
+    let rows = store.task_audit(id).await.unwrap();
+    rows.into_iter().filter(|e| e.event == event).collect()
+}
+
 /// The fence of a task as `owner` claimed it.
 fn fence_of(task: &assistd::store::tasks::TaskRow, owner: &str) -> Fence {
     Fence {
@@ -338,12 +348,9 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
         .remove(0);
     assert_eq!(second.id, id);
     assert_eq!(second.claim_count, 2);
-    let claims: Vec<String> = store
-        .task_audit(id)
+    let claims: Vec<String> = audits_of(&store, id, assistd::domain::AuditEvent::TaskRunning)
         .await
-        .unwrap()
         .into_iter()
-        .filter(|e| e.event == assistd::domain::AuditEvent::TaskRunning)
         .map(|e| e.summary)
         .collect();
     assert_eq!(
@@ -633,13 +640,7 @@ async fn a_claims_messages_are_read_in_one_statement() {
     }
     assert!(store.messages(&[]).await.unwrap().is_empty());
     for task in &claimed {
-        let running: Vec<_> = store
-            .task_audit(task.id)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|a| a.event == assistd::domain::AuditEvent::TaskRunning)
-            .collect();
+        let running = audits_of(&store, task.id, assistd::domain::AuditEvent::TaskRunning).await;
         assert_eq!(running.len(), 1, "{running:?}");
         assert_eq!(running[0].task_id, Some(task.id));
         assert_eq!(
@@ -937,13 +938,7 @@ async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
         TaskStatus::Succeeded
     );
     assert!(store.task_reply(b).await.unwrap().is_some());
-    let finished: Vec<_> = store
-        .task_audit(b)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.event == assistd::domain::AuditEvent::TaskSucceeded)
-        .collect();
+    let finished = audits_of(&store, b, assistd::domain::AuditEvent::TaskSucceeded).await;
     assert_eq!(finished.len(), 1, "the finish was audited once");
     store.close().await;
     db.drop_db().await;
