@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::config::{AgentConfig, AgentMode, Config};
 use crate::engine::workflow::config::Workflow;
+use crate::llm::ModelClients;
 use crate::store::Store;
 use crate::store::agents::Published;
 use crate::tools::ToolRegistry;
@@ -21,6 +22,9 @@ pub struct AgentDefinition {
     /// Empty = the configured `llm.model` at run time.
     #[serde(default)]
     pub model: String,
+    /// A `[llm.providers.<name>]` entry; empty = `[llm]`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider: String,
     #[serde(default = "default_temperature")]
     pub temperature: f64,
     #[serde(default = "default_max_tokens")]
@@ -34,6 +38,9 @@ pub struct AgentDefinition {
     pub approvers: Vec<String>,
     #[serde(default = "default_deadline")]
     pub confirm_deadline_secs: u64,
+    /// Sent when the model answers nothing; empty = the task fails.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fallback_text: String,
 }
 
 fn default_temperature() -> f64 {
@@ -55,17 +62,25 @@ impl AgentDefinition {
             mode: c.mode,
             system_prompt: c.system_prompt.clone(),
             model: c.model.clone(),
+            provider: c.provider.clone(),
             temperature: c.temperature,
             max_tokens: c.max_tokens,
             history_messages: c.history_messages,
             workflow,
             approvers: c.approvers.clone(),
             confirm_deadline_secs: c.confirm_deadline_secs,
+            fallback_text: c.fallback_text.clone(),
         }
     }
 
     /// Checks the definition; errors name the field (and the node, for workflows).
-    pub fn validate(&self, tools: &ToolRegistry) -> Result<(), String> {
+    pub fn validate(&self, tools: &ToolRegistry, models: &ModelClients) -> Result<(), String> {
+        if !models.has(&self.provider) {
+            return Err(format!(
+                "provider `{}` is not configured (add [llm.providers.{}])",
+                self.provider, self.provider
+            ));
+        }
         if !(0.0..=2.0).contains(&self.temperature) {
             return Err("temperature must be between 0 and 2".into());
         }
@@ -101,10 +116,11 @@ impl AgentDefinition {
 pub async fn publish(
     store: &Store,
     tools: &ToolRegistry,
+    models: &ModelClients,
     name: &str,
     definition: &AgentDefinition,
 ) -> Result<Published, PublishError> {
-    definition.validate(tools).map_err(PublishError::Invalid)?;
+    definition.validate(tools, models).map_err(PublishError::Invalid)?;
     let json =
         serde_json::to_string(definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
     store
@@ -126,6 +142,7 @@ pub async fn publish_configured_agents(
     store: &Store,
     config: &Config,
     tools: &ToolRegistry,
+    models: &ModelClients,
 ) -> anyhow::Result<()> {
     for (name, agent) in &config.agents {
         let workflow = if agent.workflow_file.trim().is_empty() {
@@ -140,7 +157,7 @@ pub async fn publish_configured_agents(
             })?)
         };
         let definition = AgentDefinition::from_config(agent, workflow);
-        let published = publish(store, tools, name, &definition)
+        let published = publish(store, tools, models, name, &definition)
             .await
             .map_err(|e| anyhow::anyhow!("agents.{name}: {e}"))?;
         if published.created {

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::channels::Channels;
 use crate::config::Config;
-use crate::llm::OpenAiClient;
+use crate::llm::ModelClients;
 use crate::store::{Store, TASK_NOTIFY_CHANNEL};
 
 /// Everything a request handler, worker or sender needs. Shared behind an `Arc`.
@@ -24,7 +24,8 @@ pub struct Services {
     /// The workers' fenced writes (group commit on SQLite).
     pub journal: crate::engine::journal::Journal,
     pub channels: Channels,
-    pub llm: OpenAiClient,
+    /// The model providers (`[llm]` and `[llm.providers.*]`).
+    pub llm: ModelClients,
     pub tools: crate::tools::ToolRegistry,
     pub instance_id: String,
     pub admin_token: String,
@@ -79,7 +80,8 @@ impl App {
         })?;
         store.migrate().await?;
         let tools = crate::tools::ToolRegistry::new(&config.tools, &config.tooling)?;
-        crate::agents::publish_configured_agents(&store, &config, &tools).await?;
+        let llm = ModelClients::new(&config.llm)?;
+        crate::agents::publish_configured_agents(&store, &config, &tools, &llm).await?;
         // A restart under the same instance id: whatever that id still holds was running in
         // the previous process, which is gone, so take it back at once.
         let instance_id = config.instance_id();
@@ -124,7 +126,7 @@ impl App {
             })?;
         let services = Arc::new(Services {
             channels: Channels::from_config(&config, &store)?,
-            llm: OpenAiClient::new(&config.llm)?,
+            llm,
             tools,
             instance_id,
             admin_token,
@@ -160,7 +162,7 @@ impl App {
             role = ?svc.config.server.role,
             instance = %svc.instance_id,
             database = ?svc.store.dialect(),
-            model_endpoint = %svc.llm.endpoint(),
+            model_endpoint = %svc.llm.default_provider().endpoint(),
             "assistd listening"
         );
         let role = svc.config.server.role;

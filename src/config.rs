@@ -300,10 +300,66 @@ pub enum SqliteSync {
 pub struct LlmConfig {
     pub base_url: String,
     pub api_key: String,
+    /// Header that carries `api_key`; empty = `Authorization: Bearer`.
+    pub api_key_header: String,
     pub model: String,
     pub timeout_secs: u64,
+    /// The default model's context window, in tokens.
+    pub context_window: u32,
+    /// Extra headers sent with every model call.
+    pub headers: BTreeMap<String, String>,
+    /// Query parameters added to every model call (Azure's `api-version`).
+    pub query: BTreeMap<String, String>,
     pub retry_after_max_secs: u64,
     pub retry: LlmRetryConfig,
+    /// Named providers agents may choose with `provider`.
+    #[serde(default)]
+    pub providers: BTreeMap<String, LlmProviderConfig>,
+}
+
+impl LlmConfig {
+    /// The `[llm]` endpoint as a provider.
+    pub fn default_provider(&self) -> LlmProviderConfig {
+        LlmProviderConfig {
+            base_url: self.base_url.clone(),
+            api_key: self.api_key.clone(),
+            api_key_header: self.api_key_header.clone(),
+            model: self.model.clone(),
+            timeout_secs: self.timeout_secs,
+            context_window: self.context_window,
+            headers: self.headers.clone(),
+            query: self.query.clone(),
+        }
+    }
+}
+
+/// One OpenAI-compatible endpoint (`[llm.providers.<name>]`); the fields mean what they mean
+/// in `[llm]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmProviderConfig {
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: String,
+    #[serde(default)]
+    pub api_key_header: String,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default = "default_provider_timeout")]
+    pub timeout_secs: u64,
+    #[serde(default = "default_context_window")]
+    pub context_window: u32,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
+}
+
+fn default_provider_timeout() -> u64 {
+    60
+}
+fn default_context_window() -> u32 {
+    8192
 }
 
 /// Retry policies of the transient failure types; the others are never retried.
@@ -542,6 +598,9 @@ pub struct AgentConfig {
     pub system_prompt: String,
     #[serde(default)]
     pub model: String,
+    /// A `[llm.providers.<name>]` entry; empty = `[llm]`.
+    #[serde(default)]
+    pub provider: String,
     #[serde(default = "default_temperature")]
     pub temperature: f64,
     #[serde(default = "default_max_tokens")]
@@ -557,6 +616,9 @@ pub struct AgentConfig {
     /// How long an approval request waits before the task is cancelled, in seconds.
     #[serde(default = "default_confirm_deadline")]
     pub confirm_deadline_secs: u64,
+    /// Sent when the model answers nothing; empty = the task fails (INVALID_RESPONSE).
+    #[serde(default)]
+    pub fallback_text: String,
 }
 
 fn default_mode() -> AgentMode {
@@ -666,6 +728,18 @@ impl Config {
             return Err(invalid("llm.model", "must not be empty"));
         }
         positive("llm.timeout_secs", self.llm.timeout_secs)?;
+        positive("llm.context_window", u64::from(self.llm.context_window))?;
+        for (name, p) in &self.llm.providers {
+            http_url(&format!("llm.providers.{name}.base_url"), &p.base_url)?;
+            positive(
+                &format!("llm.providers.{name}.timeout_secs"),
+                p.timeout_secs,
+            )?;
+            positive(
+                &format!("llm.providers.{name}.context_window"),
+                u64::from(p.context_window),
+            )?;
+        }
         for (name, policy) in [
             ("timeout", &self.llm.retry.timeout),
             ("rate_limited", &self.llm.retry.rate_limited),
@@ -819,6 +893,15 @@ impl Config {
                 return Err(invalid(
                     &format!("agents.{name}.temperature"),
                     "must be between 0 and 2",
+                ));
+            }
+            if !agent.provider.is_empty() && !self.llm.providers.contains_key(&agent.provider) {
+                return Err(invalid(
+                    &format!("agents.{name}.provider"),
+                    format!(
+                        "names no [llm.providers.{}] entry",
+                        agent.provider
+                    ),
                 ));
             }
             if agent.mode == AgentMode::Workflow && agent.workflow_file.trim().is_empty() {

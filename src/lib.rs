@@ -18,6 +18,7 @@ pub mod outbox;
 pub mod redaction;
 pub mod scheduler;
 pub mod store;
+pub mod templating;
 pub mod tools;
 
 pub use app::App;

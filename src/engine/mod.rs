@@ -84,6 +84,25 @@ async fn context_of(
     })
 }
 
+/// The provider an agent's model calls go to, and the model name to send.
+pub(crate) fn model_of<'a>(
+    svc: &'a Services,
+    agent: &AgentDefinition,
+) -> Result<(&'a crate::llm::OpenAiClient, String), RunError> {
+    let provider = svc.llm.provider(&agent.provider).ok_or_else(|| {
+        RunError::Corrupt(format!(
+            "the agent's provider `{}` is no longer configured",
+            agent.provider
+        ))
+    })?;
+    let model = if agent.model.is_empty() {
+        provider.model.clone()
+    } else {
+        agent.model.clone()
+    };
+    Ok((provider, model))
+}
+
 async fn run_task(
     svc: &Services,
     fence: &Fence,

@@ -8,6 +8,31 @@ use crate::domain::{FailureType, ReplyType};
 /// Card types the model may answer with instead of plain text.
 pub const CARD_TYPES: &[&str] = &["knowledge_answer", "agent_result"];
 
+/// The text a model answer gives the chat: its content, or the agent's `fallback_text` when
+/// the content is empty. An empty answer without a fallback is an INVALID_RESPONSE failure,
+/// never an empty chat message.
+pub fn answer_text(
+    answer: &crate::llm::ChatResponse,
+    fallback: &str,
+) -> Result<String, (FailureType, String)> {
+    if !answer.content.trim().is_empty() {
+        return Ok(answer.content.clone());
+    }
+    if !fallback.trim().is_empty() {
+        return Ok(fallback.to_string());
+    }
+    Err((
+        FailureType::InvalidResponse,
+        if answer.truncated() {
+            "the model used all of max_tokens before it answered (raise the agent's max_tokens)"
+                .into()
+        } else {
+            "the model's answer was empty (set the agent's fallback_text to answer something instead)"
+                .into()
+        },
+    ))
+}
+
 /// Reads a model answer: a JSON object with a known `card_type` (optionally inside a
 /// Markdown json code fence) is a card, anything else is text. Returns the reply type and the outbox
 /// content `{"text": ..., "card": ...}`; cards always carry a text fallback.

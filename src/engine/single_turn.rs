@@ -6,15 +6,21 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use serde_json::json;
+
 use super::{RunError, TaskContext, backoff, reply};
 use crate::app::Services;
-use crate::domain::{ReplyType, StepStatus, StepType, TaskStatus, reply_key, step_key};
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError};
+use crate::domain::{
+    FailureType, ReplyType, StepStatus, StepType, TaskStatus, reply_key, step_key,
+};
+use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError, OpenAiClient, WireRequest};
 use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 
 const STEP_NO: i64 = 1;
 const TOOL: &str = "chat";
 const SUMMARY: &str = "summary";
+/// The retry of a chat the model refused as too long, with the question alone.
+const SHRUNK: &str = "chat_shrunk";
 
 pub async fn run(
     svc: &Services,
@@ -23,6 +29,7 @@ pub async fn run(
     ctx: &TaskContext,
 ) -> Result<(), RunError> {
     let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
+    let (provider, model) = super::model_of(svc, agent)?;
     let history = svc
         .store
         .conversation_history(
@@ -34,93 +41,106 @@ pub async fn run(
         .await?;
     let mut turns = Vec::new();
     for entry in &history {
-        turns.push(ChatMessage::new("user", entry.text.clone()));
+        turns.push(ChatMessage::user(entry.text.clone()));
         if entry.message_id == message.id {
             break;
         }
         if let Some(answer) = &entry.answer {
-            turns.push(ChatMessage::new("assistant", answer.clone()));
+            turns.push(ChatMessage::assistant(answer.clone()));
         }
     }
-    let model = if agent.model.is_empty() {
-        svc.config.llm.model.clone()
-    } else {
-        agent.model.clone()
-    };
-    let budget = svc.config.context.history_token_budget;
+    let budget = history_budget(
+        svc.config.context.history_token_budget,
+        provider.context_window,
+        agent.max_tokens,
+        &agent.system_prompt,
+    );
     let recent = within_budget(turns.clone(), budget);
     let older = &turns[..turns.len() - recent.len()];
-    let mut messages = vec![ChatMessage::new("system", agent.system_prompt.clone())];
+    let system = ChatMessage::system(agent.system_prompt.clone());
+    let question = recent.last().cloned();
+    let mut messages = vec![system.clone()];
     // Over the budget: the older exchanges are folded into a summary by the model (a
     // journalled step of its own, so a resumed task reuses it), and the chat call is step 2.
     let mut chat_step = STEP_NO;
     if !older.is_empty() {
         chat_step = STEP_NO + 1;
-        let summary = summarize_history(svc, fence, lost, &model, older).await?;
+        let summary = summarize_history(svc, fence, lost, provider, &model, older).await?;
         if let Some(summary) = summary {
-            messages.push(ChatMessage::new(
-                "user",
-                format!("Summary of the earlier conversation:\n{summary}"),
-            ));
+            messages.push(ChatMessage::user(format!(
+                "Summary of the earlier conversation:\n{summary}"
+            )));
         }
     }
     messages.extend(recent);
-    let fresh_request = ChatRequest {
+    let request = ChatRequest {
         model,
         messages,
         temperature: agent.temperature,
         max_tokens: agent.max_tokens,
         tools: Vec::new(),
+        tool_choice: None,
     };
-    let input = serde_json::to_string(&fresh_request).unwrap_or_default();
-    let key = step_key(fence.task_id, chat_step, TOOL);
-    let step = svc
-        .journal
-        .begin_step(
-            fence,
-            &NewStep {
-                step_no: chat_step,
-                step_type: StepType::Llm,
-                tool_name: TOOL,
-                idempotency_key: &key,
-                input: &input,
-            },
-        )
-        .await?
-        .ok_or(RunError::LostLease)?;
-    // On resume the journal, not today's database, is the context: reuse the request the
-    // step was first written with so the model sees exactly the same history.
-    let request = match step
-        .input
-        .as_deref()
-        .map(serde_json::from_str::<ChatRequest>)
-    {
-        Some(Ok(journalled)) => journalled,
-        _ => fresh_request,
+    let mut call = chat_step_call(svc, fence, lost, provider, chat_step, TOOL, &request).await?;
+    // The model refused the context after all (our estimate is not its tokenizer): journal
+    // the refusal and ask once more with the question alone, as a step of its own.
+    let shrunk = ChatRequest {
+        messages: [Some(system), question].into_iter().flatten().collect(),
+        ..request.clone()
     };
-
-    let started = Instant::now();
-    let (outcome, attempts) = if step.status == StepStatus::Succeeded {
-        // Resumed after the call finished: reuse its journalled output, never call again.
-        let output: ChatResponse = serde_json::from_str(step.output.as_deref().unwrap_or(""))
-            .map_err(|e| RunError::Corrupt(format!("journalled output unreadable: {e}")))?;
-        tracing::info!(step = step.step_no, "reusing the journalled model answer");
-        (Ok(output), step.attempt)
-    } else {
-        call_with_retries(svc, fence, &step, &request, lost).await?
-    };
-    crate::metrics::STEP_SECONDS.observe(started.elapsed());
-    let duration_ms = started.elapsed().as_millis() as i64;
+    if call.context_too_long() && shrunk.messages.len() < request.messages.len() {
+        if !call.journalled_failure {
+            let err = call.outcome.as_ref().err().map(|e| e.message.clone());
+            let record = StepResult {
+                step_id: call.step.id,
+                attempts: call.attempts,
+                status: StepStatus::Failed,
+                output: Some(
+                    json!({ "failure_type": FailureType::ContextTooLong.as_str(), "error": err })
+                        .to_string(),
+                ),
+                error: err.map(|e| crate::domain::truncate(&e, 2000)),
+                tokens_in: None,
+                tokens_out: None,
+                duration_ms: call.duration_ms,
+            };
+            if !svc.journal.complete_step(fence, &record).await? {
+                return Err(RunError::LostLease);
+            }
+        }
+        tracing::warn!(
+            step = call.step.step_no,
+            "the model refused the context as too long; asking again with the question alone"
+        );
+        call = chat_step_call(svc, fence, lost, provider, chat_step + 1, SHRUNK, &shrunk).await?;
+    }
+    let ChatCall {
+        step,
+        model,
+        outcome,
+        attempts,
+        duration_ms,
+        ..
+    } = call;
     // Retries made by this run; earlier runs' retries are already counted on the task.
     let retries = (attempts - step.attempt - 1).max(0);
 
     let in_reply_to = message.external_message_id.clone();
+    // The step keeps what the model said; the chat gets its text, or the fallback.
+    let outcome = outcome.and_then(|answer| match reply::answer_text(&answer, &agent.fallback_text) {
+        Ok(text) => Ok((answer, text)),
+        Err((failure_type, message)) => Err(LlmError {
+            failure_type,
+            message,
+            retry_after: None,
+        }),
+    });
     let outcome = match outcome {
-        Ok(answer) => {
-            let (reply_type, content) = reply::compose_answer(&answer.content);
+        Ok((answer, text)) => {
+            let (reply_type, content) = reply::compose_answer(&text);
             TaskOutcome {
                 status: TaskStatus::Succeeded,
-                result: Some(answer.content.clone()),
+                result: Some(text),
                 trace: None,
                 failure_type: None,
                 error: None,
@@ -145,7 +165,7 @@ pub async fn run(
                 },
                 audit_summary: format!(
                     "answered by {} after {} attempt(s) ({})",
-                    request.model,
+                    model,
                     attempts,
                     reply_type.as_str()
                 ),
@@ -169,7 +189,10 @@ pub async fn run(
                     step_id: step.id,
                     attempts,
                     status: StepStatus::Failed,
-                    output: None,
+                    output: Some(
+                        json!({ "failure_type": err.failure_type.as_str(), "error": crate::domain::truncate(&err.message, 2000) })
+                            .to_string(),
+                    ),
                     error: Some(crate::domain::truncate(&err.message, 2000)),
                     tokens_in: None,
                     tokens_out: None,
@@ -200,13 +223,116 @@ pub async fn run(
     Ok(())
 }
 
+/// A journalled chat step, run (or found finished) but not yet completed in the journal.
+struct ChatCall {
+    step: StepRow,
+    /// The model named in the request sent.
+    model: String,
+    outcome: Result<ChatResponse, LlmError>,
+    /// Tries so far, across runs.
+    attempts: i64,
+    duration_ms: i64,
+    /// The journal already holds this step's failure (a resumed task).
+    journalled_failure: bool,
+}
+
+impl ChatCall {
+    fn context_too_long(&self) -> bool {
+        matches!(&self.outcome, Err(e) if e.failure_type == FailureType::ContextTooLong)
+    }
+}
+
+/// Begins step `step_no` with `request` and calls the model, or takes what the journal holds:
+/// a finished answer is reused, never asked again; a journalled CONTEXT_TOO_LONG stands (the
+/// same request would be refused again).
+async fn chat_step_call(
+    svc: &Services,
+    fence: &Fence,
+    lost: &CancellationToken,
+    provider: &OpenAiClient,
+    step_no: i64,
+    name: &str,
+    request: &ChatRequest,
+) -> Result<ChatCall, RunError> {
+    let fresh = request.to_wire();
+    let input = serde_json::to_string(&fresh).unwrap_or_default();
+    let key = step_key(fence.task_id, step_no, name);
+    let step = svc
+        .journal
+        .begin_step(
+            fence,
+            &NewStep {
+                step_no,
+                step_type: StepType::Llm,
+                tool_name: name,
+                idempotency_key: &key,
+                input: &input,
+            },
+        )
+        .await?
+        .ok_or(RunError::LostLease)?;
+    // On resume the journal, not today's database, is the context: send the request the
+    // step was first written with so the model sees exactly the same history.
+    let wire = match step.input.as_deref().map(serde_json::from_str::<WireRequest>) {
+        Some(Ok(journalled)) => journalled,
+        _ => fresh,
+    };
+    let started = Instant::now();
+    if step.status == StepStatus::Succeeded {
+        // Resumed after the call finished: reuse its journalled output, never call again.
+        let output: ChatResponse = serde_json::from_str(step.output.as_deref().unwrap_or(""))
+            .map_err(|e| RunError::Corrupt(format!("journalled output unreadable: {e}")))?;
+        tracing::info!(step = step.step_no, "reusing the journalled model answer");
+        return Ok(ChatCall {
+            attempts: step.attempt,
+            model: wire.model,
+            outcome: Ok(output),
+            duration_ms: step.duration_ms.unwrap_or_default(),
+            step,
+            journalled_failure: false,
+        });
+    }
+    if step.status == StepStatus::Failed && journalled_failure(&step) == Some(FailureType::ContextTooLong)
+    {
+        return Ok(ChatCall {
+            attempts: step.attempt,
+            model: wire.model,
+            outcome: Err(LlmError {
+                failure_type: FailureType::ContextTooLong,
+                message: step.error.clone().unwrap_or_default(),
+                retry_after: None,
+            }),
+            duration_ms: step.duration_ms.unwrap_or_default(),
+            step,
+            journalled_failure: true,
+        });
+    }
+    let (outcome, attempts) = call_with_retries(svc, provider, fence, &step, &wire, lost).await?;
+    crate::metrics::STEP_SECONDS.observe(started.elapsed());
+    Ok(ChatCall {
+        step,
+        model: wire.model,
+        outcome,
+        attempts,
+        duration_ms: started.elapsed().as_millis() as i64,
+        journalled_failure: false,
+    })
+}
+
+/// The failure type a FAILED step recorded in its output.
+fn journalled_failure(step: &StepRow) -> Option<FailureType> {
+    let output: serde_json::Value = serde_json::from_str(step.output.as_deref()?).ok()?;
+    FailureType::parse(output.get("failure_type")?.as_str()?)
+}
+
 /// Calls the model until it answers, a permanent failure occurs, or the tries run out.
 /// Returns the outcome and the number of tries made so far (journalled on the step).
 async fn call_with_retries(
     svc: &Services,
+    provider: &OpenAiClient,
     fence: &Fence,
     step: &StepRow,
-    request: &ChatRequest,
+    request: &WireRequest,
     lost: &CancellationToken,
 ) -> Result<(Result<ChatResponse, LlmError>, i64), RunError> {
     let llm = &svc.config.llm;
@@ -227,7 +353,7 @@ async fn call_with_retries(
             return Err(RunError::LostLease);
         }
         let result = tokio::select! {
-            r = svc.llm.chat(request, &step.idempotency_key) => r,
+            r = provider.chat(request, &step.idempotency_key) => r,
             _ = lost.cancelled() => return Err(RunError::LostLease),
         };
         match result {
@@ -269,6 +395,7 @@ async fn summarize_history(
     svc: &Services,
     fence: &Fence,
     lost: &CancellationToken,
+    provider: &OpenAiClient,
     model: &str,
     older: &[ChatMessage],
 ) -> Result<Option<String>, RunError> {
@@ -279,13 +406,15 @@ async fn summarize_history(
     let request = ChatRequest {
         model: model.to_string(),
         messages: vec![
-            ChatMessage::new("system", svc.config.context.summary_prompt.clone()),
-            ChatMessage::new("user", format!("Conversation so far:\n{transcript}")),
+            ChatMessage::system(svc.config.context.summary_prompt.clone()),
+            ChatMessage::user(format!("Conversation so far:\n{transcript}")),
         ],
         temperature: 0.0,
         max_tokens: 512,
         tools: Vec::new(),
-    };
+        tool_choice: None,
+    }
+    .to_wire();
     let input = serde_json::to_string(&request).unwrap_or_default();
     let key = step_key(fence.task_id, STEP_NO, SUMMARY);
     let step = svc
@@ -308,7 +437,7 @@ async fn summarize_history(
         return Ok(Some(output.content));
     }
     let started = Instant::now();
-    let (outcome, attempts) = call_with_retries(svc, fence, &step, &request, lost).await?;
+    let (outcome, attempts) = call_with_retries(svc, provider, fence, &step, &request, lost).await?;
     let duration_ms = started.elapsed().as_millis() as i64;
     let (record, summary) = match outcome {
         Ok(answer) => (
@@ -347,13 +476,29 @@ async fn summarize_history(
     Ok(summary)
 }
 
-/// Keeps the newest turns that fit in about `budget` tokens (characters / 4); the current
-/// question (the last turn) is always kept.
+/// Tokens of `text` as the history budget counts them: a byte in three (no tokenizer here;
+/// English runs about four characters a token, CJK three bytes a character) plus the few
+/// tokens a chat template adds around each message.
+fn estimate_tokens(text: &str) -> usize {
+    text.len() / 3 + 4
+}
+
+/// The history budget: `context.history_token_budget`, or less when the model's context
+/// window leaves less room after the answer (`max_tokens`) and the system prompt.
+fn history_budget(configured: usize, context_window: u32, max_tokens: u32, system: &str) -> usize {
+    let room = (context_window as usize)
+        .saturating_sub(max_tokens as usize)
+        .saturating_sub(estimate_tokens(system));
+    configured.min(room)
+}
+
+/// Keeps the newest turns that fit in about `budget` tokens; the current question (the last
+/// turn) is always kept.
 fn within_budget(turns: Vec<ChatMessage>, budget: usize) -> Vec<ChatMessage> {
     let mut used = 0usize;
     let mut keep = 0usize;
     for (i, turn) in turns.iter().rev().enumerate() {
-        used += turn.content.len() / 4 + 1;
+        used += estimate_tokens(&turn.content);
         if used > budget && i > 0 {
             break;
         }
@@ -369,10 +514,11 @@ mod tests {
 
     #[test]
     fn history_is_cut_oldest_first_but_keeps_the_question() {
+        // 400 bytes = 137 tokens by the estimate.
         let turns: Vec<ChatMessage> = (0..10)
-            .map(|i| ChatMessage::new("user", format!("{i}{}", "x".repeat(399))))
+            .map(|i| ChatMessage::user(format!("{i}{}", "x".repeat(399))))
             .collect();
-        let kept = within_budget(turns.clone(), 350);
+        let kept = within_budget(turns.clone(), 420);
         assert_eq!(kept.len(), 3);
         assert!(kept[2].content.starts_with('9'));
         assert_eq!(
@@ -381,5 +527,14 @@ mod tests {
             "the question stays"
         );
         assert_eq!(within_budget(turns, 100_000).len(), 10);
+    }
+
+    #[test]
+    fn the_budget_leaves_room_for_the_answer_and_the_system_prompt() {
+        // A 512-token model answering in up to 128 tokens, with a 30-byte system prompt.
+        let system = "x".repeat(30);
+        assert_eq!(history_budget(3000, 512, 128, &system), 512 - 128 - 14);
+        assert_eq!(history_budget(100, 512, 128, &system), 100);
+        assert_eq!(history_budget(3000, 100, 128, &system), 0);
     }
 }

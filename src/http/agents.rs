@@ -73,7 +73,7 @@ async fn publish_version(
     let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let definition: AgentDefinition = serde_json::from_value(body)
         .map_err(|e| ApiError::BadRequest(format!("agent definition: {e}")))?;
-    let published = publish(&svc.store, &svc.tools, &name, &definition)
+    let published = publish(&svc.store, &svc.tools, &svc.llm, &name, &definition)
         .await
         .map_err(|e| match e {
             PublishError::Invalid(msg) => ApiError::BadRequest(msg),

@@ -45,7 +45,7 @@ async fn page(
     allowed(&svc, peer)?;
     Ok(super::pages::render(
         "console.html",
-        json!({ "model_endpoint": svc.llm.endpoint(), "agent": svc.config.channels.console.agent }),
+        json!({ "model_endpoint": svc.llm.default_provider().endpoint(), "agent": svc.config.channels.console.agent }),
     ))
 }
 

@@ -1,18 +1,52 @@
-//! Model clients. Today: any OpenAI-compatible `POST {base_url}/chat/completions`.
-//! Owns the HTTP call and the classification of its failures into the failure taxonomy;
-//! never retries by itself (the engine decides, so retries are journalled and bounded).
+//! Model clients: OpenAI-compatible chat completions, one client per configured provider.
+//! The body sent is async-openai's typed request ([`ChatRequest::to_wire`]) and the answer is
+//! read as its typed response, so a field the engine asks for cannot silently go missing on
+//! the way out. Owns the HTTP call and the classification of its failures into the failure
+//! taxonomy; never retries by itself (the engine decides, so retries are journalled and
+//! bounded).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use async_openai::types::chat as wire;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::Value;
 
-use crate::config::LlmConfig;
+use crate::config::{LlmConfig, LlmProviderConfig};
 use crate::domain::FailureType;
+
+pub use wire::CreateChatCompletionRequest as WireRequest;
+
+/// Who speaks a message.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ChatMessage {
-    pub role: String,
+    pub role: Role,
     pub content: String,
     /// Calls the assistant asked for (assistant messages of a tool-calling loop).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -23,12 +57,82 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
-    pub fn new(role: &str, content: impl Into<String>) -> Self {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
         ChatMessage {
-            role: role.to_string(),
+            role,
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+        }
+    }
+
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+
+    /// The assistant turn that asked for `calls`, as it must be sent back before their
+    /// results.
+    pub fn assistant_calls(content: impl Into<String>, calls: Vec<ToolCall>) -> Self {
+        ChatMessage {
+            tool_calls: calls,
+            ..Self::new(Role::Assistant, content)
+        }
+    }
+
+    /// The result of call `call_id`.
+    pub fn tool_result(call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            tool_call_id: Some(call_id.into()),
+            ..Self::new(Role::Tool, content)
+        }
+    }
+
+    fn to_wire(&self) -> wire::ChatCompletionRequestMessage {
+        use wire::ChatCompletionRequestMessage as M;
+        let text = self.content.clone();
+        match self.role {
+            Role::System => M::System(wire::ChatCompletionRequestSystemMessage {
+                content: wire::ChatCompletionRequestSystemMessageContent::Text(text),
+                name: None,
+            }),
+            Role::User => M::User(wire::ChatCompletionRequestUserMessage {
+                content: wire::ChatCompletionRequestUserMessageContent::Text(text),
+                name: None,
+            }),
+            // Content is always sent, "" beside tool calls: OpenAI accepts null there, but
+            // llama.cpp's server (and other OpenAI-compatible ones) reject it.
+            Role::Assistant => M::Assistant(wire::ChatCompletionRequestAssistantMessage {
+                content: Some(wire::ChatCompletionRequestAssistantMessageContent::Text(text)),
+                tool_calls: (!self.tool_calls.is_empty()).then(|| {
+                    self.tool_calls
+                        .iter()
+                        .map(|c| {
+                            wire::ChatCompletionMessageToolCalls::Function(
+                                wire::ChatCompletionMessageToolCall {
+                                    id: c.id.clone(),
+                                    function: wire::FunctionCall {
+                                        name: c.function.name.clone(),
+                                        arguments: c.function.arguments.clone(),
+                                    },
+                                },
+                            )
+                        })
+                        .collect()
+                }),
+                ..Default::default()
+            }),
+            Role::Tool => M::Tool(wire::ChatCompletionRequestToolMessage {
+                content: wire::ChatCompletionRequestToolMessageContent::Text(text),
+                tool_call_id: self.tool_call_id.clone().unwrap_or_default(),
+            }),
         }
     }
 }
@@ -54,16 +158,107 @@ fn function_type() -> String {
     "function".into()
 }
 
-/// One model call.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: Value,
+}
+
+/// Whether and which tool the model must call (OpenAI's `tool_choice`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    Required,
+    None,
+    /// This function, by name.
+    Function(String),
+}
+
+impl ToolChoice {
+    /// Reads a workflow node's `tool_choice`: `auto`, `required`, `none` or a tool name.
+    pub fn parse(text: &str) -> ToolChoice {
+        match text {
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            "none" => ToolChoice::None,
+            name => ToolChoice::Function(name.to_string()),
+        }
+    }
+
+    fn to_wire(&self) -> wire::ChatCompletionToolChoiceOption {
+        use wire::{ChatCompletionToolChoiceOption as C, ToolChoiceOptions as O};
+        match self {
+            ToolChoice::Auto => C::Mode(O::Auto),
+            ToolChoice::Required => C::Mode(O::Required),
+            ToolChoice::None => C::Mode(O::None),
+            ToolChoice::Function(name) => C::Function(wire::ChatCompletionNamedToolChoice {
+                function: wire::FunctionName { name: name.clone() },
+            }),
+        }
+    }
+}
+
+/// One model call, as the engine builds it.
+#[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
     pub temperature: f64,
     pub max_tokens: u32,
-    /// OpenAI-style `tools` (function declarations) the model may call.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<serde_json::Value>,
+    /// Functions the model may call; sent as OpenAI `tools`.
+    pub tools: Vec<ToolSpec>,
+    /// Sent only with tools (providers refuse a `tool_choice` without `tools`).
+    pub tool_choice: Option<ToolChoice>,
+}
+
+/// `request` as the JSON sent (numbers as written: the typed request holds temperature as
+/// an f32, which a direct conversion would widen to 0.20000000298023224).
+pub fn wire_json(request: &WireRequest) -> Value {
+    serde_json::to_vec(request)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or(Value::Null)
+}
+
+impl ChatRequest {
+    /// The request body exactly as it is sent (and journalled).
+    pub fn to_wire(&self) -> WireRequest {
+        let tools: Vec<wire::ChatCompletionTools> = self
+            .tools
+            .iter()
+            .map(|t| {
+                wire::ChatCompletionTools::Function(wire::ChatCompletionTool {
+                    function: wire::FunctionObject {
+                        name: t.name.clone(),
+                        description: (!t.description.is_empty()).then(|| t.description.clone()),
+                        parameters: Some(t.parameters.clone()),
+                        strict: None,
+                    },
+                })
+            })
+            .collect();
+        let has_tools = !tools.is_empty();
+        // `max_tokens` rather than `max_completion_tokens`: llama.cpp, vLLM, Ollama and most
+        // OpenAI-compatible servers read only the former; OpenAI still accepts it.
+        #[allow(deprecated)]
+        WireRequest {
+            model: self.model.clone(),
+            messages: self.messages.iter().map(ChatMessage::to_wire).collect(),
+            temperature: Some(self.temperature as f32),
+            max_tokens: Some(self.max_tokens),
+            stream: Some(false),
+            tool_choice: if has_tools {
+                self.tool_choice.as_ref().map(ToolChoice::to_wire)
+            } else {
+                None
+            },
+            tools: has_tools.then_some(tools),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -74,6 +269,13 @@ pub struct ChatResponse {
     pub finish_reason: Option<String>,
     pub prompt_tokens: Option<i64>,
     pub completion_tokens: Option<i64>,
+}
+
+impl ChatResponse {
+    /// The answer was cut at `max_tokens`.
+    pub fn truncated(&self) -> bool {
+        self.finish_reason.as_deref() == Some("length")
+    }
 }
 
 /// A failed model call, classified.
@@ -99,15 +301,23 @@ impl LlmError {
 /// Longest provider error body kept in an error message.
 const ERROR_BODY_LIMIT: usize = 500;
 
+/// One provider's endpoint, credentials and defaults.
 #[derive(Clone)]
 pub struct OpenAiClient {
     http: reqwest::Client,
     endpoint: String,
     api_key: String,
+    api_key_header: String,
+    headers: Vec<(String, String)>,
+    query: Vec<(String, String)>,
+    /// Model of agents that name none.
+    pub model: String,
+    /// The model's context window, in tokens.
+    pub context_window: u32,
 }
 
 impl OpenAiClient {
-    pub fn new(config: &LlmConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &LlmProviderConfig) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(config.timeout_secs))
             .connect_timeout(Duration::from_secs(config.timeout_secs.min(10)))
@@ -116,6 +326,19 @@ impl OpenAiClient {
             http,
             endpoint: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
             api_key: config.api_key.clone(),
+            api_key_header: config.api_key_header.clone(),
+            headers: config
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            query: config
+                .query
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            model: config.model.clone(),
+            context_window: config.context_window,
         })
     }
 
@@ -123,27 +346,39 @@ impl OpenAiClient {
         &self.endpoint
     }
 
-    /// One chat completion. `idempotency_key` (the step's key) is sent as `Idempotency-Key`
-    /// so a provider or proxy that honours it can drop a repeat after a crash.
+    /// One chat completion with the body `request` (see [`ChatRequest::to_wire`]).
+    /// `idempotency_key` (the step's key) is sent as `Idempotency-Key` so a provider or proxy
+    /// that honours it can drop a repeat after a crash.
     #[tracing::instrument(skip_all, fields(model = %request.model))]
     pub async fn chat(
         &self,
-        request: &ChatRequest,
+        request: &WireRequest,
         idempotency_key: &str,
     ) -> Result<ChatResponse, LlmError> {
+        let body = serde_json::to_vec(request).map_err(|e| {
+            LlmError::new(
+                FailureType::Unknown,
+                format!("request not serialisable: {e}"),
+            )
+        })?;
         let mut call = self
             .http
             .post(&self.endpoint)
-            .json(&json!({
-                "model": request.model,
-                "messages": request.messages,
-                "temperature": request.temperature,
-                "max_tokens": request.max_tokens,
-                "stream": false,
-            }))
-            .header("idempotency-key", idempotency_key);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header("idempotency-key", idempotency_key)
+            .body(body);
+        if !self.query.is_empty() {
+            call = call.query(&self.query);
+        }
+        for (name, value) in &self.headers {
+            call = call.header(name, value);
+        }
         if !self.api_key.is_empty() {
-            call = call.bearer_auth(&self.api_key);
+            call = if self.api_key_header.is_empty() {
+                call.bearer_auth(&self.api_key)
+            } else {
+                call.header(&self.api_key_header, &self.api_key)
+            };
         }
         let started = std::time::Instant::now();
         let response = call.send().await.map_err(classify_transport);
@@ -161,13 +396,53 @@ impl OpenAiClient {
     }
 }
 
+/// The configured providers: the default one (`[llm]`) and the named ones
+/// (`[llm.providers.<name>]`) that agents choose with `provider`.
+pub struct ModelClients {
+    default: OpenAiClient,
+    named: BTreeMap<String, OpenAiClient>,
+}
+
+impl ModelClients {
+    pub fn new(config: &LlmConfig) -> anyhow::Result<Self> {
+        let named = config
+            .providers
+            .iter()
+            .map(|(name, p)| Ok((name.clone(), OpenAiClient::new(p)?)))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(ModelClients {
+            default: OpenAiClient::new(&config.default_provider())?,
+            named,
+        })
+    }
+
+    /// Provider `name`; the empty name is the default one.
+    pub fn provider(&self, name: &str) -> Option<&OpenAiClient> {
+        if name.is_empty() {
+            Some(&self.default)
+        } else {
+            self.named.get(name)
+        }
+    }
+
+    pub fn default_provider(&self) -> &OpenAiClient {
+        &self.default
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.provider(name).is_some()
+    }
+}
+
 fn classify_transport(e: reqwest::Error) -> LlmError {
+    // The URL may carry credentials (an Azure key in the query, a token in the path).
+    let e = e.without_url();
     if e.is_timeout() {
         LlmError::new(FailureType::Timeout, format!("model call timed out: {e}"))
     } else if e.is_connect() {
         LlmError::new(
             FailureType::ProviderError,
-            format!("model endpoint unreachable (check llm.base_url): {e}"),
+            format!("model endpoint unreachable (check the provider's base_url): {e}"),
         )
     } else {
         LlmError::new(
@@ -184,15 +459,18 @@ fn classify_status(status: u16, body: &str) -> LlmError {
         429 => FailureType::RateLimited,
         401 | 403 => FailureType::AuthFailed,
         408 | 504 => FailureType::Timeout,
-        500..=599 => FailureType::ProviderError,
-        400 | 413 | 422
+        // llama.cpp's server answers 500 for a prompt over its context window.
+        400 | 413 | 422 | 500
             if lower.contains("context_length")
                 || lower.contains("context length")
                 || lower.contains("maximum context")
+                || lower.contains("context window")
+                || lower.contains("exceed_context_size")
                 || lower.contains("too many tokens") =>
         {
             FailureType::ContextTooLong
         }
+        500..=599 => FailureType::ProviderError,
         400 if lower.contains("content_filter") || lower.contains("content management policy") => {
             FailureType::ContentFiltered
         }
@@ -210,71 +488,68 @@ fn parse_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
+fn finish_reason_str(reason: wire::FinishReason) -> &'static str {
+    match reason {
+        wire::FinishReason::Stop => "stop",
+        wire::FinishReason::Length => "length",
+        wire::FinishReason::ToolCalls => "tool_calls",
+        wire::FinishReason::ContentFilter => "content_filter",
+        wire::FinishReason::FunctionCall => "function_call",
+    }
+}
+
 fn parse_completion(body: &str) -> Result<ChatResponse, LlmError> {
-    #[derive(Deserialize)]
-    struct Completion {
-        choices: Vec<Choice>,
-        usage: Option<Usage>,
-    }
-    #[derive(Deserialize)]
-    struct Choice {
-        message: Option<Message>,
-        finish_reason: Option<String>,
-    }
-    #[derive(Deserialize)]
-    struct Message {
-        content: Option<String>,
-        #[serde(default)]
-        tool_calls: Vec<ToolCall>,
-    }
-    #[derive(Deserialize)]
-    struct Usage {
-        prompt_tokens: Option<i64>,
-        completion_tokens: Option<i64>,
-    }
-    let completion: Completion = serde_json::from_str(body).map_err(|e| {
-        LlmError::new(
-            FailureType::InvalidResponse,
-            format!("model response is not a chat completion: {e}"),
-        )
-    })?;
-    let choice = completion.choices.into_iter().next().ok_or_else(|| {
-        LlmError::new(
-            FailureType::InvalidResponse,
-            "model response has no choices",
-        )
-    })?;
-    if choice.finish_reason.as_deref() == Some("content_filter") {
+    let invalid = |m: String| LlmError::new(FailureType::InvalidResponse, m);
+    let completion: wire::CreateChatCompletionResponse = serde_json::from_str(body)
+        .map_err(|e| invalid(format!("model response is not a chat completion: {e}")))?;
+    let usage = completion.usage;
+    let choice = completion
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| invalid("model response has no choices".into()))?;
+    let finish_reason = choice.finish_reason.map(finish_reason_str);
+    if choice.finish_reason == Some(wire::FinishReason::ContentFilter) {
         return Err(LlmError::new(
             FailureType::ContentFiltered,
             "the model's content filter stopped the answer",
         ));
     }
-    let message = choice.message.ok_or_else(|| {
-        LlmError::new(
-            FailureType::InvalidResponse,
-            "model response has no message",
-        )
-    })?;
-    let content = message.content.unwrap_or_default();
-    if content.trim().is_empty() && message.tool_calls.is_empty() {
-        return Err(LlmError::new(
-            FailureType::InvalidResponse,
-            "model answer is empty",
-        ));
+    let message = choice.message;
+    let mut tool_calls = Vec::new();
+    for call in message.tool_calls.unwrap_or_default() {
+        match call {
+            wire::ChatCompletionMessageToolCalls::Function(f) => tool_calls.push(ToolCall {
+                id: f.id,
+                kind: function_type(),
+                function: FunctionCall {
+                    name: f.function.name,
+                    arguments: f.function.arguments,
+                },
+            }),
+            wire::ChatCompletionMessageToolCalls::Custom(c) => {
+                return Err(invalid(format!(
+                    "model called custom tool `{}`, but only functions were offered",
+                    c.custom_tool.name
+                )));
+            }
+        }
     }
+    // An empty answer is an answer: the engine decides what the chat gets for it.
+    let content = message.content.unwrap_or_default();
     Ok(ChatResponse {
         content,
-        tool_calls: message.tool_calls,
-        finish_reason: choice.finish_reason,
-        prompt_tokens: completion.usage.as_ref().and_then(|u| u.prompt_tokens),
-        completion_tokens: completion.usage.as_ref().and_then(|u| u.completion_tokens),
+        tool_calls,
+        finish_reason: finish_reason.map(str::to_string),
+        prompt_tokens: usage.as_ref().map(|u| i64::from(u.prompt_tokens)),
+        completion_tokens: usage.as_ref().map(|u| i64::from(u.completion_tokens)),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn statuses_map_to_failure_types() {
@@ -297,23 +572,97 @@ mod tests {
         assert_eq!(classify_status(404, "").failure_type, FailureType::Unknown);
     }
 
+    fn completion(message: Value, finish: &str) -> String {
+        json!({
+            "id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+        })
+        .to_string()
+    }
+
     #[test]
     fn completion_parsing() {
-        let ok = parse_completion(
-            r#"{"choices":[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
-        )
+        let ok = parse_completion(&completion(
+            json!({"role": "assistant", "content": "hi"}),
+            "stop",
+        ))
         .unwrap();
         assert_eq!(ok.content, "hi");
         assert_eq!(ok.prompt_tokens, Some(3));
+        let calls = parse_completion(&completion(
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "t", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "u", "arguments": "{\"x\":1}"}}
+            ]}),
+            "tool_calls",
+        ))
+        .unwrap();
+        assert_eq!(calls.tool_calls.len(), 2);
+        assert_eq!(calls.tool_calls[1].function.name, "u");
         assert_eq!(
             parse_completion("nope").unwrap_err().failure_type,
             FailureType::InvalidResponse
         );
         assert_eq!(
-            parse_completion(r#"{"choices":[]}"#)
+            parse_completion(r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[]}"#)
                 .unwrap_err()
                 .failure_type,
             FailureType::InvalidResponse
         );
+        let cut = parse_completion(&completion(
+            json!({"role": "assistant", "content": ""}),
+            "length",
+        ))
+        .unwrap();
+        assert!(cut.truncated() && cut.content.is_empty());
+    }
+
+    #[test]
+    fn the_wire_request_carries_tools_choice_and_empty_assistant_content() {
+        let request = ChatRequest {
+            model: "m".into(),
+            messages: vec![
+                ChatMessage::user("q"),
+                ChatMessage::assistant_calls(
+                    "",
+                    vec![ToolCall {
+                        id: "c1".into(),
+                        kind: function_type(),
+                        function: FunctionCall {
+                            name: "t".into(),
+                            arguments: "{}".into(),
+                        },
+                    }],
+                ),
+                ChatMessage::tool_result("c1", "{\"ok\":true}"),
+            ],
+            temperature: 0.2,
+            max_tokens: 64,
+            tools: vec![ToolSpec {
+                name: "t".into(),
+                description: "a tool".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            tool_choice: Some(ToolChoice::Function("t".into())),
+        };
+        let body = wire_json(&request.to_wire());
+        assert_eq!(body["tools"][0]["type"], "function");
+        assert_eq!(body["tools"][0]["function"]["name"], "t");
+        assert_eq!(body["tools"][0]["function"]["parameters"]["type"], "object");
+        assert_eq!(body["tool_choice"]["function"]["name"], "t");
+        assert_eq!(body["messages"][1]["content"], "");
+        assert_eq!(body["messages"][1]["tool_calls"][0]["id"], "c1");
+        assert_eq!(body["messages"][2]["tool_call_id"], "c1");
+        assert_eq!(body["max_tokens"], 64);
+        assert_eq!(body["temperature"], 0.2);
+        assert_eq!(body["stream"], false);
+        // No tools: neither `tools` nor `tool_choice` is sent.
+        let plain = ChatRequest {
+            tools: Vec::new(),
+            ..request
+        };
+        let body = wire_json(&plain.to_wire());
+        assert!(body.get("tools").is_none() && body.get("tool_choice").is_none());
     }
 }

@@ -75,20 +75,15 @@ impl ToolRegistry {
         self.tools.keys()
     }
 
-    /// OpenAI-style function declarations for `names`, for an agent loop.
-    pub fn function_specs(&self, names: &[String]) -> Vec<Value> {
+    /// The functions offered to the model for `names`, for an agent loop.
+    pub fn function_specs(&self, names: &[String]) -> Vec<crate::llm::ToolSpec> {
         names
             .iter()
             .filter_map(|n| self.tools.get(n).map(|t| (n, t)))
-            .map(|(name, tool)| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": name,
-                        "description": tool.description,
-                        "parameters": tool.args_schema,
-                    }
-                })
+            .map(|(name, tool)| crate::llm::ToolSpec {
+                name: name.clone(),
+                description: tool.description.clone(),
+                parameters: tool.args_schema.clone(),
             })
             .collect()
     }
@@ -239,17 +234,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// Renders a `{{ ... }}` template; plain strings pass through unchanged.
 pub fn render(template: &str, context: &Value) -> Result<String, ToolError> {
-    if !template.contains("{{") && !template.contains("{%") {
-        return Ok(template.to_string());
-    }
-    // One environment for every render: templates run on the step path.
-    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
-    let env = ENV.get_or_init(|| {
-        let mut env = minijinja::Environment::new();
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-        env
-    });
-    env.render_str(template, minijinja::value::Serde(context))
+    crate::templating::render(template, context)
         .map_err(|e| ToolError::permanent(format!("template `{template}`: {e}")))
 }
 

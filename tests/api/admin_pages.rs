@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
 
@@ -41,16 +40,12 @@ fn csrf_of(html: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admins_sign_in_see_failures_and_resume_a_task() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ResponseTemplate::new(401).set_body_string("bad key"))
+    model_mock(|_: &Value| ModelReply::error(401, "bad key"))
         .up_to_n_times(1)
         .with_priority(1)
         .mount(&model)
         .await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
+    model_mock(echo)
         .with_priority(2)
         .mount(&model)
         .await;

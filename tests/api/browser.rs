@@ -7,8 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
 
@@ -203,16 +202,12 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
         return;
     };
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ResponseTemplate::new(401).set_body_string("bad key"))
+    model_mock(|_: &Value| ModelReply::error(401, "bad key"))
         .up_to_n_times(2)
         .with_priority(1)
         .mount(&model)
         .await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
+    model_mock(echo)
         .with_priority(2)
         .mount(&model)
         .await;

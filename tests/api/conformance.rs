@@ -20,10 +20,7 @@ async fn fresh_store() -> (TestDb, Store) {
 }
 
 async fn publish(store: &Store, cfg: &assistd::Config) {
-    let tools = assistd::tools::ToolRegistry::new(&cfg.tools, &cfg.tooling).unwrap();
-    assistd::agents::publish_configured_agents(store, cfg, &tools)
-        .await
-        .unwrap();
+    publish_agents(store, cfg).await.unwrap();
 }
 
 fn msg(conversation: &str, n: u32) -> NewMessage {

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
 
@@ -31,13 +30,7 @@ impl TestApp {
 
 async fn slow_model(delay: Duration) -> MockServer {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(completion("late answer"))
-                .set_delay(delay),
-        )
+    model_mock(move |_: &Value| ModelReply::text("late answer").delayed(delay))
         .mount(&model)
         .await;
     model
@@ -125,16 +118,12 @@ async fn cancelling_a_pending_task_means_it_never_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_task_resumes_and_answers_under_a_new_key() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ResponseTemplate::new(401))
+    model_mock(|_: &Value| ModelReply::error(401, ""))
         .up_to_n_times(1)
         .with_priority(1)
         .mount(&model)
         .await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
+    model_mock(echo)
         .with_priority(2)
         .mount(&model)
         .await;

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use assistd::domain::{AuditEvent, StepStatus, TaskStatus, now_ms};
 use assistd::store::Store;
 use serde_json::Value;
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{MockServer, Request};
 
 use crate::binary::{RealServer, free_port};
 use crate::helpers::*;
@@ -20,8 +19,8 @@ struct RecordingModel {
     calls: Arc<Mutex<Vec<(String, i64)>>>,
 }
 
-impl Respond for RecordingModel {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
+impl ModelScript for RecordingModel {
+    fn reply(&self, request: &Request, body: &Value) -> ModelReply {
         let key = request
             .headers
             .get("idempotency-key")
@@ -29,7 +28,7 @@ impl Respond for RecordingModel {
             .unwrap_or("")
             .to_string();
         self.calls.lock().unwrap().push((key, now_ms()));
-        EchoModel.respond(request).set_delay(self.delay)
+        echo(body).delayed(self.delay)
     }
 }
 
@@ -45,9 +44,7 @@ impl Rig {
     async fn new(model_delay: Duration) -> Rig {
         let calls = Arc::new(Mutex::new(Vec::new()));
         let model = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(chat_path())
-            .respond_with(RecordingModel {
+        model_mock(RecordingModel {
                 delay: model_delay,
                 calls: calls.clone(),
             })

@@ -1,33 +1,29 @@
 //! The admin failure summary, redaction and metrics, on seeded data.
 
 use serde_json::Value;
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{MockServer, Request};
 
 use crate::helpers::*;
 
 /// Echoes, except: "fail-auth" → 401 (with an email in the error), "fail-provider" → 500.
 struct ScriptedFailures;
 
-impl Respond for ScriptedFailures {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let body = String::from_utf8_lossy(&request.body);
-        if body.contains("fail-auth") {
-            return ResponseTemplate::new(401)
-                .set_body_string(r#"{"error":"invalid key, contact ops@example.com"}"#);
+impl ModelScript for ScriptedFailures {
+    fn reply(&self, _request: &Request, body: &Value) -> ModelReply {
+        let text = body.to_string();
+        if text.contains("fail-auth") {
+            return ModelReply::error(401, r#"{"error":"invalid key, contact ops@example.com"}"#);
         }
-        if body.contains("fail-provider") {
-            return ResponseTemplate::new(500).set_body_string("upstream exploded");
+        if text.contains("fail-provider") {
+            return ModelReply::error(500, "upstream exploded");
         }
-        EchoModel.respond(request)
+        echo(body)
     }
 }
 
 async fn seeded() -> (TestApp, Vec<i64>) {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ScriptedFailures)
+    model_mock(ScriptedFailures)
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {

@@ -12,7 +12,9 @@ use assistd::store::Store;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+pub use crate::strict_model::*;
 
 pub const SECRET: &str = "test-secret";
 pub const ADMIN_TOKEN: &str = "test-admin-token";
@@ -125,29 +127,15 @@ pub struct TestApp {
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-/// Answers every chat completion with `answer to: <last user message>`.
-pub struct EchoModel;
-
-impl Respond for EchoModel {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or("")
-            .to_string();
-        ResponseTemplate::new(200).set_body_json(completion(&format!("answer to: {last}")))
-    }
-}
-
-pub fn completion(content: &str) -> Value {
-    json!({
-        "id": "chatcmpl-test",
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
-    })
+/// Answers every chat completion with `answer to: <last message's content>`.
+pub fn echo(body: &Value) -> ModelReply {
+    let last = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_string();
+    ModelReply::text(format!("answer to: {last}"))
 }
 
 pub fn chat_path() -> wiremock::matchers::PathExactMatcher {
@@ -170,14 +158,11 @@ pub async fn receiver_answering(answer: ResponseTemplate) -> MockServer {
     receiver
 }
 
-/// A mock model that answers every chat call with `answer to: <last user message>`.
+/// A mock model (the strict double) that answers every chat call with `answer to: <last
+/// user message>`.
 pub async fn echo_model() -> MockServer {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
-        .mount(&model)
-        .await;
+    model_mock(echo).mount(&model).await;
     model
 }
 
@@ -385,4 +370,11 @@ pub fn config_with_overlay(
     c.tooling.retry_backoff_base_ms = 20;
     c.tooling.retry_backoff_max_ms = 50;
     c
+}
+
+/// Publishes the agents `cfg` declares, as `App::build` does.
+pub async fn publish_agents(store: &Store, cfg: &Config) -> anyhow::Result<()> {
+    let tools = assistd::tools::ToolRegistry::new(&cfg.tools, &cfg.tooling)?;
+    let models = assistd::llm::ModelClients::new(&cfg.llm)?;
+    assistd::agents::publish_configured_agents(store, cfg, &tools, &models).await
 }

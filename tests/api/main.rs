@@ -16,6 +16,7 @@ mod pipeline;
 mod platforms;
 mod reply_delivery;
 mod scheduler;
+mod strict_model;
 mod webhook_errors;
 mod workflow_crash;
 mod workflows;

@@ -2,28 +2,21 @@
 
 use std::time::Duration;
 
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limited_then_ok_succeeds_after_honouring_retry_after() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(
-            ResponseTemplate::new(429)
-                .insert_header("retry-after", "1")
-                .set_body_string(r#"{"error":{"message":"slow down"}}"#),
-        )
-        .up_to_n_times(1)
+    model_mock(|_: &serde_json::Value| {
+        ModelReply::error(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "1")
+    })
+    .up_to_n_times(1)
         .with_priority(1)
         .mount(&model)
         .await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(EchoModel)
+    model_mock(echo)
         .with_priority(2)
         .mount(&model)
         .await;
@@ -48,9 +41,7 @@ async fn rate_limited_then_ok_succeeds_after_honouring_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_failure_fails_at_once_with_one_notice() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ResponseTemplate::new(401).set_body_string(r#"{"error":"bad key"}"#))
+    model_mock(|_: &serde_json::Value| ModelReply::error(401, r#"{"error":"bad key"}"#))
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
@@ -84,13 +75,7 @@ async fn auth_failure_fails_at_once_with_one_notice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_timeout_is_retried_then_fails_as_timeout() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(completion("late"))
-                .set_delay(Duration::from_secs(3)),
-        )
+    model_mock(|_: &serde_json::Value| ModelReply::text("late").delayed(Duration::from_secs(3)))
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
@@ -113,9 +98,7 @@ async fn model_timeout_is_retried_then_fails_as_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_errors_are_retried_up_to_the_limit() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ResponseTemplate::new(503))
+    model_mock(|_: &serde_json::Value| ModelReply::error(503, ""))
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {

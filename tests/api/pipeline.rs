@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
 
@@ -97,9 +96,7 @@ async fn card_answers_go_out_as_cards() {
     let model = MockServer::start().await;
     let card =
         r#"{"card_type":"knowledge_answer","title":"Paris","answer":"Paris is the capital."}"#;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ResponseTemplate::new(200).set_body_json(completion(card)))
+    model_mock(move |_: &Value| ModelReply::text(card))
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
@@ -150,9 +147,7 @@ async fn five_concurrent_deliveries_make_one_task_and_one_reply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_of_one_conversation_are_answered_in_order_one_at_a_time() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(DelayedEcho(Duration::from_millis(300)))
+    model_mock(|body: &Value| echo(body).delayed(Duration::from_millis(300)))
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
@@ -235,15 +230,6 @@ async fn messages_of_one_conversation_are_answered_in_order_one_at_a_time() {
     app.stop().await;
 }
 
-/// Echo after a delay.
-struct DelayedEcho(Duration);
-
-impl wiremock::Respond for DelayedEcho {
-    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
-        EchoModel.respond(request).set_delay(self.0)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_over_the_token_budget_is_summarised_first() {
     let model = echo_model().await;
@@ -307,13 +293,7 @@ async fn a_history_over_the_token_budget_is_summarised_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_call_longer_than_the_lease_keeps_its_task() {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(completion("slow answer"))
-                .set_delay(Duration::from_millis(3_500)),
-        )
+    model_mock(|_: &Value| ModelReply::text("slow answer").delayed(Duration::from_millis(3_500)))
         .mount(&model)
         .await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {

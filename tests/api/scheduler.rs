@@ -234,10 +234,7 @@ async fn store_for(db: &TestDb) -> Store {
     let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     let store = Store::connect(&cfg.database).await.unwrap();
     store.migrate().await.unwrap();
-    let tools = assistd::tools::ToolRegistry::new(&cfg.tools, &cfg.tooling).unwrap();
-    assistd::agents::publish_configured_agents(&store, &cfg, &tools)
-        .await
-        .unwrap();
+    publish_agents(&store, &cfg).await.unwrap();
     store
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::binary::{RealServer, free_port};
 use crate::helpers::*;
@@ -19,8 +19,8 @@ struct KeyedModel(
     Arc<Mutex<Vec<Value>>>,
 );
 
-impl Respond for KeyedModel {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
+impl ModelScript for KeyedModel {
+    fn reply(&self, request: &Request, body: &Value) -> ModelReply {
         let key = request
             .headers
             .get("idempotency-key")
@@ -31,8 +31,8 @@ impl Respond for KeyedModel {
         self.2
             .lock()
             .unwrap()
-            .push(serde_json::from_slice(&request.body).unwrap_or(Value::Null));
-        self.1.respond(request)
+            .push(body.clone());
+        self.1.reply(request, body)
     }
 }
 
@@ -63,9 +63,7 @@ impl BinaryFlow {
         let model_keys = Arc::new(Mutex::new(Vec::new()));
         let model_bodies = Arc::new(Mutex::new(Vec::new()));
         let model = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(chat_path())
-            .respond_with(KeyedModel(model_keys.clone(), script, model_bodies.clone()))
+        model_mock(KeyedModel(model_keys.clone(), script, model_bodies.clone()))
             .mount(&model)
             .await;
         let tools = tool_server().await;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path, path_regex};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::helpers::*;
 
@@ -39,9 +39,8 @@ fn seen_line(text: &str) -> Vec<String> {
         .collect()
 }
 
-impl Respond for ToolScriptModel {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let body: Value = serde_json::from_slice(&request.body).unwrap();
+impl ModelScript for ToolScriptModel {
+    fn reply(&self, _request: &Request, body: &Value) -> ModelReply {
         let messages = body["messages"].as_array().unwrap();
         let text = |m: &Value| m["content"].as_str().unwrap_or("").to_string();
         if text(&messages[0]).starts_with("Summarise the work so far") {
@@ -52,8 +51,7 @@ impl Respond for ToolScriptModel {
                     seen.push(tool_value(content));
                 }
             }
-            return ResponseTemplate::new(200)
-                .set_body_json(completion(&format!("seen: {}", seen.join(","))));
+            return ModelReply::text(format!("seen: {}", seen.join(",")));
         }
         let mut seen: Vec<String> = messages
             .iter()
@@ -67,15 +65,11 @@ impl Respond for ToolScriptModel {
                 .map(|m| tool_value(&text(m))),
         );
         let n = seen.len();
-        if n < self.0.len() {
-            return ResponseTemplate::new(200).set_body_json(json!({
-                "choices": [{"message": {"role": "assistant", "content": "", "tool_calls": [{
-                    "id": format!("call_{n}"), "type": "function",
-                    "function": {"name": self.0[n], "arguments": format!("{{\"q\":\"item{n}\"}}")}
-                }]}, "finish_reason": "tool_calls"}]
-            }));
+        // Like a real model, it answers when it may not call (the last turn of a loop).
+        if n < self.0.len() && body["tool_choice"] != "none" {
+            return ModelReply::calls(&[(self.0[n], json!({ "q": format!("item{n}") }))]);
         }
-        ResponseTemplate::new(200).set_body_json(completion(&format!("found {}", seen.join(", "))))
+        ModelReply::text(format!("found {}", seen.join(", ")))
     }
 }
 
@@ -210,9 +204,7 @@ pub async fn spawn_flow(workflow: &str) -> Flow {
 
 pub async fn spawn_flow_with(workflow: &str, tweak: impl FnOnce(&mut assistd::Config)) -> Flow {
     let model = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(chat_path())
-        .respond_with(ToolScriptModel::default())
+    model_mock(ToolScriptModel::default())
         .mount(&model)
         .await;
     let tools = tool_server().await;
@@ -687,8 +679,7 @@ async fn the_shipped_example_agents_are_valid() {
         db_config.url = db.url.clone();
         let store = assistd::store::Store::connect(&db_config).await.unwrap();
         store.migrate().await.unwrap();
-        let tools = assistd::tools::ToolRegistry::new(&config.tools, &config.tooling).unwrap();
-        assistd::agents::publish_configured_agents(&store, &config, &tools)
+        publish_agents(&store, &config)
             .await
             .unwrap_or_else(|e| panic!("{example}: {e}"));
         let agent = &config.channels.generic.agent;

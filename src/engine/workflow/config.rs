@@ -58,6 +58,10 @@ pub struct ToolNode {
 pub struct AgentNode {
     pub prompt: String,
     pub tools: Vec<String>,
+    /// `auto` (default), `required`, `none`, or a tool name; applies to the node's first
+    /// model turn, later turns use `auto`.
+    #[serde(default)]
+    pub tool_choice: Option<String>,
     #[serde(default = "default_max_steps")]
     pub max_steps: u32,
     pub next: String,
@@ -164,6 +168,18 @@ impl Workflow {
                 self.start
             ));
         }
+        let outputs: Vec<(String, bool)> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let model = matches!(n.kind, NodeKind::Llm(_) | NodeKind::Agent(_));
+                (n.id.clone(), model)
+            })
+            .collect();
+        let sample = crate::templating::sample_context(&outputs);
+        let template = |id: &str, field: &str, text: &str| template(&sample, id, field, text);
+        let templates_in =
+            |id: &str, field: &str, value: &Value| templates_in(&sample, id, field, value);
         for node in &self.nodes {
             let id = &node.id;
             let target = |field: &str, next: &str| -> Result<(), String> {
@@ -203,6 +219,15 @@ impl Workflow {
                             ));
                         }
                     }
+                    match n.tool_choice.as_deref() {
+                        None | Some("auto" | "required" | "none") => {}
+                        Some(name) if n.tools.iter().any(|t| t == name) => {}
+                        Some(other) => {
+                            return Err(format!(
+                                "node `{id}`: field `tool_choice` is `{other}`; expected auto, required, none or one of the node's tools"
+                            ));
+                        }
+                    }
                     if !(1..=MAX_AGENT_STEPS).contains(&n.max_steps) {
                         return Err(format!(
                             "node `{id}`: field `max_steps` must be 1 to {MAX_AGENT_STEPS}"
@@ -215,11 +240,8 @@ impl Workflow {
                         return Err(format!("node `{id}`: field `branches` must not be empty"));
                     }
                     for (i, b) in n.branches.iter().enumerate() {
-                        let env = minijinja::Environment::new();
-                        env.compile_expression(&b.when).map_err(|e| {
-                            format!(
-                                "node `{id}`: field `branches[{i}].when` is not an expression: {e}"
-                            )
+                        crate::templating::dry_run_expression(&b.when, &sample).map_err(|e| {
+                            format!("node `{id}`: field `branches[{i}].when`: {e}")
                         })?;
                         target(&format!("branches[{i}].next"), &b.next)?;
                     }
@@ -357,23 +379,26 @@ fn parse_node(raw: &Value, position: usize) -> Result<Node, String> {
     Ok(Node { id, kind })
 }
 
-fn template(id: &str, field: &str, text: &str) -> Result<(), String> {
-    let env = minijinja::Environment::new();
-    env.template_from_str(text)
-        .map(|_| ())
-        .map_err(|e| format!("node `{id}`: field `{field}` is not a valid template: {e}"))
+fn template(sample: &minijinja::Value, id: &str, field: &str, text: &str) -> Result<(), String> {
+    crate::templating::dry_run_template(text, sample)
+        .map_err(|e| format!("node `{id}`: field `{field}`: {e}"))
 }
 
-fn templates_in(id: &str, field: &str, value: &Value) -> Result<(), String> {
+fn templates_in(
+    sample: &minijinja::Value,
+    id: &str,
+    field: &str,
+    value: &Value,
+) -> Result<(), String> {
     match value {
-        Value::String(s) => template(id, field, s),
+        Value::String(s) => template(sample, id, field, s),
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .try_for_each(|(i, v)| templates_in(id, &format!("{field}[{i}]"), v)),
+            .try_for_each(|(i, v)| templates_in(sample, id, &format!("{field}[{i}]"), v)),
         Value::Object(map) => map
             .iter()
-            .try_for_each(|(k, v)| templates_in(id, &format!("{field}.{k}"), v)),
+            .try_for_each(|(k, v)| templates_in(sample, id, &format!("{field}.{k}"), v)),
         _ => Ok(()),
     }
 }

@@ -20,7 +20,7 @@ use crate::domain::{
     reply_key, step_key, truncate,
 };
 use crate::engine::{RunError, TaskContext, backoff, reply};
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse};
+use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice, ToolSpec};
 use crate::store::StoreError;
 use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::store::workflow::NewPendingAction;
@@ -228,12 +228,13 @@ impl<'a> Runner<'a> {
                 NodeKind::Llm(n) => {
                     let prompt = self.render(&n.prompt)?;
                     let messages = vec![
-                        ChatMessage::new("system", self.ctx.agent.system_prompt.clone()),
-                        ChatMessage::new("user", prompt),
+                        ChatMessage::system(self.ctx.agent.system_prompt.clone()),
+                        ChatMessage::user(prompt),
                     ];
-                    let answer = self.llm_call("llm", messages, Vec::new()).await?;
-                    self.outputs
-                        .insert(id.clone(), json!({ "text": answer.content }));
+                    let answer = self.llm_call("llm", messages, Vec::new(), None).await?;
+                    let text = reply::answer_text(&answer, &self.ctx.agent.fallback_text)
+                        .map_err(|(f, m)| Stop::Failed(f, format!("node `{id}`: {m}")))?;
+                    self.outputs.insert(id.clone(), json!({ "text": text }));
                     Some(n.next.clone())
                 }
                 NodeKind::Tool(n) => {
@@ -253,16 +254,13 @@ impl<'a> Runner<'a> {
                 }
                 NodeKind::Condition(n) => {
                     let context = self.template_context();
-                    let env = minijinja::Environment::new();
                     let mut chosen = n.default.clone();
                     for branch in &n.branches {
-                        let expr = env.compile_expression(&branch.when).map_err(|e| {
-                            Stop::Failed(FailureType::Unknown, format!("node `{id}`: {e}"))
-                        })?;
-                        let value = expr.eval(minijinja::value::Serde(&context)).map_err(|e| {
-                            Stop::Failed(FailureType::Unknown, format!("node `{id}`: {e}"))
-                        })?;
-                        if value.is_true() {
+                        let holds = crate::templating::is_true(&branch.when, &context)
+                            .map_err(|e| {
+                                Stop::Failed(FailureType::Unknown, format!("node `{id}`: {e}"))
+                            })?;
+                        if holds {
                             chosen = branch.next.clone();
                             break;
                         }
@@ -326,17 +324,26 @@ impl<'a> Runner<'a> {
             ));
         }
         let text = self.render(node.text.as_deref().unwrap_or_default())?;
+        if text.trim().is_empty() {
+            // Never an empty chat message: the user gets the failure notice instead.
+            return Err(Stop::Failed(
+                FailureType::InvalidResponse,
+                "the reply rendered an empty message".into(),
+            ));
+        }
         let (reply_type, content) = reply::compose_answer(&text);
         Ok((reply_type, content, text))
     }
 
     /// A model-driven tool loop: the model answers or asks for tools; each model call and
-    /// each tool call is a step; tool errors of read-only tools go back to the model.
+    /// each tool call (several in one answer too) is a step of its own; tool errors of
+    /// read-only tools go back to the model. When `max_steps` model turns all asked for tools,
+    /// one last turn with `tool_choice: none` makes the model answer with what it has.
     async fn agent_loop(&mut self, id: &str, node: &AgentNode) -> Result<String, Stop> {
         let prompt = self.render(&node.prompt)?;
         let head = vec![
-            ChatMessage::new("system", self.ctx.agent.system_prompt.clone()),
-            ChatMessage::new("user", prompt),
+            ChatMessage::system(self.ctx.agent.system_prompt.clone()),
+            ChatMessage::user(prompt),
         ];
         let specs = self.svc.tools.function_specs(&node.tools);
         let every = self.svc.config.context.summary_every_steps as usize;
@@ -344,11 +351,12 @@ impl<'a> Runner<'a> {
         let mut window: Vec<ChatMessage> = Vec::new();
         let mut summary: Option<String> = None;
         let mut since_summary = 0usize;
-        for _ in 0..node.max_steps {
+        let first_choice = node.tool_choice.as_deref().map(ToolChoice::parse);
+        for turn in 0..=node.max_steps {
             if since_summary >= every {
                 let last_round = window
                     .iter()
-                    .rposition(|m| m.role == "assistant")
+                    .rposition(|m| m.role == Role::Assistant)
                     .unwrap_or(window.len());
                 if last_round > 0 {
                     let older: Vec<ChatMessage> = window.drain(..last_round).collect();
@@ -367,24 +375,50 @@ impl<'a> Runner<'a> {
             }
             let mut messages = head.clone();
             if let Some(s) = &summary {
-                messages.push(ChatMessage::new(
-                    "user",
-                    format!("Summary of the work so far:\n{s}"),
-                ));
+                messages.push(ChatMessage::user(format!(
+                    "Summary of the work so far:\n{s}"
+                )));
             }
             messages.extend(window.iter().cloned());
-            let answer = self.llm_call("llm", messages, specs.clone()).await?;
+            let last_turn = turn == node.max_steps;
+            let choice = if last_turn {
+                Some(ToolChoice::None)
+            } else if turn == 0 {
+                first_choice.clone()
+            } else {
+                None
+            };
+            let answer = self
+                .llm_call("llm", messages, specs.clone(), choice)
+                .await?;
             since_summary += 1;
-            if answer.tool_calls.is_empty() {
-                return Ok(answer.content);
+            if answer.tool_calls.is_empty() || last_turn {
+                if answer.truncated() {
+                    tracing::warn!(node = id, "the model's answer was cut at max_tokens");
+                }
+                return reply::answer_text(&answer, &self.ctx.agent.fallback_text).map_err(
+                    |(f, m)| {
+                        Stop::Failed(
+                            f,
+                            format!("agent node `{id}`, model turn {}: {m}", turn + 1),
+                        )
+                    },
+                );
             }
-            let mut asked = ChatMessage::new("assistant", answer.content.clone());
-            asked.tool_calls = answer.tool_calls.clone();
-            window.push(asked);
+            if answer.truncated() {
+                // Calls cut off mid-arguments are not run; the model is told and asked again.
+                tracing::warn!(node = id, "tool calls cut at max_tokens; asking again");
+            }
+            window.push(ChatMessage::assistant_calls(
+                answer.content.clone(),
+                answer.tool_calls.clone(),
+            ));
             for call in &answer.tool_calls {
                 let name = call.function.name.clone();
                 let outcome = if !node.tools.contains(&name) {
                     Err(format!("tool `{name}` is not available here"))
+                } else if answer.truncated() {
+                    Err("the call was cut off at max_tokens; make it shorter".to_string())
                 } else {
                     match serde_json::from_str::<Value>(
                         if call.function.arguments.trim().is_empty() {
@@ -404,18 +438,10 @@ impl<'a> Runner<'a> {
                     Ok(output) => output.to_string(),
                     Err(error) => json!({ "error": error }).to_string(),
                 };
-                let mut answer_msg = ChatMessage::new("tool", content);
-                answer_msg.tool_call_id = Some(call.id.clone());
-                window.push(answer_msg);
+                window.push(ChatMessage::tool_result(call.id.clone(), content));
             }
         }
-        Err(Stop::Failed(
-            FailureType::InvalidResponse,
-            format!(
-                "agent node `{id}` did not finish within {} steps",
-                node.max_steps
-            ),
-        ))
+        unreachable!("the last turn returns")
     }
 
     /// A journalled model call that folds `older` messages into the rolling summary.
@@ -443,40 +469,41 @@ impl<'a> Runner<'a> {
             text.push_str(&format!("{}: {}\n", m.role, truncate(&body, 2000)));
         }
         let messages = vec![
-            ChatMessage::new("system", self.svc.config.context.summary_prompt.clone()),
-            ChatMessage::new("user", text),
+            ChatMessage::system(self.svc.config.context.summary_prompt.clone()),
+            ChatMessage::user(text),
         ];
         Ok(self
-            .llm_call("summary", messages, Vec::new())
+            .llm_call("summary", messages, Vec::new(), None)
             .await?
             .content)
     }
 
-    /// One journalled model call (`name` is the step's name: `llm` or `summary`).
+    /// One journalled model call (`name` is the step's name: `llm` or `summary`). The step's
+    /// input is the request body exactly as sent.
     async fn llm_call(
         &mut self,
         name: &str,
         messages: Vec<ChatMessage>,
-        tools: Vec<Value>,
+        tools: Vec<ToolSpec>,
+        tool_choice: Option<ToolChoice>,
     ) -> Result<ChatResponse, Stop> {
         let agent = &self.ctx.agent;
+        let (provider, model) = crate::engine::model_of(self.svc, agent)?;
         let request = ChatRequest {
-            model: if agent.model.is_empty() {
-                self.svc.config.llm.model.clone()
-            } else {
-                agent.model.clone()
-            },
+            model,
             messages,
             temperature: agent.temperature,
             max_tokens: agent.max_tokens,
             tools,
-        };
-        let input = serde_json::to_value(&request).unwrap_or(Value::Null);
+            tool_choice,
+        }
+        .to_wire();
+        let input = crate::llm::wire_json(&request);
         let svc = self.svc;
         let request_ref = &request;
         let done = self
             .journal(StepType::Llm, name, &input, true, move |key| async move {
-                match svc.llm.chat(request_ref, &key).await {
+                match provider.chat(request_ref, &key).await {
                     Ok(answer) => Ok(CallOk {
                         tokens_in: answer.prompt_tokens,
                         tokens_out: answer.completion_tokens,

@@ -1,0 +1,462 @@
+//! The mock model every test uses: `POST /v1/chat/completions` held to the contract real
+//! providers enforce. Sources: OpenAI's API reference for chat completions (request fields,
+//! message roles, `tool_calls` / `tool` pairing, `tools` and `tool_choice`, the error body),
+//! and llama.cpp's OpenAI-compatible server where it is stricter (it rejects `content: null`
+//! on an assistant turn). A request that breaks the contract is answered 400 with an
+//! OpenAI-style error, as a provider would, before the test's script sees it. The script's
+//! answer is checked too: a call of a tool the request did not declare, a call under
+//! `tool_choice: "none"`, or no call of a forced function is a bug in the test; it is answered
+//! 500 with `strict model double:` in the body (and printed), so the test fails.
+//!
+//! Optionally the double has a context window (`with_context_window`): a request whose
+//! messages (estimated at four bytes a token) plus `max_tokens` exceed it is refused 400 with
+//! OpenAI's `context_length_exceeded` error, as llama.cpp's server refuses it.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wiremock::matchers::method;
+use wiremock::{Mock, Request, Respond, ResponseTemplate};
+
+use crate::helpers::chat_path;
+
+/// What a script answers; the double wraps it in a full chat-completion envelope.
+#[derive(Debug, Clone)]
+pub struct ModelReply {
+    kind: ReplyKind,
+    delay: Option<Duration>,
+    headers: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone)]
+enum ReplyKind {
+    Text {
+        content: String,
+        finish_reason: &'static str,
+    },
+    /// (name, JSON arguments) per call.
+    Calls(Vec<(String, String)>),
+    /// A non-2xx answer, as is.
+    Error { status: u16, body: String },
+}
+
+impl ModelReply {
+    pub fn text(content: impl Into<String>) -> ModelReply {
+        Self::of(ReplyKind::Text {
+            content: content.into(),
+            finish_reason: "stop",
+        })
+    }
+
+    /// A text answer cut at `max_tokens` (`finish_reason: "length"`).
+    pub fn cut(content: impl Into<String>) -> ModelReply {
+        Self::of(ReplyKind::Text {
+            content: content.into(),
+            finish_reason: "length",
+        })
+    }
+
+    /// One answer calling these tools, `(name, arguments)`, in order.
+    pub fn calls(calls: &[(&str, Value)]) -> ModelReply {
+        Self::of(ReplyKind::Calls(
+            calls
+                .iter()
+                .map(|(n, a)| (n.to_string(), a.to_string()))
+                .collect(),
+        ))
+    }
+
+    pub fn error(status: u16, body: impl Into<String>) -> ModelReply {
+        Self::of(ReplyKind::Error {
+            status,
+            body: body.into(),
+        })
+    }
+
+    pub fn delayed(mut self, delay: Duration) -> ModelReply {
+        self.delay = Some(delay);
+        self
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> ModelReply {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    fn of(kind: ReplyKind) -> ModelReply {
+        ModelReply {
+            kind,
+            delay: None,
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// A test's model behaviour: given the request (checked already) and its JSON body, the answer.
+pub trait ModelScript: Send + Sync + 'static {
+    fn reply(&self, request: &Request, body: &Value) -> ModelReply;
+}
+
+impl<F> ModelScript for F
+where
+    F: Fn(&Value) -> ModelReply + Send + Sync + 'static,
+{
+    fn reply(&self, _request: &Request, body: &Value) -> ModelReply {
+        self(body)
+    }
+}
+
+/// The strict double around a script.
+pub struct StrictModel<S> {
+    script: S,
+    context_window: Option<usize>,
+    calls: AtomicU64,
+}
+
+impl<S: ModelScript> StrictModel<S> {
+    pub fn new(script: S) -> Self {
+        StrictModel {
+            script,
+            context_window: None,
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Refuses requests over `tokens`, as a server started with that context size does.
+    pub fn with_context_window(mut self, tokens: usize) -> Self {
+        self.context_window = Some(tokens);
+        self
+    }
+}
+
+/// A mock of the chat endpoint answering through the strict double; mount it like any mock.
+pub fn model_mock(script: impl ModelScript) -> Mock {
+    strict_mock(StrictModel::new(script))
+}
+
+pub fn strict_mock<S: ModelScript>(model: StrictModel<S>) -> Mock {
+    Mock::given(method("POST"))
+        .and(chat_path())
+        .respond_with(model)
+}
+
+fn refuse(message: String) -> ResponseTemplate {
+    ResponseTemplate::new(400).set_body_json(json!({
+        "error": { "message": message, "type": "invalid_request_error", "param": null, "code": null }
+    }))
+}
+
+fn script_bug(message: String) -> ResponseTemplate {
+    eprintln!("strict model double: {message}");
+    ResponseTemplate::new(500).set_body_string(format!("strict model double: {message}"))
+}
+
+const KNOWN_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stream",
+    "stream_options",
+    "stop",
+    "n",
+    "seed",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "presence_penalty",
+    "frequency_penalty",
+];
+
+/// The request checks; `Err` is the provider's 400 message.
+pub fn check_request(body: &Value) -> Result<(), String> {
+    let object = body.as_object().ok_or("the body must be a JSON object")?;
+    for key in object.keys() {
+        if !KNOWN_FIELDS.contains(&key.as_str()) {
+            return Err(format!("Unrecognized request argument supplied: {key}"));
+        }
+    }
+    match body.get("model").and_then(Value::as_str) {
+        Some(m) if !m.is_empty() => {}
+        _ => return Err("you must provide a model parameter".into()),
+    }
+    if body.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err("this double does not stream; the request asked for stream: true".into());
+    }
+    if let Some(t) = body.get("temperature") {
+        match t.as_f64() {
+            Some(t) if (0.0..=2.0).contains(&t) => {}
+            _ => return Err(format!("Invalid 'temperature': {t}")),
+        }
+    }
+    if let Some(n) = body.get("max_tokens")
+        && n.as_u64().is_none_or(|n| n == 0)
+    {
+        return Err(format!("Invalid 'max_tokens': {n}"));
+    }
+    let declared = check_tools(body)?;
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+        .ok_or("'messages' must be a non-empty array")?;
+    // Calls of the latest assistant turn still waiting for their `tool` message.
+    let mut open: Vec<String> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        if role != "tool" && !open.is_empty() {
+            return Err(format!(
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {}",
+                open.join(", ")
+            ));
+        }
+        match m.get("content") {
+            Some(Value::String(_)) | Some(Value::Array(_)) => {}
+            Some(Value::Null) | None => {
+                return Err(format!(
+                    "messages[{i}].content must be a string (llama.cpp's server refuses null)"
+                ));
+            }
+            Some(other) => return Err(format!("Invalid type for 'messages[{i}].content': {other}")),
+        }
+        match role {
+            "system" | "developer" | "user" => {}
+            "assistant" => {
+                if let Some(calls) = m.get("tool_calls") {
+                    let calls = calls
+                        .as_array()
+                        .filter(|c| !c.is_empty())
+                        .ok_or(format!("messages[{i}].tool_calls must be a non-empty array"))?;
+                    for (j, c) in calls.iter().enumerate() {
+                        let id = c.get("id").and_then(Value::as_str).unwrap_or("");
+                        let name = c.pointer("/function/name").and_then(Value::as_str);
+                        let args = c.pointer("/function/arguments").and_then(Value::as_str);
+                        if id.is_empty()
+                            || c.get("type").and_then(Value::as_str) != Some("function")
+                            || name.is_none()
+                            || args.is_none()
+                        {
+                            return Err(format!(
+                                "messages[{i}].tool_calls[{j}] needs id, type 'function', function.name and function.arguments (a string)"
+                            ));
+                        }
+                        open.push(id.to_string());
+                    }
+                }
+            }
+            "tool" => {
+                let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
+                match open.iter().position(|o| o == id) {
+                    Some(p) => {
+                        open.remove(p);
+                    }
+                    None => {
+                        return Err(format!(
+                            "Invalid parameter: messages[{i}] with role 'tool' must be a response to a preceeding message with 'tool_calls' (tool_call_id `{id}`)"
+                        ));
+                    }
+                }
+            }
+            other => {
+                return Err(format!(
+                    "Invalid value: '{other}'. Supported values are: 'system', 'assistant', 'user', 'tool', and 'developer'."
+                ));
+            }
+        }
+    }
+    if !open.is_empty() {
+        return Err(format!(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {}",
+            open.join(", ")
+        ));
+    }
+    if let Some(choice) = body.get("tool_choice") {
+        if declared.is_empty() {
+            return Err("Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.".into());
+        }
+        match choice {
+            Value::String(s) if ["none", "auto", "required"].contains(&s.as_str()) => {}
+            Value::Object(_) if choice.get("type").and_then(Value::as_str) == Some("function") => {
+                let name = choice.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+                if !declared.contains(name) {
+                    return Err(format!(
+                        "Invalid 'tool_choice': function `{name}` is not among the declared tools"
+                    ));
+                }
+            }
+            other => return Err(format!("Invalid value for 'tool_choice': {other}")),
+        }
+    }
+    Ok(())
+}
+
+/// Checks `tools`; returns the declared function names.
+fn check_tools(body: &Value) -> Result<HashSet<String>, String> {
+    let mut names = HashSet::new();
+    let Some(tools) = body.get("tools") else {
+        return Ok(names);
+    };
+    let tools = tools.as_array().ok_or("'tools' must be an array")?;
+    for (i, t) in tools.iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(format!("tools[{i}].type must be 'function'"));
+        }
+        let name = t.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            return Err(format!(
+                "Invalid 'tools[{i}].function.name': string does not match pattern ^[a-zA-Z0-9_-]{{1,64}}$"
+            ));
+        }
+        if t.pointer("/function/description").is_some_and(|d| !d.is_string()) {
+            return Err(format!("tools[{i}].function.description must be a string"));
+        }
+        if t.pointer("/function/parameters").is_some_and(|p| !p.is_object()) {
+            return Err(format!("tools[{i}].function.parameters must be a JSON Schema object"));
+        }
+        if !names.insert(name.to_string()) {
+            return Err(format!("tools: duplicate function name `{name}`"));
+        }
+    }
+    Ok(names)
+}
+
+/// The script's calls against what the request allowed; `Err` is the test's bug.
+fn check_calls(body: &Value, calls: &[(String, String)]) -> Result<(), String> {
+    let declared = check_tools(body).unwrap_or_default();
+    for (name, args) in calls {
+        if !declared.contains(name) {
+            return Err(format!(
+                "the script called `{name}`, which the request did not declare (declared: {declared:?})"
+            ));
+        }
+        if serde_json::from_str::<Value>(args).is_err() {
+            return Err(format!("the script's arguments for `{name}` are not JSON"));
+        }
+    }
+    match body.get("tool_choice") {
+        Some(Value::String(s)) if s == "none" && !calls.is_empty() => {
+            Err("the script called a tool under tool_choice \"none\"".into())
+        }
+        Some(Value::String(s)) if s == "required" && calls.is_empty() => {
+            Err("the script answered without a call under tool_choice \"required\"".into())
+        }
+        Some(Value::Object(_)) => {
+            let forced = body
+                .pointer("/tool_choice/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if calls.is_empty() || calls.iter().any(|(n, _)| n != forced) {
+                Err(format!("the script did not call only `{forced}`, which tool_choice forced"))
+            } else {
+                Ok(())
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Prompt size as the double counts it (a token per four bytes, plus a few per message).
+fn prompt_tokens(body: &Value) -> usize {
+    body["messages"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| m.to_string().len() / 4 + 4)
+                .sum::<usize>()
+        })
+        .unwrap_or(0)
+}
+
+impl<S: ModelScript> Respond for StrictModel<S> {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body: Value = match serde_json::from_slice(&request.body) {
+            Ok(v) => v,
+            Err(e) => return refuse(format!("We could not parse the JSON body of your request: {e}")),
+        };
+        if let Err(message) = check_request(&body) {
+            return refuse(message);
+        }
+        let prompt = prompt_tokens(&body);
+        if let Some(window) = self.context_window {
+            let answer = body["max_tokens"].as_u64().unwrap_or(0) as usize;
+            if prompt + answer > window {
+                return ResponseTemplate::new(400).set_body_json(json!({
+                    "error": {
+                        "message": format!("This model's maximum context length is {window} tokens. However, you requested {} tokens ({prompt} in the messages, {answer} in the completion). Please reduce the length of the messages or completion.", prompt + answer),
+                        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"
+                    }
+                }));
+            }
+        }
+        let reply = self.script.reply(request, &body);
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let (message, finish_reason) = match &reply.kind {
+            ReplyKind::Error { status, body } => {
+                let mut t = ResponseTemplate::new(*status).set_body_string(body.clone());
+                for (k, v) in &reply.headers {
+                    t = t.insert_header(k.as_str(), v.as_str());
+                }
+                return match reply.delay {
+                    Some(d) => t.set_delay(d),
+                    None => t,
+                };
+            }
+            ReplyKind::Text {
+                content,
+                finish_reason,
+            } => {
+                if let Err(bug) = check_calls(&body, &[]) {
+                    return script_bug(bug);
+                }
+                (
+                    json!({ "role": "assistant", "content": content }),
+                    *finish_reason,
+                )
+            }
+            ReplyKind::Calls(calls) => {
+                if let Err(bug) = check_calls(&body, calls) {
+                    return script_bug(bug);
+                }
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, args))| {
+                        json!({ "id": format!("call_{n}_{i}"), "type": "function",
+                                "function": { "name": name, "arguments": args } })
+                    })
+                    .collect();
+                // OpenAI sends null content beside tool calls.
+                (
+                    json!({ "role": "assistant", "content": null, "tool_calls": calls }),
+                    "tool_calls",
+                )
+            }
+        };
+        let mut t = ResponseTemplate::new(200).set_body_json(json!({
+            "id": format!("chatcmpl-{n}"),
+            "object": "chat.completion",
+            "created": 1_700_000_000u32,
+            "model": body["model"],
+            "choices": [{ "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason }],
+            "usage": { "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7 }
+        }));
+        for (k, v) in &reply.headers {
+            t = t.insert_header(k.as_str(), v.as_str());
+        }
+        match reply.delay {
+            Some(d) => t.set_delay(d),
+            None => t,
+        }
+    }
+}
