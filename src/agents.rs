@@ -120,7 +120,9 @@ pub async fn publish(
     name: &str,
     definition: &AgentDefinition,
 ) -> Result<Published, PublishError> {
-    definition.validate(tools, models).map_err(PublishError::Invalid)?;
+    definition
+        .validate(tools, models)
+        .map_err(PublishError::Invalid)?;
     let json =
         serde_json::to_string(definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
     store

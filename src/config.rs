@@ -898,10 +898,7 @@ impl Config {
             if !agent.provider.is_empty() && !self.llm.providers.contains_key(&agent.provider) {
                 return Err(invalid(
                     &format!("agents.{name}.provider"),
-                    format!(
-                        "names no [llm.providers.{}] entry",
-                        agent.provider
-                    ),
+                    format!("names no [llm.providers.{}] entry", agent.provider),
                 ));
             }
             if agent.mode == AgentMode::Workflow && agent.workflow_file.trim().is_empty() {

@@ -108,7 +108,10 @@ fn dry_run_environment() -> &'static Environment<'static> {
 pub fn dry_run_template(template: &str, sample: &Value) -> Result<(), String> {
     let env = dry_run_environment();
     let compiled = env.template_from_str(template).map_err(|e| e.to_string())?;
-    compiled.render(sample).map(|_| ()).or_else(unknown_callable)
+    compiled
+        .render(sample)
+        .map(|_| ())
+        .or_else(unknown_callable)
 }
 
 /// As [`dry_run_template`], for a condition expression.
@@ -133,8 +136,14 @@ mod tests {
             ("steps.review.text.lower().strip().endswith('breach')", true),
             ("'breach' in steps.review.text", true),
             ("steps.review.text.upper().startswith('KEEP')", false),
-            ("steps.review.text.split(':')[0].strip() == 'TERMINATE'", true),
-            ("steps.review.text.replace('TERMINATE', 'KEEP').strip().startswith('KEEP')", true),
+            (
+                "steps.review.text.split(':')[0].strip() == 'TERMINATE'",
+                true,
+            ),
+            (
+                "steps.review.text.replace('TERMINATE', 'KEEP').strip().startswith('KEEP')",
+                true,
+            ),
         ] {
             assert_eq!(is_true(expr, &ctx).unwrap(), want, "{expr}");
         }
@@ -151,7 +160,10 @@ mod tests {
         dry_run_template("{{ steps.fetch | tojson }} {{ steps.fetch.id }}", &sample).unwrap();
         dry_run_expression("steps.fetch.status == 'open'", &sample).unwrap();
         let method = dry_run_expression("steps.review.text.beginswith('X')", &sample).unwrap_err();
-        assert!(method.contains("beginswith") || method.contains("method"), "{method}");
+        assert!(
+            method.contains("beginswith") || method.contains("method"),
+            "{method}"
+        );
         assert!(dry_run_template("{{ message.text | shout }}", &sample).is_err());
         assert!(dry_run_template("{{ nothing_here() }}", &sample).is_err());
         assert!(dry_run_expression("message.text is palindrome", &sample).is_err());

@@ -127,14 +127,17 @@ pub async fn run(
 
     let in_reply_to = message.external_message_id.clone();
     // The step keeps what the model said; the chat gets its text, or the fallback.
-    let outcome = outcome.and_then(|answer| match reply::answer_text(&answer, &agent.fallback_text) {
-        Ok(text) => Ok((answer, text)),
-        Err((failure_type, message)) => Err(LlmError {
-            failure_type,
-            message,
-            retry_after: None,
-        }),
-    });
+    let outcome =
+        outcome.and_then(
+            |answer| match reply::answer_text(&answer, &agent.fallback_text) {
+                Ok(text) => Ok((answer, text)),
+                Err((failure_type, message)) => Err(LlmError {
+                    failure_type,
+                    message,
+                    retry_after: None,
+                }),
+            },
+        );
     let outcome = match outcome {
         Ok((answer, text)) => {
             let (reply_type, content) = reply::compose_answer(&text);
@@ -273,7 +276,11 @@ async fn chat_step_call(
         .ok_or(RunError::LostLease)?;
     // On resume the journal, not today's database, is the context: send the request the
     // step was first written with so the model sees exactly the same history.
-    let wire = match step.input.as_deref().map(serde_json::from_str::<WireRequest>) {
+    let wire = match step
+        .input
+        .as_deref()
+        .map(serde_json::from_str::<WireRequest>)
+    {
         Some(Ok(journalled)) => journalled,
         _ => fresh,
     };
@@ -292,7 +299,8 @@ async fn chat_step_call(
             journalled_failure: false,
         });
     }
-    if step.status == StepStatus::Failed && journalled_failure(&step) == Some(FailureType::ContextTooLong)
+    if step.status == StepStatus::Failed
+        && journalled_failure(&step) == Some(FailureType::ContextTooLong)
     {
         return Ok(ChatCall {
             attempts: step.attempt,
@@ -437,7 +445,8 @@ async fn summarize_history(
         return Ok(Some(output.content));
     }
     let started = Instant::now();
-    let (outcome, attempts) = call_with_retries(svc, provider, fence, &step, &request, lost).await?;
+    let (outcome, attempts) =
+        call_with_retries(svc, provider, fence, &step, &request, lost).await?;
     let duration_ms = started.elapsed().as_millis() as i64;
     let (record, summary) = match outcome {
         Ok(answer) => (

@@ -110,7 +110,9 @@ impl ChatMessage {
             // Content is always sent, "" beside tool calls: OpenAI accepts null there, but
             // llama.cpp's server (and other OpenAI-compatible ones) reject it.
             Role::Assistant => M::Assistant(wire::ChatCompletionRequestAssistantMessage {
-                content: Some(wire::ChatCompletionRequestAssistantMessageContent::Text(text)),
+                content: Some(wire::ChatCompletionRequestAssistantMessageContent::Text(
+                    text,
+                )),
                 tool_calls: (!self.tool_calls.is_empty()).then(|| {
                     self.tool_calls
                         .iter()
@@ -605,9 +607,11 @@ mod tests {
             FailureType::InvalidResponse
         );
         assert_eq!(
-            parse_completion(r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[]}"#)
-                .unwrap_err()
-                .failure_type,
+            parse_completion(
+                r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[]}"#
+            )
+            .unwrap_err()
+            .failure_type,
             FailureType::InvalidResponse
         );
         let cut = parse_completion(&completion(

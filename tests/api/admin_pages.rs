@@ -45,10 +45,7 @@ async fn admins_sign_in_see_failures_and_resume_a_task() {
         .with_priority(1)
         .mount(&model)
         .await;
-    model_mock(echo)
-        .with_priority(2)
-        .mount(&model)
-        .await;
+    model_mock(echo).with_priority(2).mount(&model).await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let failed = task_id_of(app.post_message(&message("pg", 1, "first")).await).await;
     app.wait_replied(failed, WAIT).await;

@@ -207,10 +207,7 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
         .with_priority(1)
         .mount(&model)
         .await;
-    model_mock(echo)
-        .with_priority(2)
-        .mount(&model)
-        .await;
+    model_mock(echo).with_priority(2).mount(&model).await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let mut failed = Vec::new();
     for n in 0..2 {

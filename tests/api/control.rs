@@ -123,10 +123,7 @@ async fn a_failed_task_resumes_and_answers_under_a_new_key() {
         .with_priority(1)
         .mount(&model)
         .await;
-    model_mock(echo)
-        .with_priority(2)
-        .mount(&model)
-        .await;
+    model_mock(echo).with_priority(2).mount(&model).await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let id = task_id_of(app.post_message(&message("c-resume", 1, "again")).await).await;
     let failed = app.wait_replied(id, WAIT).await;

@@ -45,11 +45,11 @@ impl Rig {
         let calls = Arc::new(Mutex::new(Vec::new()));
         let model = MockServer::start().await;
         model_mock(RecordingModel {
-                delay: model_delay,
-                calls: calls.clone(),
-            })
-            .mount(&model)
-            .await;
+            delay: model_delay,
+            calls: calls.clone(),
+        })
+        .mount(&model)
+        .await;
         Rig {
             db: TestDb::new().await,
             model,

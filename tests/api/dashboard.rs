@@ -23,9 +23,7 @@ impl ModelScript for ScriptedFailures {
 
 async fn seeded() -> (TestApp, Vec<i64>) {
     let model = MockServer::start().await;
-    model_mock(ScriptedFailures)
-        .mount(&model)
-        .await;
+    model_mock(ScriptedFailures).mount(&model).await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
         c.llm.retry.provider_error.max_attempts = 1;
     })

@@ -11,6 +11,8 @@ mod conformance;
 mod control;
 mod crash;
 mod dashboard;
+mod examples;
+mod model_contract;
 mod model_failures;
 mod pipeline;
 mod platforms;

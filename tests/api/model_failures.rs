@@ -13,13 +13,10 @@ async fn rate_limited_then_ok_succeeds_after_honouring_retry_after() {
         ModelReply::error(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "1")
     })
     .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&model)
-        .await;
-    model_mock(echo)
-        .with_priority(2)
-        .mount(&model)
-        .await;
+    .with_priority(1)
+    .mount(&model)
+    .await;
+    model_mock(echo).with_priority(2).mount(&model).await;
     // Backoff alone would wait a minute; only honouring Retry-After (1 s) finishes in time.
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
         c.llm.retry.rate_limited.backoff_base_ms = 60_000;

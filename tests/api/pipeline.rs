@@ -28,7 +28,13 @@ async fn a_message_gets_exactly_one_reply() {
     assert_eq!(task["current_step"], 1);
     assert_eq!(steps[0]["status"], "SUCCEEDED");
     assert_eq!(steps[0]["idempotency_key"], format!("{id}:1:chat"));
-    assert_eq!(steps[0]["tokens_in"], 11);
+    // The usage the model reported (the double counts the prompt it was sent).
+    assert!(
+        steps[0]["tokens_in"].as_i64().is_some_and(|n| n > 0),
+        "{:#}",
+        steps[0]
+    );
+    assert_eq!(steps[0]["tokens_out"], 7);
     let events: Vec<&str> = task["audit"]
         .as_array()
         .unwrap()

@@ -50,20 +50,12 @@ impl ModelReply {
         })
     }
 
-    /// A text answer cut at `max_tokens` (`finish_reason: "length"`).
-    pub fn cut(content: impl Into<String>) -> ModelReply {
-        Self::of(ReplyKind::Text {
-            content: content.into(),
-            finish_reason: "length",
-        })
-    }
-
     /// One answer calling these tools, `(name, arguments)`, in order.
-    pub fn calls(calls: &[(&str, Value)]) -> ModelReply {
+    pub fn calls<N: AsRef<str>>(calls: &[(N, Value)]) -> ModelReply {
         Self::of(ReplyKind::Calls(
             calls
                 .iter()
-                .map(|(n, a)| (n.to_string(), a.to_string()))
+                .map(|(n, a)| (n.as_ref().to_string(), a.to_string()))
                 .collect(),
         ))
     }
@@ -223,16 +215,17 @@ pub fn check_request(body: &Value) -> Result<(), String> {
                     "messages[{i}].content must be a string (llama.cpp's server refuses null)"
                 ));
             }
-            Some(other) => return Err(format!("Invalid type for 'messages[{i}].content': {other}")),
+            Some(other) => {
+                return Err(format!("Invalid type for 'messages[{i}].content': {other}"));
+            }
         }
         match role {
             "system" | "developer" | "user" => {}
             "assistant" => {
                 if let Some(calls) = m.get("tool_calls") {
-                    let calls = calls
-                        .as_array()
-                        .filter(|c| !c.is_empty())
-                        .ok_or(format!("messages[{i}].tool_calls must be a non-empty array"))?;
+                    let calls = calls.as_array().filter(|c| !c.is_empty()).ok_or(format!(
+                        "messages[{i}].tool_calls must be a non-empty array"
+                    ))?;
                     for (j, c) in calls.iter().enumerate() {
                         let id = c.get("id").and_then(Value::as_str).unwrap_or("");
                         let name = c.pointer("/function/name").and_then(Value::as_str);
@@ -283,7 +276,10 @@ pub fn check_request(body: &Value) -> Result<(), String> {
         match choice {
             Value::String(s) if ["none", "auto", "required"].contains(&s.as_str()) => {}
             Value::Object(_) if choice.get("type").and_then(Value::as_str) == Some("function") => {
-                let name = choice.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+                let name = choice
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
                 if !declared.contains(name) {
                     return Err(format!(
                         "Invalid 'tool_choice': function `{name}` is not among the declared tools"
@@ -307,7 +303,10 @@ fn check_tools(body: &Value) -> Result<HashSet<String>, String> {
         if t.get("type").and_then(Value::as_str) != Some("function") {
             return Err(format!("tools[{i}].type must be 'function'"));
         }
-        let name = t.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+        let name = t
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let valid = !name.is_empty()
             && name.len() <= 64
             && name
@@ -318,11 +317,17 @@ fn check_tools(body: &Value) -> Result<HashSet<String>, String> {
                 "Invalid 'tools[{i}].function.name': string does not match pattern ^[a-zA-Z0-9_-]{{1,64}}$"
             ));
         }
-        if t.pointer("/function/description").is_some_and(|d| !d.is_string()) {
+        if t.pointer("/function/description")
+            .is_some_and(|d| !d.is_string())
+        {
             return Err(format!("tools[{i}].function.description must be a string"));
         }
-        if t.pointer("/function/parameters").is_some_and(|p| !p.is_object()) {
-            return Err(format!("tools[{i}].function.parameters must be a JSON Schema object"));
+        if t.pointer("/function/parameters")
+            .is_some_and(|p| !p.is_object())
+        {
+            return Err(format!(
+                "tools[{i}].function.parameters must be a JSON Schema object"
+            ));
         }
         if !names.insert(name.to_string()) {
             return Err(format!("tools: duplicate function name `{name}`"));
@@ -357,7 +362,9 @@ fn check_calls(body: &Value, calls: &[(String, String)]) -> Result<(), String> {
                 .and_then(Value::as_str)
                 .unwrap_or("");
             if calls.is_empty() || calls.iter().any(|(n, _)| n != forced) {
-                Err(format!("the script did not call only `{forced}`, which tool_choice forced"))
+                Err(format!(
+                    "the script did not call only `{forced}`, which tool_choice forced"
+                ))
             } else {
                 Ok(())
             }
@@ -382,7 +389,11 @@ impl<S: ModelScript> Respond for StrictModel<S> {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let body: Value = match serde_json::from_slice(&request.body) {
             Ok(v) => v,
-            Err(e) => return refuse(format!("We could not parse the JSON body of your request: {e}")),
+            Err(e) => {
+                return refuse(format!(
+                    "We could not parse the JSON body of your request: {e}"
+                ));
+            }
         };
         if let Err(message) = check_request(&body) {
             return refuse(message);

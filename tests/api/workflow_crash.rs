@@ -28,10 +28,7 @@ impl ModelScript for KeyedModel {
             .unwrap_or("")
             .to_string();
         self.0.lock().unwrap().push(key);
-        self.2
-            .lock()
-            .unwrap()
-            .push(body.clone());
+        self.2.lock().unwrap().push(body.clone());
         self.1.reply(request, body)
     }
 }

@@ -203,10 +203,17 @@ pub async fn spawn_flow(workflow: &str) -> Flow {
 }
 
 pub async fn spawn_flow_with(workflow: &str, tweak: impl FnOnce(&mut assistd::Config)) -> Flow {
+    spawn_flow_scripted(workflow, ToolScriptModel::default(), tweak).await
+}
+
+/// A flow whose model (the strict double) follows `script`.
+pub async fn spawn_flow_scripted(
+    workflow: &str,
+    script: impl ModelScript,
+    tweak: impl FnOnce(&mut assistd::Config),
+) -> Flow {
     let model = MockServer::start().await;
-    model_mock(ToolScriptModel::default())
-        .mount(&model)
-        .await;
+    model_mock(script).mount(&model).await;
     let tools = tool_server().await;
     let receiver = accepting_receiver().await;
     let dir = tempfile::tempdir().unwrap();
@@ -635,6 +642,26 @@ async fn invalid_workflows_are_refused_naming_the_node() {
             json!({"start": "a", "nodes": [{"id": "a", "type": "reply", "text": "t"}, {"id": "z", "type": "reply", "text": "t"}]}),
             "node `z`",
             "reachable",
+        ),
+        // Expressions are dry-run: a method, filter or function that does not exist is
+        // refused at publish, not found by a task at run time.
+        (
+            json!({"start": "r", "nodes": [
+                {"id": "r", "type": "llm", "prompt": "p", "next": "c"},
+                {"id": "c", "type": "condition", "branches": [{"when": "steps.r.text.beginswith('X')", "next": "d"}], "default": "d"},
+                {"id": "d", "type": "reply", "text": "t"}]}),
+            "node `c`",
+            "branches[0].when",
+        ),
+        (
+            json!({"start": "a", "nodes": [{"id": "a", "type": "reply", "text": "{{ message.text | shout }}"}]}),
+            "node `a`",
+            "shout",
+        ),
+        (
+            json!({"start": "a", "nodes": [{"id": "a", "type": "agent", "prompt": "p", "tools": ["lookup_a"], "tool_choice": "lookup_z", "next": "b"}, {"id": "b", "type": "reply", "text": "t"}]}),
+            "node `a`",
+            "tool_choice",
         ),
     ];
     for (workflow, node, word) in cases {

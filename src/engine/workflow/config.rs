@@ -240,9 +240,8 @@ impl Workflow {
                         return Err(format!("node `{id}`: field `branches` must not be empty"));
                     }
                     for (i, b) in n.branches.iter().enumerate() {
-                        crate::templating::dry_run_expression(&b.when, &sample).map_err(|e| {
-                            format!("node `{id}`: field `branches[{i}].when`: {e}")
-                        })?;
+                        crate::templating::dry_run_expression(&b.when, &sample)
+                            .map_err(|e| format!("node `{id}`: field `branches[{i}].when`: {e}"))?;
                         target(&format!("branches[{i}].next"), &b.next)?;
                     }
                     target("default", &n.default)?;

@@ -256,8 +256,8 @@ impl<'a> Runner<'a> {
                     let context = self.template_context();
                     let mut chosen = n.default.clone();
                     for branch in &n.branches {
-                        let holds = crate::templating::is_true(&branch.when, &context)
-                            .map_err(|e| {
+                        let holds =
+                            crate::templating::is_true(&branch.when, &context).map_err(|e| {
                                 Stop::Failed(FailureType::Unknown, format!("node `{id}`: {e}"))
                             })?;
                         if holds {
