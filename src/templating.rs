@@ -86,6 +86,15 @@ pub fn sample_context(nodes: &[(String, bool)]) -> Value {
     ])
 }
 
+/// The context a tool's URL, headers and body are dry-run against: `args` and `result`
+/// (undo calls) as values known only at run time.
+pub fn tool_sample_context() -> Value {
+    Value::from(BTreeMap::from_iter([
+        ("args".to_string(), Value::from_object(Sample)),
+        ("result".to_string(), Value::from_object(Sample)),
+    ]))
+}
+
 /// Only a call of something that does not exist fails a dry run: the sample values cannot
 /// stand for every real one, so type errors and the like are left to run time.
 fn unknown_callable(e: minijinja::Error) -> Result<(), String> {

@@ -54,6 +54,25 @@ impl ToolRegistry {
             .redirect(reqwest::redirect::Policy::none())
             .dns_resolver(Arc::new(PublicOnlyResolver))
             .build()?;
+        // A filter or method that does not exist fails here, at start, not in a task.
+        let sample = crate::templating::tool_sample_context();
+        for (name, tool) in tools {
+            let calls =
+                std::iter::once(("", tool.call())).chain(tool.undo.clone().map(|u| ("undo.", u)));
+            for (prefix, call) in calls {
+                let templates = std::iter::once(("url".to_string(), call.url.clone()))
+                    .chain(
+                        call.headers
+                            .iter()
+                            .map(|(k, v)| (format!("headers.{k}"), v.clone())),
+                    )
+                    .chain(call.body.iter().map(|b| ("body".to_string(), b.clone())));
+                for (field, text) in templates {
+                    crate::templating::dry_run_template(&text, &sample)
+                        .map_err(|e| anyhow::anyhow!("tools.{name}.{prefix}{field}: {e}"))?;
+                }
+            }
+        }
         Ok(ToolRegistry {
             tools: tools.clone(),
             allowed_hosts: tooling

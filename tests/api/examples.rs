@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path};
+use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
@@ -75,16 +75,31 @@ async fn helpdesk(example: &Path) {
         )
         .mount(&tools)
         .await;
+    Mock::given(method("GET"))
+        .and(path("/api/search"))
+        .and(query_param("q", "laptop repair & returns"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"hits": ["KB-9: repairs take a week"]})),
+        )
+        .mount(&tools)
+        .await;
     let model = MockServer::start().await;
+    // Both tools in one answer, then an answer from what they said.
     model_mock(|body: &Value| {
         let results = tool_messages(body);
-        match results.first() {
-            None => ModelReply::calls(&[("ticket_lookup", json!({"ticket_id": "T-42"}))]),
-            Some(ticket) => ModelReply::text(format!(
-                "Ticket {} is {}.",
+        match results.as_slice() {
+            [] => ModelReply::calls(&[
+                ("ticket_lookup", json!({"ticket_id": "T-42"})),
+                ("kb_search", json!({"query": "laptop repair & returns"})),
+            ]),
+            [ticket, kb, ..] => ModelReply::text(format!(
+                "Ticket {} is {}. {}",
                 ticket["id"].as_str().unwrap_or("?"),
-                ticket["status"].as_str().unwrap_or("?")
+                ticket["status"].as_str().unwrap_or("?"),
+                kb["hits"][0].as_str().unwrap_or("?")
             )),
+            _ => panic!("one result of two calls: {body}"),
         }
     })
     .mount(&model)
@@ -98,6 +113,7 @@ async fn helpdesk(example: &Path) {
     let task = app.wait_replied(id, WAIT).await;
     assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
     assert_eq!(calls_to(&tools, "GET", "/api/tickets/T-42").await, 1);
+    assert_eq!(calls_to(&tools, "GET", "/api/search").await, 1);
     let first = &app.model.received_requests().await.unwrap()[0];
     let body: Value = serde_json::from_slice(&first.body).unwrap();
     let offered: Vec<&str> = body["tools"]
@@ -110,7 +126,10 @@ async fn helpdesk(example: &Path) {
     let replies = app.replies().await;
     assert_eq!(replies.len(), 1);
     assert_eq!(replies[0].0, format!("agent-task-{id}"));
-    assert_eq!(replies[0].1["text"], "Ticket T-42 is waiting for parts.");
+    assert_eq!(
+        replies[0].1["text"],
+        "Ticket T-42 is waiting for parts. KB-9: repairs take a week"
+    );
     app.stop().await;
 }
 

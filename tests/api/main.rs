@@ -16,6 +16,7 @@ mod model_contract;
 mod model_failures;
 mod pipeline;
 mod platforms;
+mod real_model;
 mod reply_delivery;
 mod scheduler;
 mod strict_model;
