@@ -247,3 +247,23 @@ async fn every_shipped_example_runs_end_to_end() {
         }
     }
 }
+
+/// The TOML snippets of docs/providers.md load as configuration files, as a user who copies
+/// one would load it.
+#[test]
+fn the_provider_snippets_in_the_docs_are_valid_configuration() {
+    let doc = std::fs::read_to_string("docs/providers.md").unwrap();
+    let snippets: Vec<&str> = doc
+        .split("```toml\n")
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap())
+        .collect();
+    assert!(snippets.len() >= 4, "{} snippets", snippets.len());
+    let dir = tempfile::tempdir().unwrap();
+    for (i, snippet) in snippets.iter().enumerate() {
+        let path = dir.path().join(format!("snippet{i}.toml"));
+        std::fs::write(&path, snippet).unwrap();
+        assistd::Config::load_with_env(Some(&path), Vec::new())
+            .unwrap_or_else(|e| panic!("docs/providers.md snippet {i}: {e}\n{snippet}"));
+    }
+}

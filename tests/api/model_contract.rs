@@ -154,7 +154,7 @@ async fn an_agent_node_offers_its_tools_and_journals_exactly_what_it_sent() {
 }
 
 /// Calls every tool in one answer, then answers with what they said.
-struct ParallelCalls;
+pub struct ParallelCalls;
 
 impl ModelScript for ParallelCalls {
     fn reply(&self, _request: &Request, body: &Value) -> ModelReply {

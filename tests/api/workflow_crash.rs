@@ -12,10 +12,10 @@ use crate::binary::{RealServer, free_port};
 use crate::helpers::*;
 use crate::workflows::{AGENT_LOOP, TRANSFER, ToolScriptModel, calls_to, overlay, tool_server};
 
-/// ToolScriptModel that also records the step key and body of every call.
+/// A script that also records the step key and body of every call.
 struct KeyedModel(
     Arc<Mutex<Vec<String>>>,
-    ToolScriptModel,
+    Box<dyn ModelScript>,
     Arc<Mutex<Vec<Value>>>,
 );
 
@@ -55,14 +55,18 @@ impl BinaryFlow {
         slow_path: &str,
         fast_first: u64,
         slow: Duration,
-        script: ToolScriptModel,
+        script: impl ModelScript,
     ) -> BinaryFlow {
         let model_keys = Arc::new(Mutex::new(Vec::new()));
         let model_bodies = Arc::new(Mutex::new(Vec::new()));
         let model = MockServer::start().await;
-        model_mock(KeyedModel(model_keys.clone(), script, model_bodies.clone()))
-            .mount(&model)
-            .await;
+        model_mock(KeyedModel(
+            model_keys.clone(),
+            Box::new(script),
+            model_bodies.clone(),
+        ))
+        .mount(&model)
+        .await;
         let tools = tool_server().await;
         // The first call to `slow_path` hangs long enough to be killed in flight.
         let slow_method = if slow_path.starts_with("/tools/transfer") {
@@ -238,6 +242,60 @@ async fn a_crash_between_tool_calls_resumes_without_rerunning_finished_steps() {
     );
     let replies = received_replies(&flow.receiver).await;
     assert_eq!(replies.len(), 1);
+    assert_eq!(server.terminate(), Some(0));
+    flow.db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_calls_of_one_answer_resumes_without_rerunning_the_finished_one() {
+    // One model answer asks for lookup_a, lookup_b and lookup_c; the process dies while
+    // lookup_b hangs.
+    let flow = BinaryFlow::with_script(
+        AGENT_LOOP,
+        "/tools/b",
+        0,
+        Duration::from_secs(5),
+        crate::model_contract::ParallelCalls,
+    )
+    .await;
+    let server = flow.start().await;
+    let id = flow.post(&message("wfp", 1, "all at once")).await;
+    flow.wait_calls("GET", "/tools/b", 1).await;
+    server.kill();
+    let server = flow.start().await;
+    let task = flow
+        .wait(id, |t| {
+            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
+        })
+        .await;
+    assert_eq!(task["claim_count"], 2);
+    assert_eq!(
+        calls_to(&flow.tools, "GET", "/tools/a").await,
+        1,
+        "finished call not re-run"
+    );
+    assert_eq!(
+        calls_to(&flow.tools, "GET", "/tools/b").await,
+        2,
+        "the interrupted read-only call ran again"
+    );
+    assert_eq!(calls_to(&flow.tools, "GET", "/tools/c").await, 1);
+    let keys = flow.model_keys.lock().unwrap().clone();
+    let first = format!("{id}:1:llm");
+    assert_eq!(keys.iter().filter(|k| **k == first).count(), 1, "{keys:?}");
+    assert_eq!(task["result"], "got 3");
+    let steps: Vec<&str> = task["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["idempotency_key"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = ["1:llm", "2:lookup_a", "3:lookup_b", "4:lookup_c", "5:llm"]
+        .iter()
+        .map(|k| format!("{id}:{k}"))
+        .collect();
+    assert_eq!(steps, want);
+    assert_eq!(received_replies(&flow.receiver).await.len(), 1);
     assert_eq!(server.terminate(), Some(0));
     flow.db.drop_db().await;
 }
