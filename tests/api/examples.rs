@@ -34,15 +34,7 @@ fn example_config(
         }
     }
     c.tooling.allowed_private_hosts = vec!["127.0.0.1".into()];
-    let base = test_config(&db.url, model, &format!("{receiver}/reply"));
-    c.server = base.server;
-    c.database = base.database;
-    c.llm = base.llm;
-    c.worker = base.worker;
-    c.outbox = base.outbox;
-    c.admin = base.admin;
-    c.channels.generic.secret = base.channels.generic.secret;
-    c.channels.generic.reply_url = base.channels.generic.reply_url;
+    with_test_settings(&mut c, &db.url, model, &format!("{receiver}/reply"));
     c
 }
 

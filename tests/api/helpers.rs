@@ -357,8 +357,15 @@ pub fn config_with_overlay(
 ) -> Config {
     let path = dir.join("overlay.toml");
     std::fs::write(&path, overlay).unwrap();
-    let base = test_config(db_url, model_url, reply_url);
     let mut c = Config::load_with_env(Some(&path), Vec::new()).expect("overlay config loads");
+    with_test_settings(&mut c, db_url, model_url, reply_url);
+    c
+}
+
+/// Lays the test settings (server, database, model, worker, outbox, admin, generic channel
+/// secret and reply URL, fast tool retries) over a loaded configuration.
+pub fn with_test_settings(c: &mut Config, db_url: &str, model_url: &str, reply_url: &str) {
+    let base = test_config(db_url, model_url, reply_url);
     c.server = base.server;
     c.database = base.database;
     c.llm = base.llm;
@@ -369,7 +376,6 @@ pub fn config_with_overlay(
     c.channels.generic.reply_url = base.channels.generic.reply_url;
     c.tooling.retry_backoff_base_ms = 20;
     c.tooling.retry_backoff_max_ms = 50;
-    c
 }
 
 /// Publishes the agents `cfg` declares, as `App::build` does.

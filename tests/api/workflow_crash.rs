@@ -185,6 +185,34 @@ impl BinaryFlow {
         }
     }
 
+    /// Posts `body`, kills the server while `/tools/b` hangs, restarts it and waits for the
+    /// task to finish and reply; checks that only the interrupted lookup ran twice.
+    async fn kill_in_b_and_resume(&self, body: &Value) -> (i64, Value, RealServer) {
+        let server = self.start().await;
+        let id = self.post(body).await;
+        self.wait_calls("GET", "/tools/b", 1).await;
+        server.kill();
+        let server = self.start().await;
+        let task = self
+            .wait(id, |t| {
+                t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
+            })
+            .await;
+        assert_eq!(task["claim_count"], 2);
+        assert_eq!(
+            calls_to(&self.tools, "GET", "/tools/a").await,
+            1,
+            "finished tool not re-run"
+        );
+        assert_eq!(
+            calls_to(&self.tools, "GET", "/tools/b").await,
+            2,
+            "the interrupted read-only call ran again"
+        );
+        assert_eq!(calls_to(&self.tools, "GET", "/tools/c").await, 1);
+        (id, task, server)
+    }
+
     async fn wait_calls(&self, method_name: &str, prefix: &str, n: usize) {
         let deadline = Instant::now() + WAIT;
         while calls_to(&self.tools, method_name, prefix).await < n {
@@ -197,28 +225,9 @@ impl BinaryFlow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_tool_calls_resumes_without_rerunning_finished_steps() {
     let flow = BinaryFlow::new(AGENT_LOOP, "/tools/b", Duration::from_secs(5)).await;
-    let server = flow.start().await;
-    let id = flow.post(&message("wfc", 1, "find things")).await;
-    flow.wait_calls("GET", "/tools/b", 1).await;
-    server.kill();
-    let server = flow.start().await;
-    let task = flow
-        .wait(id, |t| {
-            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
-        })
+    let (id, task, server) = flow
+        .kill_in_b_and_resume(&message("wfc", 1, "find things"))
         .await;
-    assert_eq!(task["claim_count"], 2);
-    assert_eq!(
-        calls_to(&flow.tools, "GET", "/tools/a").await,
-        1,
-        "finished tool not re-run"
-    );
-    assert_eq!(
-        calls_to(&flow.tools, "GET", "/tools/b").await,
-        2,
-        "the interrupted read-only call ran again"
-    );
-    assert_eq!(calls_to(&flow.tools, "GET", "/tools/c").await, 1);
     // Model calls of finished steps were not repeated either: steps 1 and 3 once each.
     let keys = flow.model_keys.lock().unwrap().clone();
     for (step, name) in [
@@ -258,28 +267,9 @@ async fn a_crash_between_calls_of_one_answer_resumes_without_rerunning_the_finis
         crate::model_contract::ParallelCalls,
     )
     .await;
-    let server = flow.start().await;
-    let id = flow.post(&message("wfp", 1, "all at once")).await;
-    flow.wait_calls("GET", "/tools/b", 1).await;
-    server.kill();
-    let server = flow.start().await;
-    let task = flow
-        .wait(id, |t| {
-            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
-        })
+    let (id, task, server) = flow
+        .kill_in_b_and_resume(&message("wfp", 1, "all at once"))
         .await;
-    assert_eq!(task["claim_count"], 2);
-    assert_eq!(
-        calls_to(&flow.tools, "GET", "/tools/a").await,
-        1,
-        "finished call not re-run"
-    );
-    assert_eq!(
-        calls_to(&flow.tools, "GET", "/tools/b").await,
-        2,
-        "the interrupted read-only call ran again"
-    );
-    assert_eq!(calls_to(&flow.tools, "GET", "/tools/c").await, 1);
     let keys = flow.model_keys.lock().unwrap().clone();
     let first = format!("{id}:1:llm");
     assert_eq!(keys.iter().filter(|k| **k == first).count(), 1, "{keys:?}");
