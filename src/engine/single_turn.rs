@@ -13,12 +13,17 @@ use crate::app::Services;
 use crate::domain::{
     FailureType, ReplyType, StepStatus, StepType, TaskStatus, reply_key, step_key,
 };
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse, LlmError, OpenAiClient, WireRequest};
+use crate::llm::{
+    ChatMessage, ChatRequest, ChatResponse, LlmError, OpenAiClient, WireRequest, estimate_tokens,
+    history_budget,
+};
 use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 
 const STEP_NO: i64 = 1;
 const TOOL: &str = "chat";
 const SUMMARY: &str = "summary";
+/// Longest error text kept on a step or task.
+const ERROR_LIMIT: usize = 2000;
 /// The retry of a chat the model refused as too long, with the question alone.
 const SHRUNK: &str = "chat_shrunk";
 
@@ -89,24 +94,8 @@ pub async fn run(
         ..request.clone()
     };
     if call.context_too_long() && shrunk.messages.len() < request.messages.len() {
-        if !call.journalled_failure {
-            let err = call.outcome.as_ref().err().map(|e| e.message.clone());
-            let record = StepResult {
-                step_id: call.step.id,
-                attempts: call.attempts,
-                status: StepStatus::Failed,
-                output: Some(
-                    json!({ "failure_type": FailureType::ContextTooLong.as_str(), "error": err })
-                        .to_string(),
-                ),
-                error: err.map(|e| crate::domain::truncate(&e, 2000)),
-                tokens_in: None,
-                tokens_out: None,
-                duration_ms: call.duration_ms,
-            };
-            if !svc.journal.complete_step(fence, &record).await? {
-                return Err(RunError::LostLease);
-            }
+        if !call.journalled && !svc.journal.complete_step(fence, &call.record()).await? {
+            return Err(RunError::LostLease);
         }
         tracing::warn!(
             step = call.step.step_no,
@@ -114,32 +103,22 @@ pub async fn run(
         );
         call = chat_step_call(svc, fence, lost, provider, chat_step + 1, SHRUNK, &shrunk).await?;
     }
-    let ChatCall {
-        step,
-        model,
-        outcome,
-        attempts,
-        duration_ms,
-        ..
-    } = call;
     // Retries made by this run; earlier runs' retries are already counted on the task.
-    let retries = (attempts - step.attempt - 1).max(0);
-
+    let retries = (call.attempts - call.step.attempt - 1).max(0);
+    let step = Some(call.record());
     let in_reply_to = message.external_message_id.clone();
     // The step keeps what the model said; the chat gets its text, or the fallback.
-    let outcome =
-        outcome.and_then(
-            |answer| match reply::answer_text(&answer, &agent.fallback_text) {
-                Ok(text) => Ok((answer, text)),
-                Err((failure_type, message)) => Err(LlmError {
-                    failure_type,
-                    message,
-                    retry_after: None,
-                }),
-            },
-        );
-    let outcome = match outcome {
-        Ok((answer, text)) => {
+    let answered = call.outcome.and_then(|answer| {
+        reply::answer_text(&answer, &agent.fallback_text).map_err(|(failure_type, message)| {
+            LlmError {
+                failure_type,
+                message,
+                retry_after: None,
+            }
+        })
+    });
+    let outcome = match answered {
+        Ok(text) => {
             let (reply_type, content) = reply::compose_answer(&text);
             TaskOutcome {
                 status: TaskStatus::Succeeded,
@@ -148,16 +127,7 @@ pub async fn run(
                 failure_type: None,
                 error: None,
                 retries,
-                step: Some(StepResult {
-                    step_id: step.id,
-                    attempts,
-                    status: StepStatus::Succeeded,
-                    output: Some(serde_json::to_string(&answer).unwrap_or_default()),
-                    error: None,
-                    tokens_in: answer.prompt_tokens,
-                    tokens_out: answer.completion_tokens,
-                    duration_ms,
-                }),
+                step,
                 reply: NewReply {
                     idempotency_key: reply_key(task.id, task.resume_count),
                     channel: task.channel.clone(),
@@ -168,8 +138,8 @@ pub async fn run(
                 },
                 audit_summary: format!(
                     "answered by {} after {} attempt(s) ({})",
-                    model,
-                    attempts,
+                    call.model,
+                    call.attempts,
                     reply_type.as_str()
                 ),
             }
@@ -186,21 +156,9 @@ pub async fn run(
                 result: None,
                 trace: None,
                 failure_type: Some(err.failure_type),
-                error: Some(crate::domain::truncate(&err.message, 2000)),
+                error: Some(crate::domain::truncate(&err.message, ERROR_LIMIT)),
                 retries,
-                step: Some(StepResult {
-                    step_id: step.id,
-                    attempts,
-                    status: StepStatus::Failed,
-                    output: Some(
-                        json!({ "failure_type": err.failure_type.as_str(), "error": crate::domain::truncate(&err.message, 2000) })
-                            .to_string(),
-                    ),
-                    error: Some(crate::domain::truncate(&err.message, 2000)),
-                    tokens_in: None,
-                    tokens_out: None,
-                    duration_ms,
-                }),
+                step,
                 reply: NewReply {
                     idempotency_key: reply_key(task.id, task.resume_count),
                     channel: task.channel.clone(),
@@ -212,7 +170,7 @@ pub async fn run(
                 audit_summary: format!(
                     "{} after {} attempt(s): {}",
                     err.failure_type,
-                    attempts,
+                    call.attempts,
                     crate::domain::truncate(&err.message, 300)
                 ),
             }
@@ -235,13 +193,44 @@ struct ChatCall {
     /// Tries so far, across runs.
     attempts: i64,
     duration_ms: i64,
-    /// The journal already holds this step's failure (a resumed task).
-    journalled_failure: bool,
+    /// The journal already holds how this step ended (a resumed task).
+    journalled: bool,
 }
 
 impl ChatCall {
     fn context_too_long(&self) -> bool {
         matches!(&self.outcome, Err(e) if e.failure_type == FailureType::ContextTooLong)
+    }
+
+    /// How the step ended, for the journal: the answer, or the classified failure.
+    fn record(&self) -> StepResult {
+        let mut record = StepResult {
+            step_id: self.step.id,
+            attempts: self.attempts,
+            status: StepStatus::Succeeded,
+            output: None,
+            error: None,
+            tokens_in: None,
+            tokens_out: None,
+            duration_ms: self.duration_ms,
+        };
+        match &self.outcome {
+            Ok(answer) => {
+                record.output = Some(serde_json::to_string(answer).unwrap_or_default());
+                record.tokens_in = answer.prompt_tokens;
+                record.tokens_out = answer.completion_tokens;
+            }
+            Err(err) => {
+                let message = crate::domain::truncate(&err.message, ERROR_LIMIT);
+                record.status = StepStatus::Failed;
+                record.output = Some(
+                    json!({ "failure_type": err.failure_type.as_str(), "error": message })
+                        .to_string(),
+                );
+                record.error = Some(message);
+            }
+        }
+        record
     }
 }
 
@@ -296,7 +285,7 @@ async fn chat_step_call(
             outcome: Ok(output),
             duration_ms: step.duration_ms.unwrap_or_default(),
             step,
-            journalled_failure: false,
+            journalled: true,
         });
     }
     if step.status == StepStatus::Failed
@@ -312,7 +301,7 @@ async fn chat_step_call(
             }),
             duration_ms: step.duration_ms.unwrap_or_default(),
             step,
-            journalled_failure: true,
+            journalled: true,
         });
     }
     let (outcome, attempts) = call_with_retries(svc, provider, fence, &step, &wire, lost).await?;
@@ -323,7 +312,7 @@ async fn chat_step_call(
         outcome,
         attempts,
         duration_ms: started.elapsed().as_millis() as i64,
-        journalled_failure: false,
+        journalled: false,
     })
 }
 
@@ -421,84 +410,19 @@ async fn summarize_history(
         max_tokens: 512,
         tools: Vec::new(),
         tool_choice: None,
-    }
-    .to_wire();
-    let input = serde_json::to_string(&request).unwrap_or_default();
-    let key = step_key(fence.task_id, STEP_NO, SUMMARY);
-    let step = svc
-        .journal
-        .begin_step(
-            fence,
-            &NewStep {
-                step_no: STEP_NO,
-                step_type: StepType::Llm,
-                tool_name: SUMMARY,
-                idempotency_key: &key,
-                input: &input,
-            },
-        )
-        .await?
-        .ok_or(RunError::LostLease)?;
-    if step.status == StepStatus::Succeeded {
-        let output: ChatResponse = serde_json::from_str(step.output.as_deref().unwrap_or(""))
-            .map_err(|e| RunError::Corrupt(format!("journalled summary unreadable: {e}")))?;
-        return Ok(Some(output.content));
-    }
-    let started = Instant::now();
-    let (outcome, attempts) =
-        call_with_retries(svc, provider, fence, &step, &request, lost).await?;
-    let duration_ms = started.elapsed().as_millis() as i64;
-    let (record, summary) = match outcome {
-        Ok(answer) => (
-            StepResult {
-                step_id: step.id,
-                attempts,
-                status: StepStatus::Succeeded,
-                output: Some(serde_json::to_string(&answer).unwrap_or_default()),
-                error: None,
-                tokens_in: answer.prompt_tokens,
-                tokens_out: answer.completion_tokens,
-                duration_ms,
-            },
-            Some(answer.content),
-        ),
-        Err(err) => {
-            tracing::warn!(error = %err, "history summary failed; leaving older turns out");
-            (
-                StepResult {
-                    step_id: step.id,
-                    attempts,
-                    status: StepStatus::Failed,
-                    output: None,
-                    error: Some(crate::domain::truncate(&err.message, 2000)),
-                    tokens_in: None,
-                    tokens_out: None,
-                    duration_ms,
-                },
-                None,
-            )
-        }
     };
-    if !svc.journal.complete_step(fence, &record).await? {
+    let call = chat_step_call(svc, fence, lost, provider, STEP_NO, SUMMARY, &request).await?;
+    if !call.journalled && !svc.journal.complete_step(fence, &call.record()).await? {
         return Err(RunError::LostLease);
     }
-    Ok(summary)
-}
-
-/// Tokens of `text` as the history budget counts them: a byte in three (no tokenizer here;
-/// English runs about four characters a token, CJK three bytes a character) plus the few
-/// tokens a chat template adds around each message.
-fn estimate_tokens(text: &str) -> usize {
-    text.len() / 3 + 4
-}
-
-/// The history budget: `context.history_token_budget`, or less when the model's context
-/// window leaves less room after the answer (`max_tokens`) and the system prompt.
-fn history_budget(configured: usize, context_window: u32, max_tokens: u32, system: &str) -> usize {
-    let room = (context_window as usize)
-        .saturating_sub(max_tokens as usize)
-        .saturating_sub(estimate_tokens(system));
-    configured.min(room)
+    match call.outcome {
+        Ok(answer) if !answer.content.trim().is_empty() => Ok(Some(answer.content)),
+        Ok(_) => Ok(None),
+        Err(err) => {
+            tracing::warn!(error = %err, "history summary failed; leaving older turns out");
+            Ok(None)
+        }
+    }
 }
 
 /// Keeps the newest turns that fit in about `budget` tokens; the current question (the last
@@ -536,14 +460,5 @@ mod tests {
             "the question stays"
         );
         assert_eq!(within_budget(turns, 100_000).len(), 10);
-    }
-
-    #[test]
-    fn the_budget_leaves_room_for_the_answer_and_the_system_prompt() {
-        // A 512-token model answering in up to 128 tokens, with a 30-byte system prompt.
-        let system = "x".repeat(30);
-        assert_eq!(history_budget(3000, 512, 128, &system), 512 - 128 - 14);
-        assert_eq!(history_budget(100, 512, 128, &system), 100);
-        assert_eq!(history_budget(3000, 100, 128, &system), 0);
     }
 }

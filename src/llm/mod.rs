@@ -280,6 +280,37 @@ impl ChatResponse {
     }
 }
 
+/// Tokens of `text` as the history budget counts them: a byte in three (no tokenizer here;
+/// English runs about four characters a token, CJK three bytes a character) plus the few
+/// tokens a chat template adds around each message.
+pub fn estimate_tokens(text: &str) -> usize {
+    text.len() / 3 + 4
+}
+
+/// The history budget: `context.history_token_budget`, or less when the model's context
+/// window leaves less room after the answer (`max_tokens`) and the system prompt.
+pub fn history_budget(
+    configured: usize,
+    context_window: u32,
+    max_tokens: u32,
+    system: &str,
+) -> usize {
+    let room = (context_window as usize)
+        .saturating_sub(max_tokens as usize)
+        .saturating_sub(estimate_tokens(system));
+    configured.min(room)
+}
+
+/// Tokens of a message as the budget counts them: its content and the calls it asks for.
+pub fn message_tokens(message: &ChatMessage) -> usize {
+    estimate_tokens(&message.content)
+        + message
+            .tool_calls
+            .iter()
+            .map(|c| estimate_tokens(&c.function.name) + estimate_tokens(&c.function.arguments))
+            .sum::<usize>()
+}
+
 /// A failed model call, classified.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{failure_type}: {message}")]
@@ -620,6 +651,15 @@ mod tests {
         ))
         .unwrap();
         assert!(cut.truncated() && cut.content.is_empty());
+    }
+
+    #[test]
+    fn the_budget_leaves_room_for_the_answer_and_the_system_prompt() {
+        // A 512-token model answering in up to 128 tokens, with a 30-byte system prompt.
+        let system = "x".repeat(30);
+        assert_eq!(history_budget(3000, 512, 128, &system), 512 - 128 - 14);
+        assert_eq!(history_budget(100, 512, 128, &system), 100);
+        assert_eq!(history_budget(3000, 100, 128, &system), 0);
     }
 
     #[test]

@@ -384,3 +384,14 @@ pub async fn publish_agents(store: &Store, cfg: &Config) -> anyhow::Result<()> {
     let models = assistd::llm::ModelClients::new(&cfg.llm)?;
     assistd::agents::publish_configured_agents(store, cfg, &tools, &models).await
 }
+
+/// The request bodies a mock model received, in order.
+pub async fn model_bodies(model: &MockServer) -> Vec<Value> {
+    model
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+        .collect()
+}

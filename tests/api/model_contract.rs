@@ -96,63 +96,6 @@ async fn the_strict_double_refuses_what_providers_refuse() {
     );
 }
 
-/// The request bodies the model received, in order.
-async fn bodies(model: &MockServer) -> Vec<Value> {
-    model
-        .received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .map(|r: &Request| serde_json::from_slice(&r.body).unwrap())
-        .collect()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_node_offers_its_tools_and_journals_exactly_what_it_sent() {
-    let flow = spawn_flow_scripted(
-        AGENT_LOOP,
-        crate::workflows::ToolScriptModel::default(),
-        |_| {},
-    )
-    .await;
-    let app = &flow.app;
-    let id = task_id_of(
-        app.post_message(&message("mc-tools", 1, "find things"))
-            .await,
-    )
-    .await;
-    let task = app.wait_replied(id, WAIT).await;
-    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
-    let sent = bodies(&app.model).await;
-    let first = &sent[0];
-    let names: Vec<&str> = first["tools"]
-        .as_array()
-        .expect("tools sent")
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["lookup_a", "lookup_b", "lookup_c"]);
-    assert_eq!(first["tools"][0]["function"]["description"], "Look up A");
-    assert_eq!(
-        first["tools"][0]["function"]["parameters"]["required"],
-        json!(["q"])
-    );
-    // The assistant turn that asked for a tool goes back with content "" and its call.
-    let second = &sent[1];
-    let asked = &second["messages"][2];
-    assert_eq!(asked["role"], "assistant");
-    assert_eq!(asked["content"], "");
-    assert_eq!(
-        second["messages"][3]["tool_call_id"],
-        asked["tool_calls"][0]["id"]
-    );
-    // The journal's input of the first model step is the body the model received.
-    let journalled: Value =
-        serde_json::from_str(task["steps"][0]["input"].as_str().unwrap()).unwrap();
-    assert_eq!(&journalled, first);
-    flow.app.stop().await;
-}
-
 /// Calls every tool in one answer, then answers with what they said.
 pub struct ParallelCalls;
 
@@ -205,7 +148,7 @@ async fn several_tool_calls_in_one_answer_are_each_journalled_and_run_once() {
         assert_eq!(calls_to(&flow.tools, "GET", p).await, 1, "{p}");
     }
     // One assistant turn with three calls, then one tool message per call, in order.
-    let last = bodies(&app.model).await.pop().unwrap();
+    let last = model_bodies(&app.model).await.pop().unwrap();
     let messages = last["messages"].as_array().unwrap();
     let calls = messages[2]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 3);
@@ -242,7 +185,7 @@ async fn tool_choice_forces_the_first_turn_and_max_steps_ends_with_an_answer() {
     let task = app.wait_replied(id, WAIT).await;
     assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
     assert_eq!(task["result"], "what I found so far");
-    let sent = bodies(&app.model).await;
+    let sent = model_bodies(&app.model).await;
     // max_steps turns, a rolling summary (no tools), then one turn that may not call.
     let turns: Vec<&Value> = sent.iter().filter(|b| b.get("tools").is_some()).collect();
     assert_eq!(turns.len(), 3, "{sent:#?}");
@@ -333,7 +276,7 @@ async fn a_conversation_fits_the_model_context_window() {
         ids.push(id);
     }
     // History was sent, cut to the window: the last request holds earlier turns, but not all.
-    let last = bodies(&app.model).await.pop().unwrap();
+    let last = model_bodies(&app.model).await.pop().unwrap();
     let turns = last["messages"].as_array().unwrap().len();
     assert!(turns > 2 && turns < 8, "{turns} messages: {last:#}");
     app.stop().await;
@@ -378,7 +321,7 @@ async fn a_context_too_long_answer_is_retried_once_with_the_question_alone() {
         format!("{second}:2:chat_shrunk")
     );
     assert_eq!(steps[1]["status"], "SUCCEEDED");
-    let last = bodies(&app.model).await.pop().unwrap();
+    let last = model_bodies(&app.model).await.pop().unwrap();
     assert_eq!(
         last["messages"].as_array().unwrap().len(),
         2,
@@ -442,4 +385,136 @@ async fn an_agent_on_a_named_provider_calls_that_provider() {
     );
     tokio::time::sleep(Duration::from_millis(10)).await;
     app.stop().await;
+}
+
+/// The keys and statuses of a task's steps, `step_no:name STATUS`, without the task id.
+fn step_list(task: &Value) -> Vec<String> {
+    task["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let key = s["idempotency_key"].as_str().unwrap();
+            let key = key.split_once(':').unwrap().1;
+            format!("{key} {}", s["status"].as_str().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_llm_node_refused_as_too_long_is_asked_again_with_its_prompt_cut() {
+    let workflow = r#"{"start": "ask", "nodes": [
+      {"id": "ask", "type": "llm", "prompt": "Summarise: {{ message.text }}", "next": "done"},
+      {"id": "done", "type": "reply", "text": "{{ steps.ask.text }}"}]}"#;
+    let model = MockServer::start().await;
+    strict_mock(StrictModel::new(|_: &Value| ModelReply::text("short")).with_context_window(200))
+        .mount(&model)
+        .await;
+    let flow = crate::workflows::spawn_flow_on(workflow, model, |c| {
+        c.llm.context_window = 200;
+        c.agents.get_mut("flow").unwrap().max_tokens = 64;
+    })
+    .await;
+    let app = &flow.app;
+    let long = format!("start {} end", "lorem ipsum ".repeat(100));
+    let id = task_id_of(app.post_message(&message("mc-cut", 1, &long)).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    assert_eq!(step_list(&task), ["1:llm FAILED", "2:llm SUCCEEDED"]);
+    assert!(
+        task["steps"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length")
+    );
+    let sent = model_bodies(&app.model).await;
+    let cut = sent[1]["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        cut.starts_with("Summarise: start") && cut.ends_with(" end"),
+        "{cut}"
+    );
+    assert!(
+        cut.contains("bytes cut to fit the model's context window"),
+        "{cut}"
+    );
+    assert_eq!(app.replies().await[0].1["text"], "short");
+    flow.app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_loop_refused_as_too_long_folds_its_rounds_into_a_summary_and_goes_on() {
+    // The configured window (8192) overstates the server's: only the refusal tells.
+    let model = MockServer::start().await;
+    strict_mock(
+        StrictModel::new(crate::workflows::ToolScriptModel::default()).with_context_window(250),
+    )
+    .mount(&model)
+    .await;
+    let flow = crate::workflows::spawn_flow_on(AGENT_LOOP, model, |c| {
+        c.context.summary_every_steps = 100;
+        c.agents.get_mut("flow").unwrap().max_tokens = 64;
+    })
+    .await;
+    let app = &flow.app;
+    let id = task_id_of(
+        app.post_message(&message("mc-fold", 1, "find things"))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    assert_eq!(
+        task["result"], "found alpha, beta, gamma",
+        "nothing lost in the fold"
+    );
+    let steps = step_list(&task);
+    let refused = steps
+        .iter()
+        .position(|s| s.ends_with(":llm FAILED"))
+        .expect("a refused turn");
+    assert!(
+        steps[refused + 1].ends_with(":summary SUCCEEDED"),
+        "{steps:?}"
+    );
+    assert!(steps[refused + 2].ends_with(":llm SUCCEEDED"), "{steps:?}");
+    for p in ["/tools/a", "/tools/b", "/tools/c"] {
+        assert_eq!(calls_to(&flow.tools, "GET", p).await, 1, "{p}");
+    }
+    flow.app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_loop_summarises_before_it_outgrows_the_configured_window() {
+    let model = MockServer::start().await;
+    strict_mock(
+        StrictModel::new(crate::workflows::ToolScriptModel::default()).with_context_window(250),
+    )
+    .mount(&model)
+    .await;
+    let flow = crate::workflows::spawn_flow_on(AGENT_LOOP, model, |c| {
+        // Less than the server has: the loop's own budget decides when to summarise.
+        c.llm.context_window = 120;
+        c.context.summary_every_steps = 100;
+        c.agents.get_mut("flow").unwrap().max_tokens = 64;
+    })
+    .await;
+    let app = &flow.app;
+    let id = task_id_of(
+        app.post_message(&message("mc-budget", 1, "find things"))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    assert_eq!(task["result"], "found alpha, beta, gamma");
+    let steps = step_list(&task);
+    assert!(
+        steps.iter().all(|s| s.ends_with("SUCCEEDED")),
+        "never refused: {steps:?}"
+    );
+    assert!(
+        steps.iter().any(|s| s.contains(":summary ")),
+        "summarised for the window: {steps:?}"
+    );
+    flow.app.stop().await;
 }

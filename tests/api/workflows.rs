@@ -214,6 +214,15 @@ pub async fn spawn_flow_scripted(
 ) -> Flow {
     let model = MockServer::start().await;
     model_mock(script).mount(&model).await;
+    spawn_flow_on(workflow, model, tweak).await
+}
+
+/// A flow whose model is `model` (a mock already mounted).
+pub async fn spawn_flow_on(
+    workflow: &str,
+    model: MockServer,
+    tweak: impl FnOnce(&mut assistd::Config),
+) -> Flow {
     let tools = tool_server().await;
     let receiver = accepting_receiver().await;
     let dir = tempfile::tempdir().unwrap();
@@ -322,6 +331,33 @@ async fn a_three_tool_agent_loop_completes_and_replies_once() {
         req.headers.get("idempotency-key").unwrap(),
         &format!("{id}:2:lookup_a")
     );
+    // The model was offered the node's tools, as OpenAI function declarations.
+    let sent = model_bodies(&app.model).await;
+    let first = &sent[0];
+    let offered: Vec<&str> = first["tools"]
+        .as_array()
+        .expect("tools sent")
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["lookup_a", "lookup_b", "lookup_c"]);
+    assert_eq!(first["tools"][0]["function"]["description"], "Look up A");
+    assert_eq!(
+        first["tools"][0]["function"]["parameters"]["required"],
+        json!(["q"])
+    );
+    // The assistant turn that asked for a tool goes back with content "" and its call.
+    let asked = &sent[1]["messages"][2];
+    assert_eq!(asked["role"], "assistant");
+    assert_eq!(asked["content"], "");
+    assert_eq!(
+        sent[1]["messages"][3]["tool_call_id"],
+        asked["tool_calls"][0]["id"]
+    );
+    // The journal's input of the first model step is the body the model received.
+    let journalled: Value =
+        serde_json::from_str(task["steps"][0]["input"].as_str().unwrap()).unwrap();
+    assert_eq!(&journalled, first);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let replies = app.replies().await;
     assert_eq!(replies.len(), 1);

@@ -20,7 +20,7 @@ use crate::domain::{
     reply_key, step_key, truncate,
 };
 use crate::engine::{RunError, TaskContext, backoff, reply};
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice, ToolSpec};
+use crate::llm::{self, ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice, ToolSpec};
 use crate::store::StoreError;
 use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::store::workflow::NewPendingAction;
@@ -34,6 +34,13 @@ enum Stop {
     Failed(FailureType, String),
     /// The run ends without a terminal status (lost lease, parked, store trouble).
     Run(RunError),
+}
+
+impl Stop {
+    /// The model refused the request as longer than its context window.
+    fn is_context_too_long(&self) -> bool {
+        matches!(self, Stop::Failed(FailureType::ContextTooLong, _))
+    }
 }
 
 impl From<RunError> for Stop {
@@ -227,11 +234,18 @@ impl<'a> Runner<'a> {
             let next = match &node.kind {
                 NodeKind::Llm(n) => {
                     let prompt = self.render(&n.prompt)?;
-                    let messages = vec![
-                        ChatMessage::system(self.ctx.agent.system_prompt.clone()),
-                        ChatMessage::user(prompt),
-                    ];
-                    let answer = self.llm_call("llm", messages, Vec::new(), None).await?;
+                    let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
+                    let messages = vec![system.clone(), ChatMessage::user(prompt.clone())];
+                    let answer = match self.llm_call("llm", messages, Vec::new(), None).await {
+                        // Refused as too long: once more, with the prompt cut to fit.
+                        Err(stop) if stop.is_context_too_long() => {
+                            let cut = self.cut_to_fit(&prompt)?;
+                            tracing::warn!(node = %id, "the model refused the prompt as too long; asking again with it cut");
+                            let messages = vec![system, ChatMessage::user(cut)];
+                            self.llm_call("llm", messages, Vec::new(), None).await?
+                        }
+                        other => other?,
+                    };
                     let text = reply::answer_text(&answer, &self.ctx.agent.fallback_text)
                         .map_err(|(f, m)| Stop::Failed(f, format!("node `{id}`: {m}")))?;
                     self.outputs.insert(id.clone(), json!({ "text": text }));
@@ -347,38 +361,38 @@ impl<'a> Runner<'a> {
         ];
         let specs = self.svc.tools.function_specs(&node.tools);
         let every = self.svc.config.context.summary_every_steps as usize;
+        // Room for the loop's rounds: the history budget less the node's prompt.
+        let budget = self
+            .history_budget()?
+            .saturating_sub(llm::message_tokens(&head[1]));
         // Messages since the last summary, in rounds (an assistant turn and its tool results).
         let mut window: Vec<ChatMessage> = Vec::new();
         let mut summary: Option<String> = None;
         let mut since_summary = 0usize;
         let first_choice = node.tool_choice.as_deref().map(ToolChoice::parse);
+        let with_summary = |head: &[ChatMessage], summary: &Option<String>| {
+            let mut messages = head.to_vec();
+            if let Some(s) = summary {
+                messages.push(ChatMessage::user(format!(
+                    "Summary of the work so far:\n{s}"
+                )));
+            }
+            messages
+        };
         for turn in 0..=node.max_steps {
-            if since_summary >= every {
+            let window_tokens: usize = window.iter().map(llm::message_tokens).sum();
+            if since_summary >= every || window_tokens > budget {
                 let last_round = window
                     .iter()
                     .rposition(|m| m.role == Role::Assistant)
                     .unwrap_or(window.len());
                 if last_round > 0 {
                     let older: Vec<ChatMessage> = window.drain(..last_round).collect();
-                    let text = self.summarize(summary.as_deref(), &older).await?;
-                    if !self
-                        .svc
-                        .store
-                        .set_context_summary(self.fence, &text, now_ms())
-                        .await?
-                    {
-                        return Err(Stop::Run(RunError::LostLease));
-                    }
-                    summary = Some(text);
+                    summary = Some(self.fold_into_summary(summary.as_deref(), &older).await?);
                     since_summary = window.len();
                 }
             }
-            let mut messages = head.clone();
-            if let Some(s) = &summary {
-                messages.push(ChatMessage::user(format!(
-                    "Summary of the work so far:\n{s}"
-                )));
-            }
+            let mut messages = with_summary(&head, &summary);
             messages.extend(window.iter().cloned());
             let last_turn = turn == node.max_steps;
             let choice = if last_turn {
@@ -388,9 +402,31 @@ impl<'a> Runner<'a> {
             } else {
                 None
             };
-            let answer = self
-                .llm_call("llm", messages, specs.clone(), choice)
-                .await?;
+            let answer = match self
+                .llm_call("llm", messages, specs.clone(), choice.clone())
+                .await
+            {
+                // Refused as too long: fold every round into the summary (or, with none yet,
+                // cut the node's prompt) and ask once more.
+                Err(stop) if stop.is_context_too_long() => {
+                    let mut retry_head = head.clone();
+                    if window.is_empty() {
+                        retry_head[1] = ChatMessage::user(self.cut_to_fit(&head[1].content)?);
+                    } else {
+                        let older = std::mem::take(&mut window);
+                        summary = Some(self.fold_into_summary(summary.as_deref(), &older).await?);
+                        since_summary = 0;
+                    }
+                    tracing::warn!(
+                        node = id,
+                        "the model refused the context as too long; asking again with it shrunk"
+                    );
+                    let messages = with_summary(&retry_head, &summary);
+                    self.llm_call("llm", messages, specs.clone(), choice)
+                        .await?
+                }
+                other => other?,
+            };
             since_summary += 1;
             if answer.tool_calls.is_empty() || last_turn {
                 if answer.truncated() {
@@ -442,6 +478,57 @@ impl<'a> Runner<'a> {
             }
         }
         unreachable!("the last turn returns")
+    }
+
+    /// The agent's history budget (`context.history_token_budget`, less where the provider's
+    /// context window leaves less room after `max_tokens` and the system prompt).
+    fn history_budget(&self) -> Result<usize, Stop> {
+        let agent = &self.ctx.agent;
+        let (provider, _) = crate::engine::model_of(self.svc, agent)?;
+        Ok(llm::history_budget(
+            self.svc.config.context.history_token_budget,
+            provider.context_window,
+            agent.max_tokens,
+            &agent.system_prompt,
+        ))
+    }
+
+    /// `prompt` cut to what the context window leaves (and at least to half, since the model
+    /// refused it whole): its head and tail, with a note of the cut between them.
+    fn cut_to_fit(&self, prompt: &str) -> Result<String, Stop> {
+        let agent = &self.ctx.agent;
+        let (provider, _) = crate::engine::model_of(self.svc, agent)?;
+        let room = llm::history_budget(
+            usize::MAX,
+            provider.context_window,
+            agent.max_tokens,
+            &agent.system_prompt,
+        );
+        // Bytes the estimate allows (a token per three bytes, less the message overhead).
+        let bytes = room
+            .saturating_sub(8)
+            .saturating_mul(3)
+            .min(prompt.len() / 2);
+        Ok(cut_middle(prompt, bytes))
+    }
+
+    /// Folds `older` messages into the rolling summary (a journalled step) and keeps it on the
+    /// task; returns the new summary.
+    async fn fold_into_summary(
+        &mut self,
+        previous: Option<&str>,
+        older: &[ChatMessage],
+    ) -> Result<String, Stop> {
+        let text = self.summarize(previous, older).await?;
+        if !self
+            .svc
+            .store
+            .set_context_summary(self.fence, &text, now_ms())
+            .await?
+        {
+            return Err(Stop::Run(RunError::LostLease));
+        }
+        Ok(text)
     }
 
     /// A journalled model call that folds `older` messages into the rolling summary.
@@ -1060,6 +1147,29 @@ impl<'a> Runner<'a> {
     }
 }
 
+/// At most `bytes` of `text`: two thirds from its head and one third from its tail, with a
+/// note of how much was cut between them (on character boundaries).
+fn cut_middle(text: &str, bytes: usize) -> String {
+    if text.len() <= bytes {
+        return text.to_string();
+    }
+    let floor = |mut i: usize| {
+        while !text.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let head = floor(bytes * 2 / 3);
+    let tail = floor(text.len() - (bytes - bytes * 2 / 3));
+    let tail = if tail < head { head } else { tail };
+    format!(
+        "{}\n[… {} bytes cut to fit the model's context window …]\n{}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
+}
+
 fn parse_output(text: Option<&str>) -> Value {
     text.and_then(|t| serde_json::from_str(t).ok())
         .unwrap_or(Value::Null)
@@ -1073,5 +1183,20 @@ fn node_type(kind: &NodeKind) -> &'static str {
         NodeKind::Condition(_) => "condition",
         NodeKind::HumanConfirm(_) => "human_confirm",
         NodeKind::Reply(_) => "reply",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_middle;
+
+    #[test]
+    fn a_cut_keeps_head_and_tail_on_character_boundaries() {
+        let text = format!("start {} end", "é".repeat(200));
+        let cut = cut_middle(&text, 90);
+        assert!(cut.starts_with("start ") && cut.ends_with(" end"), "{cut}");
+        assert!(cut.contains("bytes cut to fit"), "{cut}");
+        assert!(cut.len() < text.len());
+        assert_eq!(cut_middle("short", 90), "short");
     }
 }
