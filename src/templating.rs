@@ -32,6 +32,111 @@ pub fn render(template: &str, context: &serde_json::Value) -> Result<String, min
     environment().render_str(template, Serde(context))
 }
 
+/// Where in a URL a value is placed.
+#[derive(Clone, Copy, PartialEq)]
+enum UrlPart {
+    Path,
+    Query,
+}
+
+/// Everything but unreserved characters (RFC 3986: letters, digits, `-._~`) is encoded.
+const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+fn encode(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, COMPONENT).to_string()
+}
+
+/// An environment whose `{{ … }}` output is percent-encoded for `part` of a URL; in a path a
+/// value holding `/`, `?`, `#` or `..` is refused (encoded or not, servers and URL parsers may
+/// still read it as a path step). `| safe` opts a value out, and `| urlencode` marks its
+/// (encoded) output safe so it is not encoded twice.
+fn url_environment(part: UrlPart, undefined: UndefinedBehavior) -> Environment<'static> {
+    let mut env = build(undefined);
+    env.add_filter("urlencode", |value: Value| {
+        Value::from_safe_string(encode(&value.to_string()))
+    });
+    env.set_formatter(move |out, state, value| {
+        if value.is_safe() || value.is_undefined() {
+            return minijinja::escape_formatter(out, state, value);
+        }
+        let text = value.to_string();
+        if part == UrlPart::Path && (text.contains(['/', '?', '#']) || text.contains("..")) {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("`{text}` may not be placed in a URL path (it holds /, ?, # or ..)"),
+            ));
+        }
+        out.write_str(&encode(&text))
+            .map_err(|e| minijinja::Error::new(ErrorKind::WriteFailure, e.to_string()))
+    });
+    env
+}
+
+/// Splits a URL template at its first `?` outside `{{ … }}` / `{% … %}`: path and query.
+fn split_url_template(template: &str) -> (&str, &str) {
+    let bytes = template.as_bytes();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], bytes.get(i + 1)) {
+            (b'{', Some(b'{' | b'%')) => {
+                depth += 1;
+                i += 2;
+                continue;
+            }
+            (b'}' | b'%', Some(b'}')) if depth > 0 => {
+                depth -= 1;
+                i += 2;
+                continue;
+            }
+            (b'?', _) if depth == 0 => return template.split_at(i),
+            _ => {}
+        }
+        i += 1;
+    }
+    (template, "")
+}
+
+fn url_environments(undefined: UndefinedBehavior) -> [Environment<'static>; 2] {
+    [
+        url_environment(UrlPart::Path, undefined),
+        url_environment(UrlPart::Query, undefined),
+    ]
+}
+
+/// Renders a tool's URL template: values placed in the path or the query are percent-encoded
+/// (`| safe` opts out), and a path value holding `/`, `?`, `#` or `..` is refused, so chat
+/// text cannot reach another path of the tool's host.
+pub fn render_url(template: &str, context: &serde_json::Value) -> Result<String, minijinja::Error> {
+    static ENVS: OnceLock<[Environment<'static>; 2]> = OnceLock::new();
+    let [path_env, query_env] = ENVS.get_or_init(|| url_environments(UndefinedBehavior::Strict));
+    let (path, query) = split_url_template(template);
+    let mut url = path_env.render_str(path, Serde(context))?;
+    if !query.is_empty() {
+        url.push_str(&query_env.render_str(query, Serde(context))?);
+    }
+    Ok(url)
+}
+
+/// As [`dry_run_template`], for a tool's URL template.
+pub fn dry_run_url(template: &str, sample: &Value) -> Result<(), String> {
+    static ENVS: OnceLock<[Environment<'static>; 2]> = OnceLock::new();
+    let [path_env, query_env] = ENVS.get_or_init(|| url_environments(UndefinedBehavior::Chainable));
+    let (path, query) = split_url_template(template);
+    for (env, part) in [(path_env, path), (query_env, query)] {
+        let compiled = env.template_from_str(part).map_err(|e| e.to_string())?;
+        compiled
+            .render(sample)
+            .map(|_| ())
+            .or_else(unknown_callable)?;
+    }
+    Ok(())
+}
+
 /// Evaluates a condition (`steps.review.text.startswith('TERMINATE')`) to true or false.
 pub fn is_true(expression: &str, context: &serde_json::Value) -> Result<bool, minijinja::Error> {
     let expr = environment().compile_expression(expression)?;
@@ -160,6 +265,35 @@ mod tests {
             render("{{ steps.review.text.strip().lower() }}", &ctx).unwrap(),
             "terminate: breach"
         );
+    }
+
+    #[test]
+    fn url_values_are_encoded_and_path_escapes_refused() {
+        let ctx = json!({ "args": { "id": "C 7&x=1", "q": "a/b?c#d", "up": "../../admin", "raw": "a/b" } });
+        let url =
+            "https://h.example/api/{{ args.id }}/notes?q={{ args.q }}&k={{ args.q | urlencode }}";
+        assert_eq!(
+            render_url(url, &ctx).unwrap(),
+            "https://h.example/api/C%207%26x%3D1/notes?q=a%2Fb%3Fc%23d&k=a%2Fb%3Fc%23d"
+        );
+        for attack in ["{{ args.up }}", "{{ args.q }}", "x{{ args.raw }}"] {
+            let err = render_url(&format!("https://h.example/api/{attack}"), &ctx).unwrap_err();
+            assert!(
+                err.to_string().contains("may not be placed in a URL path"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            render_url("https://h.example/{{ args.raw | safe }}", &ctx).unwrap(),
+            "https://h.example/a/b"
+        );
+        let sample = sample_context(&[]);
+        assert!(dry_run_url("https://h/{{ message.text | shout }}", &sample).is_err());
+        dry_run_url(
+            "https://h/{{ message.text }}?q={{ message.text | urlencode }}",
+            &sample,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -34,6 +34,8 @@ impl ToolError {
 
 pub struct ToolRegistry {
     tools: BTreeMap<String, ToolConfig>,
+    /// Each tool's compiled `args_schema`.
+    schemas: BTreeMap<String, schema::ArgsSchema>,
     allowed_hosts: HashSet<String>,
     max_response_bytes: usize,
     /// For hosts on the allow list: ordinary resolution.
@@ -56,24 +58,29 @@ impl ToolRegistry {
             .build()?;
         // A filter or method that does not exist fails here, at start, not in a task.
         let sample = crate::templating::tool_sample_context();
+        let mut schemas = BTreeMap::new();
         for (name, tool) in tools {
             let calls =
                 std::iter::once(("", tool.call())).chain(tool.undo.clone().map(|u| ("undo.", u)));
             for (prefix, call) in calls {
-                let templates = std::iter::once(("url".to_string(), call.url.clone()))
-                    .chain(
-                        call.headers
-                            .iter()
-                            .map(|(k, v)| (format!("headers.{k}"), v.clone())),
-                    )
+                crate::templating::dry_run_url(&call.url, &sample)
+                    .map_err(|e| anyhow::anyhow!("tools.{name}.{prefix}url: {e}"))?;
+                let templates = call
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (format!("headers.{k}"), v.clone()))
                     .chain(call.body.iter().map(|b| ("body".to_string(), b.clone())));
                 for (field, text) in templates {
                     crate::templating::dry_run_template(&text, &sample)
                         .map_err(|e| anyhow::anyhow!("tools.{name}.{prefix}{field}: {e}"))?;
                 }
             }
+            let schema = schema::ArgsSchema::compile(&tool.args_schema)
+                .map_err(|e| anyhow::anyhow!("tools.{name}.args_schema: {e}"))?;
+            schemas.insert(name.clone(), schema);
         }
         Ok(ToolRegistry {
+            schemas,
             tools: tools.clone(),
             allowed_hosts: tooling
                 .allowed_private_hosts
@@ -88,6 +95,14 @@ impl ToolRegistry {
 
     pub fn get(&self, name: &str) -> Option<&ToolConfig> {
         self.tools.get(name)
+    }
+
+    /// Checks `args` against tool `name`'s `args_schema`.
+    pub fn check_args(&self, name: &str, args: &Value) -> Result<(), String> {
+        match self.schemas.get(name) {
+            Some(schema) => schema.check(args),
+            None => Err(format!("no tool named `{name}`")),
+        }
     }
 
     pub fn names(&self) -> impl Iterator<Item = &String> {
@@ -119,7 +134,7 @@ impl ToolRegistry {
             .tools
             .get(name)
             .ok_or_else(|| ToolError::permanent(format!("no tool named `{name}`")))?;
-        schema::validate(&tool.args_schema, args)
+        self.check_args(name, args)
             .map_err(|e| ToolError::permanent(format!("invalid arguments for `{name}`: {e}")))?;
         let context = json!({ "args": args });
         self.http(
@@ -161,7 +176,8 @@ impl ToolRegistry {
         timeout_secs: u64,
         idempotency_key: &str,
     ) -> Result<Value, ToolError> {
-        let url = render(&call.url, context)?;
+        let url = crate::templating::render_url(&call.url, context)
+            .map_err(|e| ToolError::permanent(format!("tool URL `{}`: {e}", call.url)))?;
         let url = reqwest::Url::parse(&url)
             .map_err(|e| ToolError::permanent(format!("tool URL `{url}` is invalid: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {

@@ -1,59 +1,32 @@
-//! The subset of JSON Schema tool arguments are checked against: `type` (object, string,
-//! number, integer, boolean, array), `required`, `properties` and `enum`, nested. Enough to
-//! refuse a malformed model-made call with a message the model can act on.
+//! Tool arguments are checked against each tool's `args_schema` with the `jsonschema` crate
+//! (the whole of JSON Schema: types, `required`, `properties`, `enum`, `pattern`,
+//! `maxLength`, …), compiled once when the registry is built. The message names where the
+//! arguments are wrong, so a model can correct its call.
 
 use serde_json::Value;
 
-pub fn validate(schema: &Value, value: &Value) -> Result<(), String> {
-    check(schema, value, "arguments")
-}
+/// A compiled `args_schema`.
+pub struct ArgsSchema(jsonschema::Validator);
 
-fn check(schema: &Value, value: &Value, at: &str) -> Result<(), String> {
-    if let Some(expected) = schema.get("type").and_then(Value::as_str) {
-        let ok = match expected {
-            "object" => value.is_object(),
-            "string" => value.is_string(),
-            "number" => value.is_number(),
-            "integer" => value.is_i64() || value.is_u64(),
-            "boolean" => value.is_boolean(),
-            "array" => value.is_array(),
-            "null" => value.is_null(),
-            _ => true,
-        };
-        if !ok {
-            return Err(format!("{at} must be of type {expected}"));
-        }
+impl ArgsSchema {
+    /// Compiles `schema`; an invalid schema is refused with the reason.
+    pub fn compile(schema: &Value) -> Result<ArgsSchema, String> {
+        jsonschema::validator_for(schema)
+            .map(ArgsSchema)
+            .map_err(|e| format!("not a valid JSON Schema: {e}"))
     }
-    if let Some(options) = schema.get("enum").and_then(Value::as_array)
-        && !options.contains(value)
-    {
-        return Err(format!(
-            "{at} must be one of {}",
-            Value::Array(options.clone())
-        ));
-    }
-    if let Some(object) = value.as_object() {
-        if let Some(required) = schema.get("required").and_then(Value::as_array) {
-            for field in required.iter().filter_map(Value::as_str) {
-                if !object.contains_key(field) {
-                    return Err(format!("{at} is missing `{field}`"));
-                }
+
+    /// `Err` names the first place the arguments break the schema.
+    pub fn check(&self, args: &Value) -> Result<(), String> {
+        self.0.validate(args).map_err(|e| {
+            let at = e.instance_path().as_str();
+            if at.is_empty() {
+                format!("arguments: {e}")
+            } else {
+                format!("arguments{at}: {e}")
             }
-        }
-        if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
-            for (name, sub) in properties {
-                if let Some(v) = object.get(name) {
-                    check(sub, v, &format!("{at}.{name}"))?;
-                }
-            }
-        }
+        })
     }
-    if let (Some(items), Some(array)) = (schema.get("items"), value.as_array()) {
-        for (i, v) in array.iter().enumerate() {
-            check(items, v, &format!("{at}[{i}]"))?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -62,16 +35,28 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn checks_required_and_types() {
-        let schema = json!({"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}, "n": {"type": "integer"}}});
-        assert!(validate(&schema, &json!({"id": "x"})).is_ok());
-        assert!(validate(&schema, &json!({})).unwrap_err().contains("`id`"));
+    fn checks_required_types_patterns_and_lengths() {
+        let schema = ArgsSchema::compile(
+            &json!({"type": "object", "required": ["id"], "properties": {
+            "id": {"type": "string", "pattern": "^[A-Z]-[0-9]+$", "maxLength": 8},
+            "n": {"type": "integer"}}}),
+        )
+        .unwrap();
+        assert!(schema.check(&json!({"id": "T-42"})).is_ok());
+        assert!(schema.check(&json!({})).unwrap_err().contains("\"id\""));
         assert!(
-            validate(&schema, &json!({"id": 1}))
+            schema
+                .check(&json!({"id": 1}))
                 .unwrap_err()
-                .contains("arguments.id")
+                .contains("arguments/id")
         );
-        assert!(validate(&schema, &json!({"id": "x", "n": 1.5})).is_err());
-        assert!(validate(&schema, &json!("str")).is_err());
+        assert!(schema.check(&json!({"id": "T-42", "n": 1.5})).is_err());
+        assert!(schema.check(&json!("str")).is_err());
+        assert!(schema.check(&json!({"id": "../admin"})).is_err(), "pattern");
+        assert!(
+            schema.check(&json!({"id": "T-123456789"})).is_err(),
+            "maxLength"
+        );
+        assert!(ArgsSchema::compile(&json!({"type": 7})).is_err());
     }
 }

@@ -70,6 +70,7 @@ async fn helpdesk(example: &Path) {
     Mock::given(method("GET"))
         .and(path("/api/search"))
         .and(query_param("q", "laptop repair & returns"))
+        .and(wiremock::matchers::query_param_is_missing("returns"))
         .respond_with(
             ResponseTemplate::new(200)
                 .set_body_json(json!({"hits": ["KB-9: repairs take a week"]})),
@@ -217,6 +218,69 @@ async fn contract_review(example: &Path) {
         "the approval request went to the chat first: {replies:?}"
     );
     app.stop().await;
+}
+
+/// Attack: chat text that tries to leave the contract's URL path (issue 17, item 6). The tool
+/// host must see no request at all; the task fails with one notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_text_cannot_steer_the_contract_tool_to_another_path() {
+    let tools = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"id": "x"})))
+        .mount(&tools)
+        .await;
+    let model = MockServer::start().await;
+    model_mock(|_: &Value| ModelReply::text("KEEP"))
+        .mount(&model)
+        .await;
+    let app = spawn_example(
+        Path::new("config/examples/contract-review.toml"),
+        model,
+        &tools,
+    )
+    .await;
+    for (n, attack) in [
+        "../../../internal/admin?delete=all#",
+        "C-7/../../internal/admin",
+        "C-7?delete=all",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = task_id_of(
+            app.post_message(&message("ex-attack", n as u32 + 1, attack))
+                .await,
+        )
+        .await;
+        let task = app.wait_replied(id, WAIT).await;
+        assert_eq!(task["status"], "FAILED", "{attack}: {task:#}");
+        assert_eq!(task["failure_type"], "TOOL_FAILED", "{attack}");
+    }
+    let seen: Vec<String> = tools
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.url.to_string())
+        .collect();
+    assert!(seen.is_empty(), "the tool host was reached: {seen:?}");
+    app.stop().await;
+}
+
+/// Attack: the same escape through a tool whose schema does not constrain the argument; the
+/// URL template itself refuses it (the encoding is the last line, not the schema).
+#[test]
+fn a_tool_url_refuses_a_path_escape_without_a_schema_pattern() {
+    let ctx = json!({"args": {"contract_id": "../../../internal/admin?delete=all#"}});
+    let err = assistd::templating::render_url(
+        "https://contracts.example.com/api/contracts/{{ args.contract_id }}",
+        &ctx,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("may not be placed in a URL path"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

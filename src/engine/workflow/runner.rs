@@ -636,7 +636,7 @@ impl<'a> Runner<'a> {
                 Stop::Failed(FailureType::ToolFailed, format!("no tool named `{name}`"))
             })?
             .clone();
-        if let Err(e) = crate::tools::schema::validate(&tool.args_schema, &args) {
+        if let Err(e) = svc.tools.check_args(name, &args) {
             return Ok(Err(format!("invalid arguments for `{name}`: {e}")));
         }
         if tool.kind == ToolKind::Irreversible {
