@@ -26,6 +26,16 @@ pub async fn accept_message(
     message: &NewMessage,
     agent: &str,
 ) -> Result<Ingested, IntakeError> {
+    // Platforms retry until they get a 2xx, so a NUL is dropped here rather than refused
+    // (the generic webhook refuses it with 400 at parse time instead).
+    let cleaned;
+    let message = if message.has_nul() {
+        tracing::warn!("dropped U+0000 from an inbound message");
+        cleaned = message.without_nul();
+        &cleaned
+    } else {
+        message
+    };
     let ingested = svc
         .intake
         .ingest(message, agent)

@@ -86,6 +86,7 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
     }
     let sender_name = match object.get("sender_name") {
         None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.contains('\0') => return Err(nul_in("sender_name")),
         Some(Value::String(s)) if s.len() <= MAX_ID_LEN => Some(s.clone()),
         Some(Value::String(_)) => {
             return Err(format!(
@@ -163,6 +164,11 @@ pub fn parse_action(body: &[u8]) -> Result<CardAction, String> {
     })
 }
 
+/// PostgreSQL cannot store U+0000 in text; a sender that can fix its message is told so.
+fn nul_in(field: &str) -> String {
+    format!("field `{field}` contains a NUL character (U+0000)")
+}
+
 fn required(object: &Map<String, Value>, field: &str, max_len: usize) -> Result<String, String> {
     match object.get(field) {
         None | Some(Value::Null) => Err(format!("missing field `{field}`")),
@@ -170,6 +176,7 @@ fn required(object: &Map<String, Value>, field: &str, max_len: usize) -> Result<
         Some(Value::String(s)) if s.len() > max_len => {
             Err(format!("field `{field}` is longer than {max_len} bytes"))
         }
+        Some(Value::String(s)) if s.contains('\0') => Err(nul_in(field)),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(_) => Err(format!("field `{field}` must be a string")),
     }

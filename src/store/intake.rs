@@ -24,6 +24,43 @@ pub struct NewMessage {
     pub reply_context: Option<String>,
 }
 
+impl NewMessage {
+    /// Whether any field holds U+0000, which PostgreSQL refuses in text (the whole intake
+    /// batch would fail, and the platform retry forever).
+    pub fn has_nul(&self) -> bool {
+        [
+            &self.channel,
+            &self.event_id,
+            &self.message_id,
+            &self.conversation_id,
+            &self.sender_id,
+            &self.text,
+        ]
+        .iter()
+        .any(|f| f.contains('\0'))
+            || self.sender_name.as_ref().is_some_and(|n| n.contains('\0'))
+            || self
+                .reply_context
+                .as_ref()
+                .is_some_and(|c| c.contains('\0'))
+    }
+
+    /// The message with every U+0000 dropped.
+    pub fn without_nul(&self) -> NewMessage {
+        let strip = |s: &String| s.replace('\0', "");
+        NewMessage {
+            channel: strip(&self.channel),
+            event_id: strip(&self.event_id),
+            message_id: strip(&self.message_id),
+            conversation_id: strip(&self.conversation_id),
+            sender_id: strip(&self.sender_id),
+            sender_name: self.sender_name.as_ref().map(strip),
+            text: strip(&self.text),
+            reply_context: self.reply_context.as_ref().map(strip),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ingested {
     pub task_id: i64,

@@ -19,6 +19,7 @@ mod platforms;
 mod real_model;
 mod reply_delivery;
 mod scheduler;
+mod security;
 mod strict_model;
 mod webhook_errors;
 mod workflow_crash;

@@ -62,7 +62,10 @@ fn enable_platforms(c: &mut assistd::Config, api: &str, agent: &str) {
     c.channels.slack.agent = agent.into();
 }
 
-async fn spawn_platforms(api: &MockServer, tweak: impl FnOnce(&mut assistd::Config)) -> TestApp {
+pub(crate) async fn spawn_platforms(
+    api: &MockServer,
+    tweak: impl FnOnce(&mut assistd::Config),
+) -> TestApp {
     let model = echo_model().await;
     let uri = api.uri();
     TestApp::spawn_with(model, accepting_receiver().await, move |c| {
@@ -641,7 +644,7 @@ async fn platforms_not_enabled_are_not_routed() {
     app.stop().await;
 }
 
-const HS_TOKEN: &str = "hs-token";
+pub(crate) const HS_TOKEN: &str = "hs-token";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_transactions_are_authorised_answered_and_idempotent() {
@@ -1332,7 +1335,7 @@ async fn wecom_approvals_use_template_card_buttons() {
 
 /// A Matrix homeserver stand-in: room sends answer with `event_id` (the approval request
 /// gets `$approval`), joins succeed.
-async fn matrix_homeserver() -> MockServer {
+pub(crate) async fn matrix_homeserver() -> MockServer {
     use wiremock::matchers::path_regex;
     let hs = MockServer::start().await;
     Mock::given(method("PUT"))
@@ -1355,7 +1358,7 @@ async fn matrix_homeserver() -> MockServer {
 }
 
 impl TestApp {
-    async fn matrix_txn(&self, txn: &str, events: Value) -> reqwest::Response {
+    pub(crate) async fn matrix_txn(&self, txn: &str, events: Value) -> reqwest::Response {
         self.http
             .put(format!(
                 "{}/webhooks/matrix/_matrix/app/v1/transactions/{txn}",

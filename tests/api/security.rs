@@ -1,0 +1,76 @@
+//! Attack tests of issue 17: each performs the attack through HTTP against the real app and
+//! fails without the check it names.
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+use crate::platforms::{HS_TOKEN, matrix_homeserver, spawn_platforms};
+
+fn matrix_text(event_id: &str, body: &str) -> Value {
+    json!({"type": "m.room.message", "room_id": "!nul:hs", "sender": "@ada:hs", "event_id": event_id,
+           "origin_server_ts": 1, "content": {"msgtype": "m.text", "body": format!("@assistd:hs: {body}")}})
+}
+
+/// A U+0000 used to make PostgreSQL's intake batch fail on every retry (500 forever), and in
+/// a Matrix transaction it held back every later transaction. The generic webhook refuses it
+/// (400, nothing written); platforms, which retry until they get a 2xx, have it dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_character_is_refused_by_the_generic_webhook_and_dropped_for_platforms() {
+    let hs = matrix_homeserver().await;
+    let uri = hs.uri();
+    let app = spawn_platforms(&hs, move |c| {
+        c.channels.matrix.enabled = true;
+        c.channels.matrix.homeserver_url = uri;
+        c.channels.matrix.as_token = "as-token".into();
+        c.channels.matrix.hs_token = HS_TOKEN.into();
+        c.channels.matrix.bot_user_id = "@assistd:hs".into();
+    })
+    .await;
+    let mut poisoned = message("nul-generic", 1, "a\u{0}b");
+    let resp = app.post_message(&poisoned).await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("NUL"), "{body}");
+    poisoned["text"] = json!("fine");
+    poisoned["sender_name"] = json!("A\u{0}da");
+    assert_eq!(
+        app.post_message(&poisoned).await.status(),
+        400,
+        "every field"
+    );
+    let listed: Value = app
+        .list("conversation=nul-generic")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        listed["tasks"].as_array().unwrap().is_empty(),
+        "nothing written"
+    );
+
+    // One poisoned event and one good one in a Matrix transaction: both are taken, the
+    // transaction is acknowledged, and the NUL is gone from what was stored.
+    let resp = app
+        .matrix_txn(
+            "t-nul",
+            json!([matrix_text("$n1", "a\u{0}b"), matrix_text("$n2", "fine")]),
+        )
+        .await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let listed: Value = app.list("conversation=!nul:hs").await.json().await.unwrap();
+    let tasks = listed["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{listed:#}");
+    let mut texts = Vec::new();
+    for t in tasks {
+        let task = app.wait_replied(t["id"].as_i64().unwrap(), WAIT).await;
+        texts.push(task["message"]["text"].as_str().unwrap().to_string());
+    }
+    texts.sort();
+    assert_eq!(
+        texts,
+        ["ab", "fine"],
+        "the mention is stripped, and the NUL"
+    );
+    app.stop().await;
+}
