@@ -76,12 +76,20 @@ pub fn count_group_commit(queue: &'static str, operations: usize) {
     entry.1 += operations as u64;
 }
 
-/// Webhook requests by (channel, status code).
-static WEBHOOKS: Mutex<BTreeMap<(String, u16), u64>> = Mutex::new(BTreeMap::new());
+/// Webhook requests by (channel, status code); the channel is one of a fixed set.
+static WEBHOOKS: Mutex<BTreeMap<(&'static str, u16), u64>> = Mutex::new(BTreeMap::new());
 
-pub fn count_webhook(channel: &str, status: u16) {
+pub fn count_webhook(channel: &'static str, status: u16) {
     let mut map = WEBHOOKS.lock().unwrap_or_else(|p| p.into_inner());
-    *map.entry((channel.to_string(), status)).or_default() += 1;
+    *map.entry((channel, status)).or_default() += 1;
+}
+
+/// A label value as the exposition format wants it: `\`, `"` and newlines escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -132,7 +140,8 @@ pub fn render(counts: &MetricCounts) -> String {
     for (job, status, n) in &counts.job_runs {
         let _ = writeln!(
             out,
-            "assistd_job_runs{{job=\"{job}\",status=\"{status}\"}} {n}"
+            "assistd_job_runs{{job=\"{}\",status=\"{status}\"}} {n}",
+            label(job)
         );
     }
     family(

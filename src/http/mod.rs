@@ -47,6 +47,18 @@ pub fn health_router(svc: Arc<Services>) -> Router {
         .with_state(svc)
 }
 
+/// The channels webhook paths are counted under; any other `/webhooks/<x>` is `other`, so
+/// unauthenticated requests cannot grow the label set (or put text into the exposition).
+const WEBHOOK_CHANNELS: &[&str] = &[
+    crate::channels::generic::CHANNEL,
+    crate::channels::slack::CHANNEL,
+    crate::channels::telegram::CHANNEL,
+    crate::channels::matrix::CHANNEL,
+    crate::channels::lark::CHANNEL,
+    crate::channels::dingtalk::CHANNEL,
+    crate::channels::wecom::CHANNEL,
+];
+
 /// Counts webhook requests by channel and answer, for `/metrics`.
 async fn count_webhooks(
     request: axum::extract::Request,
@@ -56,10 +68,17 @@ async fn count_webhooks(
         .uri()
         .path()
         .strip_prefix("/webhooks/")
-        .map(|rest| rest.split('/').next().unwrap_or("").to_string());
+        .map(|rest| rest.split('/').next().unwrap_or(""))
+        .map(|name| {
+            WEBHOOK_CHANNELS
+                .iter()
+                .find(|known| **known == name)
+                .copied()
+                .unwrap_or("other")
+        });
     let response = next.run(request).await;
     if let Some(channel) = channel {
-        crate::metrics::count_webhook(&channel, response.status().as_u16());
+        crate::metrics::count_webhook(channel, response.status().as_u16());
     }
     response
 }

@@ -74,3 +74,66 @@ async fn a_nul_character_is_refused_by_the_generic_webhook_and_dropped_for_platf
     );
     app.stop().await;
 }
+
+/// Unauthenticated junk under `/webhooks/` used to become label values of
+/// `assistd_webhook_requests_total` (the process and `/metrics` grew without bound, and a quote
+/// broke the exposition). Now only known channels are labels; the rest count as `other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_webhook_paths_do_not_grow_the_metric_labels() {
+    let app = TestApp::spawn().await;
+    for n in 0..200 {
+        let resp = app
+            .http
+            .post(format!("{}/webhooks/junk-{n}", app.addr))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_client_error());
+    }
+    let quote = app
+        .http
+        .post(format!("{}/webhooks/a%22b%5C", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert!(quote.status().is_client_error());
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("junk"), "junk became a label");
+    assert!(
+        text.contains("assistd_webhook_requests_total{channel=\"other\",status=\"404\"}"),
+        "{text}"
+    );
+    let known = [
+        "generic", "slack", "telegram", "matrix", "lark", "dingtalk", "wecom", "other",
+    ];
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("assistd_webhook_requests_total{"))
+    {
+        let channel = line
+            .split("channel=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap();
+        assert!(known.contains(&channel), "unexpected label in `{line}`");
+    }
+    // Every sample line is `name{labels} value` with balanced quotes.
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        assert!(value.parse::<f64>().is_ok(), "`{line}`");
+        assert_eq!(series.matches('"').count() % 2, 0, "`{line}`");
+    }
+    app.stop().await;
+}
