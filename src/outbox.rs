@@ -132,6 +132,12 @@ async fn deliver(svc: &Services, reply: ReplyRow) -> Option<i64> {
     } else {
         svc.channels.send(&reply).await
     };
+    // What is stored and logged of a failure is redacted (platform error bodies may echo
+    // tokens; transport errors are already free of their URLs).
+    let result = result.map_err(|mut e| {
+        e.message = crate::redaction::redact(&e.message);
+        e
+    });
     let now = now_ms();
     let written = match result {
         Ok(delivered) => {

@@ -7,9 +7,25 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-/// The built-in patterns, most specific first.
+/// The built-in patterns, most specific first. A match becomes `[name]`, except where a
+/// pattern keeps a prefix (`$1`) before it (see [`KEEP_PREFIX`]).
 const BUILT_IN: &[(&str, &str)] = &[
+    // URL credentials (`https://user:pass@host`) and query secrets (`?corpsecret=…`): the
+    // key stays readable, the value goes.
+    ("credentials", r"(://)[^/\s:@]+:[^/\s@]+@"),
+    (
+        "secret",
+        r"(?i)([?&;\s](?:[a-z_]*token|[a-z_]*secret|[a-z_]*key|password|passwd|sig|signature|sign)=)[^&\s#\x22']+",
+    ),
     ("bearer", r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{8,}=*"),
+    ("basic", r"(?i)\bbasic\s+[A-Za-z0-9+/]{8,}=*"),
+    // A JSON Web Token: three base64url parts, the first a JSON header (`{"` → `eyJ`).
+    (
+        "jwt",
+        r"\beyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*",
+    ),
+    // Telegram bot tokens (`123456789:AA…`), as they appear in Bot API paths.
+    ("bot_token", r"\d{5,12}:[A-Za-z0-9_\-]{30,}"),
     (
         "api_key",
         r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{16,}\b|\bxox[abpors]-[A-Za-z0-9\-]{10,}\b|\bAKIA[0-9A-Z]{16}\b",
@@ -22,6 +38,9 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("bank_card", r"\b\d{13,19}\b|\b\d{4}(?:[ \-]\d{4}){3,4}\b"),
     ("phone", r"\+?\d[\d \-()]{7,}\d"),
 ];
+
+/// Patterns whose first group (`://`, `?key=`) is kept in front of the redaction.
+const KEEP_PREFIX: &[&str] = &["credentials", "secret"];
 
 #[derive(Debug)]
 pub struct Redactor {
@@ -51,9 +70,12 @@ impl Redactor {
         let mut out = text.to_string();
         for (name, re) in &self.patterns {
             if re.is_match(&out) {
-                out = re
-                    .replace_all(&out, format!("[{name}]").as_str())
-                    .into_owned();
+                let with = if KEEP_PREFIX.contains(&name.as_str()) {
+                    format!("${{1}}[{name}]")
+                } else {
+                    format!("[{name}]")
+                };
+                out = re.replace_all(&out, with.as_str()).into_owned();
             }
         }
         out
@@ -65,6 +87,24 @@ static INSTALLED: OnceLock<Redactor> = OnceLock::new();
 /// Installs the configured redactor (first call wins).
 pub fn install(redactor: Redactor) {
     let _ = INSTALLED.set(redactor);
+}
+
+/// An outbound HTTP failure as text fit to store, show and log: without the request's URL
+/// (Bot API paths hold the bot token, WeCom's gettoken query the corp secret), with every
+/// cause in the chain, and redacted.
+pub fn http_error(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    redact(&text)
 }
 
 /// Redacts `text` with the installed (or built-in) patterns.
@@ -91,6 +131,24 @@ mod tests {
             ("key sk-proj1234567890abcdefXYZ end", "key [api_key] end"),
             ("slack xoxb-1234567890-abcdef", "slack [api_key]"),
             ("ticket ACME-42 open", "ticket [custom0] open"),
+            (
+                "url http://api/bot123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage",
+                "url http://api/bot[bot_token]/sendMessage",
+            ),
+            (
+                "GET /cgi-bin/gettoken?corpid=ww1&corpsecret=s3cr3t-VALUE&x=1",
+                "GET /cgi-bin/gettoken?corpid=ww1&corpsecret=[secret]&x=1",
+            ),
+            (
+                "at https://bob:hunter22@h.example/x",
+                "at https://[credentials]h.example/x",
+            ),
+            ("auth Basic YWxhZGRpbjpvcGVuc2VzYW1l", "auth [basic]"),
+            (
+                "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig-abc_123 end",
+                "jwt [jwt] end",
+            ),
+            ("?access_token=abc123&ok=1", "?access_token=[secret]&ok=1"),
         ];
         for (input, expected) in cases {
             assert_eq!(r.redact(input), expected, "{input}");

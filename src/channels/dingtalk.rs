@@ -156,10 +156,20 @@ impl DingTalkChannel {
                     .json(&json!({ "appKey": self.app_key, "appSecret": self.app_secret }))
                     .send()
                     .await
-                    .map_err(|e| DeliveryError::retry(format!("accessToken failed: {e}")))?
+                    .map_err(|e| {
+                        DeliveryError::retry(format!(
+                            "accessToken failed: {}",
+                            crate::redaction::http_error(e)
+                        ))
+                    })?
                     .json()
                     .await
-                    .map_err(|e| DeliveryError::retry(format!("accessToken unreadable: {e}")))?;
+                    .map_err(|e| {
+                        DeliveryError::retry(format!(
+                            "accessToken unreadable: {}",
+                            crate::redaction::http_error(e)
+                        ))
+                    })?;
                 let token = answer["accessToken"].as_str().ok_or_else(|| {
                     DeliveryError::retry(format!("accessToken refused: {answer}"))
                 })?;
@@ -206,7 +216,7 @@ impl DingTalkChannel {
         };
         let unknown = |e: reqwest::Error| DeliveryError {
             unknown: !e.is_connect(),
-            message: format!("DingTalk send failed: {e}"),
+            message: format!("DingTalk send failed: {}", crate::redaction::http_error(e)),
             retry_after: None,
         };
         let alive = context["session_webhook"].as_str().filter(|_| {

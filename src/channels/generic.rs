@@ -255,7 +255,12 @@ impl GenericChannel {
             .body(bytes)
             .send()
             .await
-            .map_err(|e| DeliveryError::retry(format!("reply POST failed: {e}")))?;
+            .map_err(|e| {
+                DeliveryError::retry(format!(
+                    "reply POST failed: {}",
+                    crate::redaction::http_error(e)
+                ))
+            })?;
         let status = response.status();
         if status.is_success() {
             return Ok(Delivered {

@@ -247,11 +247,19 @@ impl LarkChannel {
                     .json(&json!({ "app_id": self.app_id, "app_secret": self.app_secret }))
                     .send()
                     .await
-                    .map_err(|e| DeliveryError::retry(format!("tenant_access_token failed: {e}")))?
+                    .map_err(|e| {
+                        DeliveryError::retry(format!(
+                            "tenant_access_token failed: {}",
+                            crate::redaction::http_error(e)
+                        ))
+                    })?
                     .json()
                     .await
                     .map_err(|e| {
-                        DeliveryError::retry(format!("tenant_access_token unreadable: {e}"))
+                        DeliveryError::retry(format!(
+                            "tenant_access_token unreadable: {}",
+                            crate::redaction::http_error(e)
+                        ))
                     })?;
                 let token = answer["tenant_access_token"]
                     .as_str()
@@ -291,7 +299,12 @@ impl LarkChannel {
             .json(&json!({ "msg_type": msg_type, "content": body_content, "uuid": uuid }))
             .send()
             .await
-            .map_err(|e| DeliveryError::retry(format!("message reply failed: {e}")))?;
+            .map_err(|e| {
+                DeliveryError::retry(format!(
+                    "message reply failed: {}",
+                    crate::redaction::http_error(e)
+                ))
+            })?;
         let status = response.status();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() && answer["code"].as_i64() == Some(0) {

@@ -254,7 +254,12 @@ impl MatrixChannel {
             .json(&body)
             .send()
             .await
-            .map_err(|e| DeliveryError::retry(format!("room send failed: {e}")))?;
+            .map_err(|e| {
+                DeliveryError::retry(format!(
+                    "room send failed: {}",
+                    crate::redaction::http_error(e)
+                ))
+            })?;
         let status = response.status();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() {

@@ -220,7 +220,12 @@ impl SlackChannel {
             ])
             .send()
             .await
-            .map_err(|e| DeliveryError::retry(format!("conversations.replies failed: {e}")))?;
+            .map_err(|e| {
+                DeliveryError::retry(format!(
+                    "conversations.replies failed: {}",
+                    crate::redaction::http_error(e)
+                ))
+            })?;
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if answer["ok"].as_bool() != Some(true) {
             return Err(DeliveryError::retry(format!(
@@ -272,7 +277,12 @@ impl SlackChannel {
             .json(&body)
             .send()
             .await
-            .map_err(|e| DeliveryError::retry(format!("chat.postMessage failed: {e}")))?;
+            .map_err(|e| {
+                DeliveryError::retry(format!(
+                    "chat.postMessage failed: {}",
+                    crate::redaction::http_error(e)
+                ))
+            })?;
         let status = response.status();
         let retry_after = response
             .headers()

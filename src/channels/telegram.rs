@@ -183,7 +183,7 @@ impl TelegramChannel {
             .map_err(|e| DeliveryError {
                 // Refused connections never reached Telegram; anything later might have.
                 unknown: !e.is_connect(),
-                message: format!("sendMessage failed: {e}"),
+                message: format!("sendMessage failed: {}", crate::redaction::http_error(e)),
                 retry_after: None,
             })?;
         let status = response.status();

@@ -246,10 +246,20 @@ impl WeComChannel {
                     .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
                     .send()
                     .await
-                    .map_err(|e| DeliveryError::retry(format!("gettoken failed: {e}")))?
+                    .map_err(|e| {
+                        DeliveryError::retry(format!(
+                            "gettoken failed: {}",
+                            crate::redaction::http_error(e)
+                        ))
+                    })?
                     .json()
                     .await
-                    .map_err(|e| DeliveryError::retry(format!("gettoken unreadable: {e}")))?;
+                    .map_err(|e| {
+                        DeliveryError::retry(format!(
+                            "gettoken unreadable: {}",
+                            crate::redaction::http_error(e)
+                        ))
+                    })?;
                 let token = answer["access_token"]
                     .as_str()
                     .filter(|_| answer["errcode"].as_i64().unwrap_or(0) == 0)
@@ -301,7 +311,7 @@ impl WeComChannel {
             .await
             .map_err(|e| DeliveryError {
                 unknown: !e.is_connect(),
-                message: format!("message/send failed: {e}"),
+                message: format!("message/send failed: {}", crate::redaction::http_error(e)),
                 retry_after: None,
             })?;
         let answer: Value = response.json().await.unwrap_or(Value::Null);

@@ -14,6 +14,7 @@ use subtle::ConstantTimeEq;
 use super::ApiError;
 use crate::app::Services;
 use crate::domain::{TaskStatus, truncate};
+use crate::redaction::redact;
 use crate::store::tasks::Control;
 
 /// Longest step input/output shown by the API, in bytes.
@@ -252,7 +253,7 @@ pub async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
             "status": r.status,
             "type": r.reply_type,
             "attempts": r.attempts,
-            "last_error": r.last_error,
+            "last_error": r.last_error.as_deref().map(redact),
             "sent_at": r.sent_at,
             "content": serde_json::from_str::<Value>(&r.content).unwrap_or(Value::Null),
         })
@@ -261,7 +262,7 @@ pub async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
         "id": task.id,
         "status": task.status,
         "failure_type": task.failure_type,
-        "error": task.error_msg,
+        "error": task.error_msg.as_deref().map(redact),
         "result": task.result,
         "task_type": task.task_type,
         "agent": version.as_ref().map(|v| json!({
@@ -296,7 +297,7 @@ pub async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
             "attempts": s.attempt,
             "input": s.input.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
             "output": s.output.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
-            "error": s.error,
+            "error": s.error.as_deref().map(redact),
             "tokens_in": s.tokens_in,
             "tokens_out": s.tokens_out,
             "duration_ms": s.duration_ms,

@@ -468,19 +468,23 @@ impl ModelClients {
 }
 
 fn classify_transport(e: reqwest::Error) -> LlmError {
-    // The URL may carry credentials (an Azure key in the query, a token in the path).
-    let e = e.without_url();
-    if e.is_timeout() {
-        LlmError::new(FailureType::Timeout, format!("model call timed out: {e}"))
-    } else if e.is_connect() {
+    let (timeout, connect) = (e.is_timeout(), e.is_connect());
+    // Without the URL: it may carry credentials (an Azure key in the query, a token in a path).
+    let text = crate::redaction::http_error(e);
+    if timeout {
+        LlmError::new(
+            FailureType::Timeout,
+            format!("model call timed out: {text}"),
+        )
+    } else if connect {
         LlmError::new(
             FailureType::ProviderError,
-            format!("model endpoint unreachable (check the provider's base_url): {e}"),
+            format!("model endpoint unreachable (check the provider's base_url): {text}"),
         )
     } else {
         LlmError::new(
             FailureType::ProviderError,
-            format!("model call failed: {e}"),
+            format!("model call failed: {text}"),
         )
     }
 }

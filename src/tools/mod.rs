@@ -203,7 +203,7 @@ impl ToolRegistry {
             None => {}
         }
         let response = request.send().await.map_err(|e| {
-            let message = format!("tool call failed: {}", error_chain(&e));
+            let message = format!("tool call failed: {}", crate::redaction::http_error(e));
             // A refusal by the SSRF guard will not change on retry.
             let refused = message.contains("internal addresses");
             ToolError {
@@ -213,7 +213,10 @@ impl ToolRegistry {
         })?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(|e| ToolError {
-            message: format!("tool response unreadable: {e}"),
+            message: format!(
+                "tool response unreadable: {}",
+                crate::redaction::http_error(e)
+            ),
             retryable: true,
         })?;
         let body = &bytes[..bytes.len().min(self.max_response_bytes)];
@@ -253,18 +256,6 @@ impl ToolRegistry {
         }
         Ok(&self.guarded)
     }
-}
-
-/// An error with its causes, `outer: inner: root`.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Renders a `{{ ... }}` template; plain strings pass through unchanged.

@@ -8,14 +8,14 @@ use wiremock::MockServer;
 
 use crate::helpers::*;
 
-fn browser() -> reqwest::Client {
+pub(crate) fn browser() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
 }
 
-async fn sign_in(app: &TestApp, http: &reqwest::Client) -> String {
+pub(crate) async fn sign_in(app: &TestApp, http: &reqwest::Client) -> String {
     let resp = http
         .post(format!("{}/admin/login", app.addr))
         .form(&[("token", ADMIN_TOKEN)])

@@ -395,3 +395,37 @@ pub async fn model_bodies(model: &MockServer) -> Vec<Value> {
         .map(|r| serde_json::from_slice(&r.body).unwrap_or(Value::Null))
         .collect()
 }
+
+/// What the app logged at WARN and above, in this test process, as text. The first call
+/// installs a global subscriber writing into a buffer (tests install no other), so call it
+/// before the app whose log a test reads starts.
+pub fn captured_log() -> String {
+    use std::sync::{Mutex, OnceLock};
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    #[derive(Clone)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = LOG.get_or_init(|| {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink(buffer.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || sink.clone())
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        buffer
+    });
+    String::from_utf8_lossy(&log.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+}
