@@ -510,6 +510,8 @@ pub struct DingTalkChannelConfig {
     pub per_chat_interval_ms: u64,
     /// Accepted age of the `timestamp` header, in seconds (DingTalk: one hour).
     pub timestamp_tolerance_secs: u64,
+    /// Origins (`https://oapi.dingtalk.com`) a message's `sessionWebhook` may point to.
+    pub session_webhook_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -24,6 +24,8 @@ use crate::store::intake::NewMessage;
 use crate::store::outbox::ReplyRow;
 
 pub const CHANNEL: &str = "dingtalk";
+/// The `inbound_once` channel under which used timestamp/sign pairs are remembered.
+pub const SIGN_KEYS: &str = "dingtalk-sign";
 
 /// base64 HMAC-SHA256(secret, "<timestamp>\n<secret>").
 pub fn sign(secret: &str, timestamp: &str) -> String {
@@ -61,8 +63,26 @@ pub fn verify(
     }
 }
 
-/// Parses a verified robot message.
-pub fn parse(body: &[u8]) -> Result<Inbound, Refused> {
+/// Whether `webhook` lies on one of `origins` (`scheme://host[:port]`, as configured).
+fn session_webhook_allowed(webhook: &str, origins: &[String]) -> bool {
+    url::Url::parse(webhook).is_ok_and(|u| {
+        let origin = u.origin().ascii_serialization();
+        origins
+            .iter()
+            .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(&origin))
+    })
+}
+
+/// The key a signed header pair is remembered under, and the key of the body it came with.
+pub fn signed_pair_keys(timestamp: &str, sign: &str, body: &[u8]) -> (String, String) {
+    use sha2::Digest;
+    let pair = format!("sign:{}:{}", timestamp.trim(), sign.trim());
+    let body = format!("{pair}#{}", hex::encode(Sha256::digest(body)));
+    (pair, body)
+}
+
+/// Parses a verified robot message; a `sessionWebhook` must lie on `origins`.
+pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
     if v["msgtype"].as_str() != Some("text") {
@@ -99,6 +119,14 @@ pub fn parse(body: &[u8]) -> Result<Inbound, Refused> {
         });
     }
     let msg_id = field("msgId")?;
+    if let Some(webhook) = v["sessionWebhook"].as_str()
+        && !session_webhook_allowed(webhook, origins)
+    {
+        return Err(Refused::BadRequest(
+            "sessionWebhook is not on an allowed origin (channels.dingtalk.session_webhook_origins)"
+                .into(),
+        ));
+    }
     let context = json!({
         "session_webhook": v["sessionWebhook"],
         "session_webhook_expires": v["sessionWebhookExpiredTime"],

@@ -418,14 +418,35 @@ async fn dingtalk_webhook(
         ));
     }
     let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    let (timestamp, sign) = (header(&headers, "timestamp"), header(&headers, "sign"));
     dingtalk::verify(
         &cfg.app_secret,
-        header(&headers, "timestamp"),
-        header(&headers, "sign"),
+        timestamp,
+        sign,
         now_ms(),
         cfg.timestamp_tolerance_secs,
     )?;
-    let inbound = dingtalk::parse(&raw)?;
+    // The sign covers only the timestamp and stays valid for the window, so a captured
+    // pair could carry any body: each pair is good for the one body it first came with
+    // (DingTalk's retries of that body still pass, and are deduplicated on msgId).
+    let (pair, body_key) =
+        dingtalk::signed_pair_keys(timestamp.unwrap_or(""), sign.unwrap_or(""), &raw);
+    let store = &svc.store;
+    if store
+        .record_inbound_once(dingtalk::SIGN_KEYS, &pair, now_ms())
+        .await?
+    {
+        store
+            .record_inbound_once(dingtalk::SIGN_KEYS, &body_key, now_ms())
+            .await?;
+    } else if !store.inbound_seen(dingtalk::SIGN_KEYS, &body_key).await? {
+        tracing::warn!("dingtalk: a used timestamp/sign pair came with another body; refused");
+        return Err(Refused::Unauthorized(
+            "this timestamp and sign were already used for another message".into(),
+        )
+        .into());
+    }
+    let inbound = dingtalk::parse(&raw, &cfg.session_webhook_origins)?;
     handle_inbound(&svc, inbound, &cfg.agent, dingtalk::CHANNEL).await
 }
 

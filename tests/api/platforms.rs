@@ -1050,6 +1050,7 @@ async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot
         c.channels.dingtalk.app_key = "dt-key".into();
         c.channels.dingtalk.app_secret = DT_SECRET.into();
         c.channels.dingtalk.robot_code = "ding-robot".into();
+        c.channels.dingtalk.session_webhook_origins = vec![uri.clone()];
         c.channels.dingtalk.api_base_url = uri;
     })
     .await;
@@ -1083,7 +1084,7 @@ async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot
 
     // An expired session webhook: the robot API answers instead.
     let expired = dingtalk_message("msg-2", "2", &session, now_ms - 1_000, "second question");
-    let id2 = task_id_of(app.dingtalk(&expired, DT_SECRET, now_ms).await).await;
+    let id2 = task_id_of(app.dingtalk(&expired, DT_SECRET, now_ms + 1).await).await;
     app.wait_replied(id2, WAIT).await;
     let robot: Vec<Request> = api
         .received_requests()
@@ -1102,6 +1103,46 @@ async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot
     assert_eq!(body["robotCode"], "ding-robot");
     let param: Value = serde_json::from_str(body["msgParam"].as_str().unwrap()).unwrap();
     assert_eq!(param["content"], "answer to: second question");
+
+    // Attack (issue 17, item 2): DingTalk's sign covers only the timestamp, so a captured
+    // header pair is replayed with a forged body whose sessionWebhook is the attacker's.
+    let attacker = MockServer::start().await;
+    let counts = app.store().intake_row_counts().await.unwrap();
+    let forged = dingtalk_message(
+        "msg-evil",
+        "2",
+        &format!("{}/steal", attacker.uri()),
+        now_ms + 3_600_000,
+        "forged question",
+    );
+    let replayed = app.dingtalk(&forged, DT_SECRET, now_ms).await;
+    assert_eq!(replayed.status(), 401, "a used pair with another body");
+    // The same forgery under a fresh pair fails on the session webhook's origin instead.
+    let fresh = app.dingtalk(&forged, DT_SECRET, now_ms + 5).await;
+    assert_eq!(fresh.status(), 400);
+    let https_elsewhere = dingtalk_message(
+        "msg-evil-2",
+        "2",
+        "https://evil.example/robot/sendBySession?session=x",
+        now_ms + 3_600_000,
+        "forged question",
+    );
+    assert_eq!(
+        app.dingtalk(&https_elsewhere, DT_SECRET, now_ms + 6)
+            .await
+            .status(),
+        400
+    );
+    assert_eq!(
+        app.store().intake_row_counts().await.unwrap(),
+        counts,
+        "nothing written"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        attacker.received_requests().await.unwrap().is_empty(),
+        "no reply to the attacker"
+    );
     app.stop().await;
 }
 
@@ -1481,6 +1522,7 @@ async fn dingtalk_approvals_use_action_cards_answered_by_command() {
     let flow = spawn_flow_with(NOTICE, move |c| {
         c.channels.dingtalk.enabled = true;
         c.channels.dingtalk.app_secret = DT_SECRET.into();
+        c.channels.dingtalk.session_webhook_origins = vec![uri.clone()];
         c.channels.dingtalk.api_base_url = uri;
         c.channels.dingtalk.agent = "flow".into();
         c.agents.get_mut("flow").unwrap().approvers = vec!["staff-boss".into()];
@@ -1525,14 +1567,21 @@ async fn dingtalk_approvals_use_action_cards_answered_by_command() {
         m
     };
     let denied: Value = app
-        .dingtalk(&by("msg-2", "staff-intern"), DT_SECRET, now_ms)
+        .dingtalk(&by("msg-2", "staff-intern"), DT_SECRET, now_ms + 1)
         .await
         .json()
         .await
         .unwrap();
     assert_eq!(denied["result"], "you may not decide this request");
+    // Attack: the approver's earlier header pair (the request that asked) replayed with a
+    // forged decision is refused, and decides nothing.
+    let replayed = app
+        .dingtalk(&by("msg-forged", "staff-boss"), DT_SECRET, now_ms)
+        .await;
+    assert_eq!(replayed.status(), 401);
+    assert_eq!(app.get_task(id).await["status"], "WAITING_HUMAN_CONFIRM");
     let ok: Value = app
-        .dingtalk(&by("msg-3", "staff-boss"), DT_SECRET, now_ms)
+        .dingtalk(&by("msg-3", "staff-boss"), DT_SECRET, now_ms + 2)
         .await
         .json()
         .await
@@ -1700,6 +1749,7 @@ async fn failed_sends_on_every_platform_show_and_log_no_secret() {
         c.channels.dingtalk.app_key = "dt-key".into();
         c.channels.dingtalk.app_secret = DT_SECRET.into();
         c.channels.dingtalk.robot_code = "ding-robot".into();
+        c.channels.dingtalk.session_webhook_origins = vec![DEAD.to_string()];
         c.channels.dingtalk.api_base_url = DEAD.into();
         c.channels.matrix.enabled = true;
         c.channels.matrix.homeserver_url = DEAD.into();
