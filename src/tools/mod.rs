@@ -52,8 +52,10 @@ impl ToolRegistry {
         let open = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
+        // No proxy from HTTP(S)_PROXY: a proxy would resolve the name past the guard.
         let guarded = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
             .dns_resolver(Arc::new(PublicOnlyResolver))
             .build()?;
         // A filter or method that does not exist fails here, at start, not in a task.
@@ -212,13 +214,24 @@ impl ToolRegistry {
             }
         })?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| ToolError {
-            message: format!(
-                "tool response unreadable: {}",
-                crate::redaction::http_error(e)
-            ),
-            retryable: true,
-        })?;
+        // Read no more than the cap: a huge (or endless) response is not held whole.
+        let mut response = response;
+        let mut bytes: Vec<u8> = Vec::new();
+        while bytes.len() < self.max_response_bytes {
+            match response.chunk().await {
+                Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(e) => {
+                    return Err(ToolError {
+                        message: format!(
+                            "tool response unreadable: {}",
+                            crate::redaction::http_error(e)
+                        ),
+                        retryable: true,
+                    });
+                }
+            }
+        }
         let body = &bytes[..bytes.len().min(self.max_response_bytes)];
         let value = serde_json::from_slice::<Value>(body)
             .unwrap_or_else(|_| json!({ "text": String::from_utf8_lossy(body) }));
@@ -264,23 +277,46 @@ pub fn render(template: &str, context: &Value) -> Result<String, ToolError> {
         .map_err(|e| ToolError::permanent(format!("template `{template}`: {e}")))
 }
 
-/// Loopback, link-local, private, unique-local, unspecified, multicast or broadcast.
+/// Loopback, link-local, private, unique-local, unspecified, multicast, broadcast,
+/// benchmarking or reserved; IPv6 forms that carry an IPv4 address (mapped, compatible,
+/// NAT64, 6to4) are judged by that address.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
             v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
                 || v4.is_unspecified()
                 || v4.is_broadcast()
                 || v4.is_multicast()
-                || v4.octets()[0] == 0
+                || a == 0
                 // 100.64.0.0/10, carrier-grade NAT
-                || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64)
+                || (a == 100 && (b & 0xc0) == 64)
+                // 198.18.0.0/15, benchmarking
+                || (a == 198 && (b & 0xfe) == 18)
+                // 240.0.0.0/4, reserved
+                || a >= 240
         }
         IpAddr::V6(v6) => {
+            let segments = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_internal(IpAddr::V4(v4));
+            }
+            // ::a.b.c.d (IPv4-compatible, deprecated but still routed by some stacks).
+            if segments[..6].iter().all(|s| *s == 0) && !v6.is_loopback() && !v6.is_unspecified() {
+                return is_internal(IpAddr::V4(embedded(segments[6], segments[7])));
+            }
+            // 64:ff9b::/96, NAT64.
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_internal(IpAddr::V4(embedded(segments[6], segments[7])));
+            }
+            // 2002::/16, 6to4: the IPv4 address follows the prefix.
+            if segments[0] == 0x2002 {
+                return is_internal(IpAddr::V4(embedded(segments[1], segments[2])));
             }
             v6.is_loopback()
                 || v6.is_unspecified()
@@ -332,10 +368,29 @@ mod tests {
             "fd00::1",
             "::ffff:127.0.0.1",
             "100.64.0.1",
+            // Attack forms (issue 17, item 13): the internal address inside an IPv6 one, and
+            // ranges that are not private but not public either.
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
+            "2002:c0a8:101::1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "240.0.0.1",
+            "255.255.255.254",
         ] {
             assert!(is_internal(ip.parse().unwrap()), "{ip}");
         }
-        for ip in ["8.8.8.8", "1.1.1.1", "2606:4700::1111"] {
+        for ip in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "2606:4700::1111",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+            "198.20.0.1",
+        ] {
             assert!(!is_internal(ip.parse().unwrap()), "{ip}");
         }
     }
@@ -353,6 +408,39 @@ mod tests {
             retry_backoff_max_ms: 1,
         };
         ToolRegistry::new(&BTreeMap::from([("t".to_string(), tool)]), &tooling).unwrap()
+    }
+
+    /// Attack (issue 17, item 13): a tool host that never ends its response. Only the capped
+    /// length is read, so the call returns at once instead of buffering until the timeout.
+    #[tokio::test]
+    async fn an_endless_tool_response_is_read_only_up_to_the_cap() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 1024];
+            let _ = socket.read(&mut request).await;
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n";
+            if socket.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk = format!("{:x}\r\n{}\r\n", 512, "x".repeat(512));
+            while socket.write_all(chunk.as_bytes()).await.is_ok() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        });
+        // Buffering the whole body would run into the tool's timeout and fail the call.
+        let out = registry(&format!("http://127.0.0.1:{port}/x"), &["127.0.0.1"])
+            .call("t", &json!({}), "k")
+            .await
+            .unwrap();
+        assert_eq!(
+            out["text"].as_str().unwrap().len(),
+            1000,
+            "cut at max_response_bytes"
+        );
     }
 
     #[tokio::test]
