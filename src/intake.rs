@@ -14,6 +14,9 @@ use crate::store::{Store, StoreError, StoreResult};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
+    /// The message cannot be taken as it is (the sender's mistake or a forgery).
+    #[error("{0}")]
+    Invalid(String),
     #[error("agent `{0}` has no published version")]
     UnknownAgent(String),
     #[error(transparent)]
@@ -26,6 +29,7 @@ pub async fn accept_message(
     message: &NewMessage,
     agent: &str,
 ) -> Result<Ingested, IntakeError> {
+    message.check_sizes().map_err(IntakeError::Invalid)?;
     // Platforms retry until they get a 2xx, so a NUL is dropped here rather than refused
     // (the generic webhook refuses it with 400 at parse time instead).
     let cleaned;

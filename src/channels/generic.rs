@@ -21,7 +21,7 @@ pub const SIGNATURE_HEADER: &str = "x-assistd-signature";
 const SIGNATURE_VERSION: &str = "v1=";
 
 /// Longest accepted id field (event, message, conversation, sender), in bytes.
-const MAX_ID_LEN: usize = 256;
+const MAX_ID_LEN: usize = crate::store::intake::MAX_ID_BYTES;
 
 type HmacSha256 = Hmac<Sha256>;
 

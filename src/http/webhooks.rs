@@ -126,6 +126,7 @@ async fn generic_actions(
 impl From<IntakeError> for ApiError {
     fn from(e: IntakeError) -> Self {
         match e {
+            IntakeError::Invalid(reason) => ApiError::BadRequest(reason),
             IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
             IntakeError::Store(s) => s.into(),
         }
@@ -354,8 +355,15 @@ async fn matrix_transaction(
                 }
             }
             matrix::MatrixEvent::Message(message) => {
-                let ingested = accept_message(&svc, &message, &cfg.agent).await?;
-                created += usize::from(!ingested.duplicate);
+                // One bad event must not hold back the transaction (the homeserver would
+                // resend it, and every later one, forever): it is skipped.
+                match accept_message(&svc, &message, &cfg.agent).await {
+                    Ok(ingested) => created += usize::from(!ingested.duplicate),
+                    Err(IntakeError::Invalid(reason)) => {
+                        tracing::warn!(txn = %txn, reason, "matrix event skipped");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
     }

@@ -242,11 +242,16 @@ pub async fn orphan_reclaim(svc: &Services, batch: i64, now: i64) -> Result<JobC
     })
 }
 
-/// Removes bulky content of finished tasks older than the TTL.
+/// Removes bulky content of finished tasks older than the TTL, and job runs older than it
+/// (every tick of every job leaves one, so they would grow without end).
 pub async fn retention(svc: &Services, batch: i64, now: i64) -> Result<JobCounts, String> {
     let ttl = svc.config.scheduler.jobs.retention.ttl_days as i64 * 86_400_000;
     let (scanned, affected) = store_err(svc.store.purge_finished(now - ttl, batch, now)).await?;
     // Handled Matrix transaction ids: homeservers retry for hours, not for the TTL.
     store_err(svc.store.forget_inbound_before(now - ttl)).await?;
+    let pruned = store_err(svc.store.prune_job_runs(now - ttl, batch)).await?;
+    if pruned > 0 {
+        tracing::info!(pruned, "old job runs removed");
+    }
     Ok(JobCounts { scanned, affected })
 }

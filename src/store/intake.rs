@@ -24,7 +24,28 @@ pub struct NewMessage {
     pub reply_context: Option<String>,
 }
 
+/// Longest id (event, message, conversation, sender) or sender name accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
 impl NewMessage {
+    /// Refuses an id or name over [`MAX_ID_BYTES`] (a message whose reply could never be
+    /// addressed), naming the field.
+    pub fn check_sizes(&self) -> Result<(), String> {
+        let fields = [
+            ("event id", Some(&self.event_id)),
+            ("message id", Some(&self.message_id)),
+            ("conversation id", Some(&self.conversation_id)),
+            ("sender id", Some(&self.sender_id)),
+            ("sender name", self.sender_name.as_ref()),
+        ];
+        for (name, value) in fields {
+            if value.is_some_and(|v| v.len() > MAX_ID_BYTES) {
+                return Err(format!("the {name} is longer than {MAX_ID_BYTES} bytes"));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether any field holds U+0000, which PostgreSQL refuses in text (the whole intake
     /// batch would fail, and the platform retry forever).
     pub fn has_nul(&self) -> bool {

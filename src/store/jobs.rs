@@ -120,6 +120,21 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes up to `limit` job runs started before `cutoff`, oldest first; returns how many.
+    pub async fn prune_job_runs(&self, cutoff: i64, limit: i64) -> StoreResult<u64> {
+        Ok(write_tx!(self, tx => {
+            sqlx::query(
+                "DELETE FROM job_run WHERE id IN \
+                 (SELECT id FROM job_run WHERE started_at < $1 ORDER BY id LIMIT $2)",
+            )
+            .bind(cutoff)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        }))
+    }
+
     /// Job runs, newest first.
     pub async fn job_runs(&self, job: Option<&str>, limit: i64) -> StoreResult<Vec<JobRunRow>> {
         Ok(on_pool!(self, pool => {

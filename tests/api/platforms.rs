@@ -14,7 +14,7 @@ const TG_TOKEN: &str = "123:ABC";
 const TG_SECRET: &str = "tg-secret";
 const SLACK_SECRET: &str = "slack-signing-secret";
 
-async fn platform_api() -> MockServer {
+pub(crate) async fn platform_api() -> MockServer {
     let api = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
@@ -115,7 +115,7 @@ impl TestApp {
             .unwrap()
     }
 
-    async fn slack_event(&self, body: &Value) -> reqwest::Response {
+    pub(crate) async fn slack_event(&self, body: &Value) -> reqwest::Response {
         self.slack(
             "/webhooks/slack",
             serde_json::to_vec(body).unwrap(),
@@ -157,7 +157,7 @@ async fn wait_sends(api: &MockServer, p: &str, n: usize) -> Vec<Value> {
     }
 }
 
-fn slack_event(event_id: &str, event: Value) -> Value {
+pub(crate) fn slack_event(event_id: &str, event: Value) -> Value {
     json!({"token": "x", "team_id": "T1", "api_app_id": "A1", "type": "event_callback",
            "event_id": event_id, "event_time": 1, "event": event})
 }

@@ -342,6 +342,28 @@ async fn retention_removes_bodies_but_keeps_history() {
         .await
         .unwrap();
     assert_eq!(again.scanned, 0, "purged tasks are not scanned again");
+    // Job runs older than the TTL go too (issue 17, item 15); younger ones stay.
+    let store = app.store();
+    for (job, started) in [("old_job", finished - 5), ("new_job", finished + ttl)] {
+        store
+            .record_job_run(&assistd::store::jobs::NewJobRun {
+                job,
+                instance: "i",
+                started_at: started,
+                finished_at: started + 1,
+                status: JobRunStatus::Succeeded,
+                scanned: 0,
+                affected: 0,
+                error: None,
+            })
+            .await
+            .unwrap();
+    }
+    assistd::scheduler::retention(&svc, 500, finished + ttl + 1)
+        .await
+        .unwrap();
+    assert!(store.job_runs(Some("old_job"), 5).await.unwrap().is_empty());
+    assert_eq!(store.job_runs(Some("new_job"), 5).await.unwrap().len(), 1);
     let task = app.get_task(id).await;
     assert_eq!(task["status"], "SUCCEEDED");
     assert_eq!(task["message"]["text"], "");

@@ -137,3 +137,44 @@ async fn junk_webhook_paths_do_not_grow_the_metric_labels() {
     }
     app.stop().await;
 }
+
+/// Ids are capped on every platform as on the generic webhook (issue 17, item 15): a 100 KB
+/// Slack channel id used to be stored, and its reply then failed forever. A Matrix
+/// transaction skips such an event and still takes the good ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_platform_ids_are_refused_and_a_matrix_transaction_keeps_its_good_events() {
+    let hs = matrix_homeserver().await;
+    let api = crate::platforms::platform_api().await;
+    let uri = hs.uri();
+    let app = spawn_platforms(&api, move |c| {
+        c.channels.matrix.enabled = true;
+        c.channels.matrix.homeserver_url = uri;
+        c.channels.matrix.as_token = "as-token".into();
+        c.channels.matrix.hs_token = HS_TOKEN.into();
+        c.channels.matrix.bot_user_id = "@assistd:hs".into();
+    })
+    .await;
+    let huge = "C".repeat(100_000);
+    let mention = json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> hi", "ts": "1700.0002", "channel": huge});
+    let resp = app
+        .slack_event(&crate::platforms::slack_event("Ev-huge", mention))
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("longer than 256 bytes"));
+    assert_eq!(
+        app.store().intake_row_counts().await.unwrap(),
+        (0, 0, 0),
+        "nothing written"
+    );
+
+    let mut bad = matrix_text("$big", "hi");
+    bad["room_id"] = json!(format!("!{}:hs", "r".repeat(5_000)));
+    let resp = app
+        .matrix_txn("t-big", json!([bad, matrix_text("$ok", "still here")]))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let listed: Value = app.list("conversation=!nul:hs").await.json().await.unwrap();
+    let tasks = listed["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "the good event was taken: {listed:#}");
+    app.stop().await;
+}
