@@ -63,8 +63,7 @@ pub fn parse_event(
     body: &[u8],
     now_secs: i64,
 ) -> Result<Inbound, Refused> {
-    let unauthorized = |m: &str| Refused::Unauthorized(m.to_string());
-    let v = open(config, body)?;
+    let v = open_verified(config, headers, body, now_secs)?;
     if v["type"].as_str() == Some("url_verification") {
         token_matches(config, v["token"].as_str())?;
         let challenge = v["challenge"]
@@ -76,30 +75,7 @@ pub fn parse_event(
             body: json!({ "challenge": challenge }).to_string(),
         });
     }
-    if !config.encrypt_key.is_empty() {
-        let (Some(ts), Some(nonce), Some(sig)) = headers else {
-            return Err(unauthorized(
-                "missing X-Lark-Request-Timestamp/Nonce/Signature",
-            ));
-        };
-        let ts_secs: i64 = ts
-            .trim()
-            .parse()
-            .map_err(|_| unauthorized("bad X-Lark-Request-Timestamp"))?;
-        if now_secs.abs_diff(ts_secs) > config.timestamp_tolerance_secs {
-            return Err(unauthorized(
-                "X-Lark-Request-Timestamp is outside the allowed window",
-            ));
-        }
-        let expected = signature(ts, nonce, &config.encrypt_key, body);
-        if !bool::from(
-            expected
-                .as_bytes()
-                .ct_eq(sig.trim().to_ascii_lowercase().as_bytes()),
-        ) {
-            return Err(unauthorized("signature does not match"));
-        }
-    }
+    require_signed(config, headers)?;
     token_matches(config, v["header"]["token"].as_str())?;
     if v["header"]["event_type"].as_str() != Some("im.message.receive_v1") {
         return Ok(Inbound::Ignore("not a message event"));
@@ -156,24 +132,11 @@ pub fn parse_card_action(
     body: &[u8],
     now_secs: i64,
 ) -> Result<Inbound, Refused> {
-    let v = open(config, body)?;
+    let v = open_verified(config, headers, body, now_secs)?;
     if v["type"].as_str() == Some("url_verification") {
         return parse_event(config, headers, body, now_secs);
     }
-    if !config.encrypt_key.is_empty() {
-        let (Some(ts), Some(nonce), Some(sig)) = headers else {
-            return Err(Refused::Unauthorized(
-                "missing X-Lark-Request-Timestamp/Nonce/Signature".into(),
-            ));
-        };
-        if !bool::from(
-            signature(ts, nonce, &config.encrypt_key, body)
-                .as_bytes()
-                .ct_eq(sig.trim().as_bytes()),
-        ) {
-            return Err(Refused::Unauthorized("signature does not match".into()));
-        }
-    }
+    require_signed(config, headers)?;
     token_matches(config, v["header"]["token"].as_str())?;
     let value = &v["event"]["action"]["value"];
     let approver = v["event"]["operator"]["open_id"].as_str().unwrap_or("");
@@ -181,6 +144,60 @@ pub fn parse_card_action(
         return Ok(Inbound::Ignore("not an approval action"));
     };
     Ok(Inbound::Action { action, ack: None })
+}
+
+/// The one answer to an unsigned request in encrypted mode, whatever its body holds, so
+/// the answer tells nothing about the ciphertext (no padding oracle).
+fn unsigned() -> Refused {
+    Refused::Unauthorized("the request is not signed".into())
+}
+
+/// With an encrypt key every request but the URL check is signed: refuses one that is not.
+fn require_signed(
+    config: &LarkChannelConfig,
+    headers: (Option<&str>, Option<&str>, Option<&str>),
+) -> Result<(), Refused> {
+    match headers {
+        (Some(_), Some(_), Some(_)) => Ok(()),
+        _ if config.encrypt_key.is_empty() => Ok(()),
+        _ => Err(unsigned()),
+    }
+}
+
+/// Verifies a signed request's freshness and signature on the raw body first, and only
+/// then decrypts and parses it. An unsigned request (in encrypted mode only Lark's URL check
+/// may be one) is still opened, but any failure to open it is the same 401.
+fn open_verified(
+    config: &LarkChannelConfig,
+    headers: (Option<&str>, Option<&str>, Option<&str>),
+    body: &[u8],
+    now_secs: i64,
+) -> Result<Value, Refused> {
+    if config.encrypt_key.is_empty() {
+        return open(config, body);
+    }
+    let (Some(ts), Some(nonce), Some(sig)) = headers else {
+        return open(config, body).map_err(|_| unsigned());
+    };
+    let unauthorized = |m: &str| Refused::Unauthorized(m.to_string());
+    let ts_secs: i64 = ts
+        .trim()
+        .parse()
+        .map_err(|_| unauthorized("bad X-Lark-Request-Timestamp"))?;
+    if now_secs.abs_diff(ts_secs) > config.timestamp_tolerance_secs {
+        return Err(unauthorized(
+            "X-Lark-Request-Timestamp is outside the allowed window",
+        ));
+    }
+    let expected = signature(ts, nonce, &config.encrypt_key, body);
+    if !bool::from(
+        expected
+            .as_bytes()
+            .ct_eq(sig.trim().to_ascii_lowercase().as_bytes()),
+    ) {
+        return Err(unauthorized("signature does not match"));
+    }
+    open(config, body)
 }
 
 /// The JSON of a request, decrypted when it is `{"encrypt": ...}`.

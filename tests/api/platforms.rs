@@ -1870,3 +1870,79 @@ async fn failed_sends_on_every_platform_show_and_log_no_secret() {
     }
     app.stop().await;
 }
+
+/// Attack (issue 17, item 5): Lark used to decrypt before it verified, answering 400 or 401
+/// by the ciphertext's padding (an oracle), and card callbacks had no timestamp window. Now
+/// every unsigned request gets one identical 401, a bad signature is refused before any
+/// decryption, and a stale card callback is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lark_refuses_unsigned_and_stale_requests_alike() {
+    use base64::Engine;
+    let api = lark_api().await;
+    let uri = api.uri();
+    let app = spawn_platforms(&api, move |c| enable_lark(c, &uri, "default")).await;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    // Bad padding, good padding around non-JSON, and a well-formed event: all unsigned.
+    let bad_padding = json!({ "encrypt": b64(&[7u8; 48]) });
+    let plain_text = {
+        use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
+        use sha2::Digest;
+        let key = sha2::Sha256::digest(LARK_KEY.as_bytes());
+        let iv = [1u8; 16];
+        let ct = cbc::Encryptor::<aes::Aes256>::new(key.as_slice().into(), &iv.into())
+            .encrypt_padded_vec_mut::<Pkcs7>(b"definitely { not json");
+        let mut data = iv.to_vec();
+        data.extend(ct);
+        json!({ "encrypt": b64(&data) })
+    };
+    let event = lark_encrypt(&lark_message("ev-u", "om_u", "user", "@_user_1 hi"));
+    let mut answers = Vec::new();
+    for (route, body) in [
+        ("/webhooks/lark", &bad_padding),
+        ("/webhooks/lark", &plain_text),
+        ("/webhooks/lark", &event),
+        ("/webhooks/lark/card", &bad_padding),
+        ("/webhooks/lark/card", &plain_text),
+    ] {
+        let resp = app
+            .http
+            .post(format!("{}{route}", app.addr))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        answers.push((resp.status().as_u16(), resp.text().await.unwrap()));
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:#?}");
+    assert_eq!(answers[0].0, 401);
+    // Signed with the wrong key around bad padding: refused on the signature, not decrypted.
+    let resp = app
+        .lark("/webhooks/lark", &json!({}), "wrong-key", now())
+        .await;
+    assert_eq!(resp.status(), 401);
+    let body = serde_json::to_vec(&bad_padding).unwrap();
+    let ts = now().to_string();
+    let sig = assistd::channels::lark::signature(&ts, "n", "wrong-key", &body);
+    let resp = app
+        .http
+        .post(format!("{}/webhooks/lark", app.addr))
+        .header("content-type", "application/json")
+        .header("X-Lark-Request-Timestamp", ts)
+        .header("X-Lark-Request-Nonce", "n")
+        .header("X-Lark-Signature", sig)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert!(resp.text().await.unwrap().contains("signature"));
+    // A card callback signed correctly but an hour old.
+    let action = json!({"schema": "2.0", "header": {"event_id": "ev-c", "event_type": "card.action.trigger", "token": LARK_TOKEN},
+        "event": {"operator": {"open_id": "ou_boss"}, "action": {"value": {"task_id": 1, "step_no": 1, "decision": "approve"}}}});
+    let stale = app
+        .lark("/webhooks/lark/card", &action, LARK_KEY, now() - 3_600)
+        .await;
+    assert_eq!(stale.status(), 401);
+    assert_eq!(app.store().intake_row_counts().await.unwrap(), (0, 0, 0));
+    app.stop().await;
+}
