@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -23,7 +24,27 @@ pub fn router() -> Router<Arc<Services>> {
         .route("/console/status", get(status))
 }
 
-fn allowed(svc: &Services, peer: SocketAddr) -> Result<(), ApiError> {
+/// The host part of a `Host` header or an origin's authority (`[::1]:8787` → `::1`).
+fn host_of(authority: &str) -> &str {
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => authority,
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+fn is_loopback_name(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The console answers a loopback peer asking for a loopback `Host`, with an `Origin` (when
+/// the browser sends one) of that same host. A page that rebinds its own name to 127.0.0.1
+/// sends its own name as `Host`; a reverse proxy on this machine sends the public one: both
+/// need an admin session (and an `Origin`, when sent, that matches `Host`).
+fn allowed(svc: &Services, peer: SocketAddr, headers: &HeaderMap) -> Result<(), ApiError> {
     let cfg = &svc.config.channels.console;
     if !cfg.enabled {
         return Err(ApiError::NotFound(
@@ -35,14 +56,34 @@ fn allowed(svc: &Services, peer: SocketAddr) -> Result<(), ApiError> {
             "the console answers loopback only (channels.console.loopback_only)".into(),
         ));
     }
-    Ok(())
+    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let host = text(header::HOST).unwrap_or("");
+    let origin_matches = match text(header::ORIGIN) {
+        None => true,
+        Some(origin) => origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
+    };
+    if !origin_matches {
+        return Err(ApiError::Forbidden(
+            "the console refuses requests from another origin".into(),
+        ));
+    }
+    if is_loopback_name(host_of(host)) || super::pages::has_admin_session(svc, headers) {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden(
+        "the console answers requests for localhost; through a proxy, sign in at /admin first"
+            .into(),
+    ))
 }
 
 async fn page(
     State(svc): State<Arc<Services>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    allowed(&svc, peer)?;
+    allowed(&svc, peer, &headers)?;
     Ok(super::pages::render(
         "console.html",
         json!({ "model_endpoint": svc.llm.default_provider().endpoint(), "agent": svc.config.channels.console.agent }),
@@ -58,9 +99,10 @@ struct ConsoleMessage {
 async fn send(
     State(svc): State<Arc<Services>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     body: Result<Json<ConsoleMessage>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    allowed(&svc, peer)?;
+    allowed(&svc, peer, &headers)?;
     let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let message =
         console::message(&body.conversation_id, &body.text).map_err(ApiError::BadRequest)?;
@@ -72,9 +114,10 @@ async fn send(
 async fn conversation(
     State(svc): State<Arc<Services>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    allowed(&svc, peer)?;
+    allowed(&svc, peer, &headers)?;
     let mut out = Vec::new();
     for task in svc.store.conversation_tasks(console::CHANNEL, &id).await? {
         let message = svc.store.message(task.message_id).await?;
@@ -98,8 +141,9 @@ async fn conversation(
 async fn status(
     State(svc): State<Arc<Services>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    allowed(&svc, peer)?;
+    allowed(&svc, peer, &headers)?;
     let base = svc.config.llm.base_url.trim_end_matches('/').to_string();
     let probe = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))

@@ -119,6 +119,11 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
+/// Whether the request carries a valid admin session cookie.
+pub fn has_admin_session(svc: &Services, headers: &HeaderMap) -> bool {
+    cookie(headers, COOKIE).is_some_and(|v| session_valid(&svc.admin_token, &v, now_ms()))
+}
+
 /// A signed-in admin; pages without one redirect to the sign-in form.
 pub struct AdminPage {
     csrf: String,

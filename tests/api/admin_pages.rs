@@ -230,3 +230,93 @@ async fn the_console_names_the_setting_when_the_model_is_unreachable() {
     );
     app.stop().await;
 }
+
+/// Attack (issue 17, item 7): the console checked only the peer address, so a page that
+/// rebinds its DNS name to 127.0.0.1 (or anything behind a reverse proxy on this host) could
+/// use it. Now the Host must be loopback and an Origin, when sent, must match it; other hosts
+/// need an admin session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_refuses_rebound_hosts_and_foreign_origins() {
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.channels.console.enabled = true;
+    })
+    .await;
+    let http = browser();
+    let port = app.addr.rsplit(':').next().unwrap().to_string();
+    let send = |host: String, origin: Option<String>, cookie: Option<String>| {
+        let mut req = http
+            .post(format!("{}/console/messages", app.addr))
+            .header("host", host)
+            .json(&json!({"conversation_id": "c-rebind", "text": "hi"}));
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        req.send()
+    };
+    let local = format!("127.0.0.1:{port}");
+    assert_eq!(send(local.clone(), None, None).await.unwrap().status(), 200);
+    assert_eq!(
+        send(local.clone(), Some(format!("http://{local}")), None)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let rebound = format!("attacker.example:{port}");
+    assert_eq!(
+        send(rebound.clone(), None, None).await.unwrap().status(),
+        403,
+        "rebound DNS name"
+    );
+    assert_eq!(
+        send(rebound.clone(), Some(format!("http://{rebound}")), None)
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    assert_eq!(
+        send(local.clone(), Some("http://attacker.example".into()), None)
+            .await
+            .unwrap()
+            .status(),
+        403,
+        "a foreign page posting to localhost"
+    );
+    let page = http
+        .get(format!("{}/", app.addr))
+        .header("host", rebound.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 403);
+    // Behind a proxy: an admin session lets the proxied host in, with a matching Origin.
+    let cookie = sign_in(&app, &http).await;
+    let proxied = "assistd.example.com".to_string();
+    assert_eq!(
+        send(
+            proxied.clone(),
+            Some(format!("https://{proxied}")),
+            Some(cookie.clone())
+        )
+        .await
+        .unwrap()
+        .status(),
+        200
+    );
+    assert_eq!(
+        send(
+            proxied,
+            Some("https://attacker.example".into()),
+            Some(cookie)
+        )
+        .await
+        .unwrap()
+        .status(),
+        403
+    );
+    app.stop().await;
+}
