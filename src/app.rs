@@ -189,13 +189,7 @@ impl App {
         } else {
             crate::http::router(svc.clone())
         };
-        let server_shutdown = shutdown.clone();
-        axum::serve(
-            self.listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
-        .await?;
+        crate::http::serve(self.listener, router, &svc.config.server, shutdown.clone()).await;
         while background.join_next().await.is_some() {}
         // Whatever is left unfinished is handed over now, not after its lease runs out.
         let release = if role.runs_workers() {

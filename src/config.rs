@@ -184,6 +184,10 @@ pub struct ServerConfig {
     /// Connections the kernel queues for the HTTP listener before they are accepted
     /// (`listen(2)` backlog; Linux caps it at `net.core.somaxconn`).
     pub listen_backlog: u32,
+    /// Time a client has to send a request's headers, in seconds.
+    pub header_read_timeout_secs: u64,
+    /// Open HTTP connections at most.
+    pub max_connections: usize,
 }
 
 /// What an instance runs.
@@ -691,6 +695,11 @@ impl Config {
             self.server.request_timeout_secs,
         )?;
         positive("server.listen_backlog", self.server.listen_backlog as u64)?;
+        positive(
+            "server.header_read_timeout_secs",
+            self.server.header_read_timeout_secs,
+        )?;
+        positive("server.max_connections", self.server.max_connections as u64)?;
         let url = &self.database.url;
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres://")

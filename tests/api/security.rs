@@ -178,3 +178,80 @@ async fn oversized_platform_ids_are_refused_and_a_matrix_transaction_keeps_its_g
     assert_eq!(tasks.len(), 1, "the good event was taken: {listed:#}");
     app.stop().await;
 }
+
+fn socket_addr(app: &TestApp) -> String {
+    app.addr.trim_start_matches("http://").to_string()
+}
+
+/// Attack (issue 17, item 11): a client that starts a request and never finishes its
+/// headers used to hold its connection open indefinitely (75 s and more). Now the server
+/// closes it after `server.header_read_timeout_secs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_slow_to_send_headers_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.server.header_read_timeout_secs = 1;
+    })
+    .await;
+    let mut slow = tokio::net::TcpStream::connect(socket_addr(&app))
+        .await
+        .unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    // Generous bound: the server must close well before it; without the timeout it never does.
+    let closed = tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        slow.read_to_end(&mut buf),
+    )
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the half-sent request kept its connection open"
+    );
+    app.stop().await;
+}
+
+/// Attack (issue 17, item 11): idle connections cannot exhaust the server beyond
+/// `server.max_connections`; the one over the cap waits until another closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_connections_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.server.max_connections = 2;
+    })
+    .await;
+    let addr = socket_addr(&app);
+    let first = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let _second = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut third = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(800),
+        third.read_to_end(&mut answer),
+    )
+    .await;
+    assert!(
+        early.is_err(),
+        "a third connection was served while two were open"
+    );
+    drop(first);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        third.read_to_end(&mut answer),
+    )
+    .await
+    .expect("served once a slot was free")
+    .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    app.stop().await;
+}
