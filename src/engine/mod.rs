@@ -231,10 +231,15 @@ async fn run_claimed(
     // grace period; only a lost lease stops it early.
     let lost = CancellationToken::new();
     svc.track_running(task.id, Some(lost.clone()));
-    let heartbeat = tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone()));
+    let guard = RunGuard {
+        heartbeat: tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone())),
+        forget: Some(Box::new({
+            let (svc, task_id) = (svc.clone(), fence.task_id);
+            move || svc.track_running(task_id, None)
+        })),
+    };
     let result = run_task(&svc, &fence, &lost, task, message).await;
-    heartbeat.abort();
-    svc.track_running(fence.task_id, None);
+    drop(guard);
     match result {
         Ok(()) => {}
         Err(RunError::Parked) => tracing::info!("waiting for a human decision"),
@@ -249,6 +254,24 @@ async fn run_claimed(
         }
         Err(e) => {
             tracing::error!(error = %e, "task run aborted; it resumes when its lease expires")
+        }
+    }
+}
+
+/// Ends a run's heartbeat and forgets the run when the run ends, by return or by a panic:
+/// a panicking run must not leave its lease renewed forever (the lease then expires and the
+/// orphan reclaim gives the task to a worker again).
+struct RunGuard {
+    heartbeat: tokio::task::JoinHandle<()>,
+    /// Forgets the run (`Services::track_running`).
+    forget: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+        if let Some(forget) = self.forget.take() {
+            forget();
         }
     }
 }
@@ -280,5 +303,39 @@ async fn heartbeat(svc: Arc<Services>, fence: Fence, lost: CancellationToken) {
             }
             Err(e) => tracing::warn!(task_id = fence.task_id, error = %e, "lease renewal failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use super::*;
+
+    /// Issue 17, item 12: a run that panics stops its heartbeat and is forgotten.
+    #[tokio::test]
+    async fn a_panicking_run_stops_its_heartbeat() {
+        let beats = Arc::new(AtomicU64::new(0));
+        let forgotten = Arc::new(AtomicBool::new(false));
+        let (b, f) = (beats.clone(), forgotten.clone());
+        let run = tokio::spawn(async move {
+            let _guard = RunGuard {
+                heartbeat: tokio::spawn(async move {
+                    loop {
+                        b.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }),
+                forget: Some(Box::new(move || f.store(true, Ordering::SeqCst))),
+            };
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            panic!("a bug inside a task run");
+        });
+        assert!(run.await.unwrap_err().is_panic());
+        assert!(forgotten.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let after = beats.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(beats.load(Ordering::SeqCst), after, "the heartbeat still runs");
     }
 }
