@@ -336,6 +336,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let after = beats.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(beats.load(Ordering::SeqCst), after, "the heartbeat still runs");
+        assert_eq!(
+            beats.load(Ordering::SeqCst),
+            after,
+            "the heartbeat still runs"
+        );
     }
 }
