@@ -441,9 +441,10 @@ async fn an_llm_node_refused_as_too_long_is_asked_again_with_its_prompt_cut() {
     flow.app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_loop_refused_as_too_long_folds_its_rounds_into_a_summary_and_goes_on() {
-    // The configured window (8192) overstates the server's: only the refusal tells.
+/// The three-lookup agent loop on a model server of 250 tokens (the strict double), with
+/// `max_tokens` 64, no periodic summaries, and `context_window` configured when given;
+/// returns the flow and its finished, replied task.
+async fn agent_loop_on_a_250_token_server(window: Option<u32>) -> (crate::workflows::Flow, Value) {
     let model = MockServer::start().await;
     strict_mock(
         StrictModel::new(crate::workflows::ToolScriptModel::default()).with_context_window(250),
@@ -451,18 +452,28 @@ async fn an_agent_loop_refused_as_too_long_folds_its_rounds_into_a_summary_and_g
     .mount(&model)
     .await;
     let flow = crate::workflows::spawn_flow_on(AGENT_LOOP, model, |c| {
+        if let Some(tokens) = window {
+            c.llm.context_window = tokens;
+        }
         c.context.summary_every_steps = 100;
         c.agents.get_mut("flow").unwrap().max_tokens = 64;
     })
     .await;
     let app = &flow.app;
     let id = task_id_of(
-        app.post_message(&message("mc-fold", 1, "find things"))
+        app.post_message(&message("mc-window", 1, "find things"))
             .await,
     )
     .await;
     let task = app.wait_replied(id, WAIT).await;
     assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    (flow, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_loop_refused_as_too_long_folds_its_rounds_into_a_summary_and_goes_on() {
+    // The configured window (8192) overstates the server's: only the refusal tells.
+    let (flow, task) = agent_loop_on_a_250_token_server(None).await;
     assert_eq!(
         task["result"], "found alpha, beta, gamma",
         "nothing lost in the fold"
@@ -485,27 +496,8 @@ async fn an_agent_loop_refused_as_too_long_folds_its_rounds_into_a_summary_and_g
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_loop_summarises_before_it_outgrows_the_configured_window() {
-    let model = MockServer::start().await;
-    strict_mock(
-        StrictModel::new(crate::workflows::ToolScriptModel::default()).with_context_window(250),
-    )
-    .mount(&model)
-    .await;
-    let flow = crate::workflows::spawn_flow_on(AGENT_LOOP, model, |c| {
-        // Less than the server has: the loop's own budget decides when to summarise.
-        c.llm.context_window = 120;
-        c.context.summary_every_steps = 100;
-        c.agents.get_mut("flow").unwrap().max_tokens = 64;
-    })
-    .await;
-    let app = &flow.app;
-    let id = task_id_of(
-        app.post_message(&message("mc-budget", 1, "find things"))
-            .await,
-    )
-    .await;
-    let task = app.wait_replied(id, WAIT).await;
-    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    // Less than the server has: the loop's own budget decides when to summarise.
+    let (flow, task) = agent_loop_on_a_250_token_server(Some(120)).await;
     assert_eq!(task["result"], "found alpha, beta, gamma");
     let steps = step_list(&task);
     assert!(

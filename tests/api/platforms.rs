@@ -646,6 +646,15 @@ async fn platforms_not_enabled_are_not_routed() {
 
 pub(crate) const HS_TOKEN: &str = "hs-token";
 
+/// Enables the Matrix channel against `homeserver` with the test tokens.
+pub(crate) fn enable_matrix(c: &mut assistd::Config, homeserver: &str) {
+    c.channels.matrix.enabled = true;
+    c.channels.matrix.homeserver_url = homeserver.into();
+    c.channels.matrix.as_token = "as-token".into();
+    c.channels.matrix.hs_token = HS_TOKEN.into();
+    c.channels.matrix.bot_user_id = "@assistd:hs".into();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_transactions_are_authorised_answered_and_idempotent() {
     use wiremock::matchers::path_regex;
@@ -664,11 +673,7 @@ async fn matrix_transactions_are_authorised_answered_and_idempotent() {
         .await;
     let uri = hs.uri();
     let app = spawn_platforms(&hs, move |c| {
-        c.channels.matrix.enabled = true;
-        c.channels.matrix.homeserver_url = uri;
-        c.channels.matrix.as_token = "as-token".into();
-        c.channels.matrix.hs_token = HS_TOKEN.into();
-        c.channels.matrix.bot_user_id = "@assistd:hs".into();
+        enable_matrix(c, &uri);
     })
     .await;
     let txn = json!({"events": [
@@ -1425,11 +1430,7 @@ async fn matrix_waiting_for_approval() -> (MockServer, crate::workflows::Flow, i
     let hs = matrix_homeserver().await;
     let uri = hs.uri();
     let flow = spawn_flow_with(NOTICE, move |c| {
-        c.channels.matrix.enabled = true;
-        c.channels.matrix.homeserver_url = uri;
-        c.channels.matrix.as_token = "as-token".into();
-        c.channels.matrix.hs_token = HS_TOKEN.into();
-        c.channels.matrix.bot_user_id = "@assistd:hs".into();
+        enable_matrix(c, &uri);
         c.channels.matrix.agent = "flow".into();
         c.agents.get_mut("flow").unwrap().approvers = vec!["@boss:hs".into()];
     })
@@ -1751,11 +1752,8 @@ async fn failed_sends_on_every_platform_show_and_log_no_secret() {
         c.channels.dingtalk.robot_code = "ding-robot".into();
         c.channels.dingtalk.session_webhook_origins = vec![DEAD.to_string()];
         c.channels.dingtalk.api_base_url = DEAD.into();
-        c.channels.matrix.enabled = true;
-        c.channels.matrix.homeserver_url = DEAD.into();
+        enable_matrix(c, DEAD);
         c.channels.matrix.as_token = "matrix-as-token-secret-value".into();
-        c.channels.matrix.hs_token = HS_TOKEN.into();
-        c.channels.matrix.bot_user_id = "@assistd:hs".into();
         c.outbox.max_attempts = 0;
     })
     .await;

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::helpers::*;
-use crate::platforms::{HS_TOKEN, matrix_homeserver, spawn_platforms};
+use crate::platforms::{enable_matrix, matrix_homeserver, spawn_platforms};
 
 fn matrix_text(event_id: &str, body: &str) -> Value {
     json!({"type": "m.room.message", "room_id": "!nul:hs", "sender": "@ada:hs", "event_id": event_id,
@@ -19,11 +19,7 @@ async fn a_nul_character_is_refused_by_the_generic_webhook_and_dropped_for_platf
     let hs = matrix_homeserver().await;
     let uri = hs.uri();
     let app = spawn_platforms(&hs, move |c| {
-        c.channels.matrix.enabled = true;
-        c.channels.matrix.homeserver_url = uri;
-        c.channels.matrix.as_token = "as-token".into();
-        c.channels.matrix.hs_token = HS_TOKEN.into();
-        c.channels.matrix.bot_user_id = "@assistd:hs".into();
+        enable_matrix(c, &uri);
     })
     .await;
     let mut poisoned = message("nul-generic", 1, "a\u{0}b");
@@ -147,11 +143,7 @@ async fn oversized_platform_ids_are_refused_and_a_matrix_transaction_keeps_its_g
     let api = crate::platforms::platform_api().await;
     let uri = hs.uri();
     let app = spawn_platforms(&api, move |c| {
-        c.channels.matrix.enabled = true;
-        c.channels.matrix.homeserver_url = uri;
-        c.channels.matrix.as_token = "as-token".into();
-        c.channels.matrix.hs_token = HS_TOKEN.into();
-        c.channels.matrix.bot_user_id = "@assistd:hs".into();
+        enable_matrix(c, &uri);
     })
     .await;
     let huge = "C".repeat(100_000);
