@@ -75,7 +75,16 @@ pub fn render(name: &str, context: Value) -> Response {
         .get_template(name)
         .and_then(|t| t.render(minijinja::value::Serde(&context)))
     {
-        Ok(html) => Html(html).into_response(),
+        // No page of ours may be framed (clickjacking of the admin actions).
+        Ok(html) => (
+            [
+                (header::X_FRAME_OPTIONS, "DENY"),
+                (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            ],
+            Html(html),
+        )
+            .into_response(),
         Err(e) => ApiError::Internal(anyhow::anyhow!("template {name}: {e}")).into_response(),
     }
 }
@@ -154,19 +163,32 @@ async fn login_page() -> Response {
 
 async fn login(
     State(svc): State<Arc<Services>>,
+    headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     let given = form.get("token").map(String::as_str).unwrap_or("");
-    if !bool::from(given.as_bytes().ct_eq(svc.admin_token.as_bytes())) {
+    // Compared as MACs of equal length, so the time taken tells nothing of the token's length.
+    let digest = |t: &str| sign("assistd-admin-login", t);
+    if !bool::from(
+        digest(given)
+            .as_bytes()
+            .ct_eq(digest(&svc.admin_token).as_bytes()),
+    ) {
         let mut page = render("login.html", json!({ "error": "wrong admin token" }));
         *page.status_mut() = StatusCode::UNAUTHORIZED;
         return page;
     }
     let hours = svc.config.admin.session_hours.max(1) as i64;
     let value = session_value(&svc.admin_token, now_ms() + hours * 3_600_000);
+    // Behind an https proxy the cookie must not travel over plain http.
+    let secure = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
     let cookie = format!(
-        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
-        hours * 3600
+        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        hours * 3600,
+        if secure { "; Secure" } else { "" }
     );
     ([(header::SET_COOKIE, cookie)], Redirect::to("/admin")).into_response()
 }

@@ -320,3 +320,49 @@ async fn the_console_refuses_rebound_hosts_and_foreign_origins() {
     );
     app.stop().await;
 }
+
+/// Issue 17, item 10 (part): admin pages cannot be framed (clickjacking), and the session
+/// cookie is `Secure` when the sign-in came through an https proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_pages_refuse_framing_and_the_cookie_is_secure_behind_https() {
+    let app = TestApp::spawn().await;
+    let http = browser();
+    for path in ["/admin/login", "/admin"] {
+        let resp = http
+            .get(format!("{}{path}", app.addr))
+            .header("cookie", sign_in(&app, &http).await)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(resp.headers()["x-frame-options"], "DENY", "{path}");
+        assert!(
+            resp.headers()["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .contains("frame-ancestors 'none'"),
+            "{path}"
+        );
+    }
+    let resp = http
+        .post(format!("{}/admin/login", app.addr))
+        .header("x-forwarded-proto", "https")
+        .form(&[("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 303);
+    let cookie = resp.headers()["set-cookie"].to_str().unwrap();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    // A wrong token of any length is refused alike.
+    for wrong in ["", "x", &"y".repeat(ADMIN_TOKEN.len()), &"z".repeat(500)] {
+        let resp = http
+            .post(format!("{}/admin/login", app.addr))
+            .form(&[("token", wrong)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401);
+    }
+    app.stop().await;
+}
