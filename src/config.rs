@@ -285,6 +285,8 @@ pub struct DatabaseConfig {
     pub max_connections: u32,
     pub sqlite_busy_timeout_ms: u64,
     pub acquire_timeout_secs: u64,
+    /// PostgreSQL: longest a statement may run, in milliseconds (0 = no limit).
+    pub statement_timeout_ms: u64,
     /// SQLite `synchronous` in WAL mode: `normal` or `full`.
     pub sqlite_synchronous: SqliteSync,
     /// Rows a SQLite connection's thread may produce ahead of the reader (sqlx's default: 50).
@@ -700,6 +702,12 @@ impl Config {
             self.server.header_read_timeout_secs,
         )?;
         positive("server.max_connections", self.server.max_connections as u64)?;
+        if self.database.acquire_timeout_secs >= self.server.request_timeout_secs {
+            return Err(invalid(
+                "database.acquire_timeout_secs",
+                "must be below server.request_timeout_secs (a webhook should get 503, not time out)",
+            ));
+        }
         let url = &self.database.url;
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres://")

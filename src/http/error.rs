@@ -32,6 +32,9 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Busy => ApiError::Unavailable("database busy, try again".into()),
+            StoreError::Unavailable(_) => {
+                ApiError::Unavailable("database unavailable, try again".into())
+            }
             other => ApiError::Internal(other.into()),
         }
     }

@@ -22,10 +22,11 @@ async fn healthz() -> Json<Value> {
 }
 
 async fn readyz(State(svc): State<Arc<Services>>) -> Result<Json<Value>, ApiError> {
+    // Ready means able to take a message: a write, not just a read.
     svc.store
-        .ping()
+        .ping_write()
         .await
-        .map_err(|e| ApiError::Unavailable(format!("database not reachable: {e}")))?;
+        .map_err(|e| ApiError::Unavailable(format!("database cannot take writes: {e}")))?;
     Ok(Json(json!({ "status": "ready" })))
 }
 

@@ -38,10 +38,19 @@ pub enum StoreError {
     Database(sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// No connection could be had (pool timed out, server gone): worth a retry later.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
+        if matches!(
+            e,
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
+        ) {
+            return StoreError::Unavailable(e.to_string());
+        }
         if let sqlx::Error::Database(db) = &e {
             if db.is_unique_violation() {
                 return StoreError::UniqueViolation(db.message().to_string());
@@ -165,7 +174,12 @@ impl Store {
                 .await?;
             Ok(Store::Sqlite(pool, WriteGate::default()))
         } else {
-            let options = PgConnectOptions::from_str(url)?;
+            let mut options = PgConnectOptions::from_str(url)?;
+            if config.statement_timeout_ms > 0 {
+                // A statement stuck on a lock fails instead of holding its caller forever.
+                options = options
+                    .options([("statement_timeout", config.statement_timeout_ms.to_string())]);
+            }
             let pool = PgPoolOptions::new()
                 .max_connections(config.max_connections)
                 .acquire_timeout(acquire)
@@ -196,6 +210,31 @@ impl Store {
     }
 
     /// A cheap round trip, for readiness checks.
+    /// Whether a write could be made now: SQLite takes the write lock (`BEGIN IMMEDIATE`,
+    /// failing as busy when another process holds it past the busy timeout); PostgreSQL
+    /// must not be a read-only replica.
+    pub async fn ping_write(&self) -> StoreResult<()> {
+        match self {
+            Store::Sqlite(..) => {
+                write_tx!(self, tx => {
+                    sqlx::query("SELECT 1").execute(&mut *tx).await?;
+                });
+                Ok(())
+            }
+            Store::Postgres(pool) => {
+                let (read_only,): (bool,) = sqlx::query_as("SELECT pg_is_in_recovery()")
+                    .fetch_one(pool)
+                    .await?;
+                if read_only {
+                    return Err(StoreError::Unavailable(
+                        "the server is a read-only replica".into(),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
     pub async fn ping(&self) -> StoreResult<()> {
         on_pool!(self, pool => {
             sqlx::query("SELECT 1").execute(pool).await?;

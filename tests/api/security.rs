@@ -247,3 +247,61 @@ async fn open_connections_are_capped() {
     );
     app.stop().await;
 }
+
+/// Issue 17, item 14: `/readyz` used to answer 200 while another process held SQLite's write
+/// lock (so no message could be taken), and a webhook then waited for the lock. Now readiness
+/// is a write, and both answer 503 (platforms retry 5xx) once the busy timeout passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_and_webhooks_say_503_while_the_database_cannot_take_writes() {
+    use sqlx::Connection;
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.database.sqlite_busy_timeout_ms = 200;
+    })
+    .await;
+    if app.db.is_postgres() {
+        // The lock held here is SQLite's; PostgreSQL's readiness checks it is no replica.
+        let ready = app
+            .http
+            .get(format!("{}/readyz", app.addr))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ready.status(), 200);
+        app.stop().await;
+        return;
+    }
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    // Another process (here: another connection) takes the write lock and keeps it.
+    let mut other = sqlx::SqliteConnection::connect(&app.db.url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let resp = app.post_message(&message("locked", 1, "hello?")).await;
+    assert_eq!(resp.status(), 503, "{}", resp.text().await.unwrap());
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    other.close().await.unwrap();
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let id = task_id_of(app.post_message(&message("locked", 1, "hello?")).await).await;
+    app.wait_replied(id, WAIT).await;
+    app.stop().await;
+}
