@@ -500,6 +500,8 @@ pub struct WeComChannelConfig {
     pub agent: String,
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
+    /// Accepted age of a callback's `timestamp`, in seconds.
+    pub timestamp_tolerance_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

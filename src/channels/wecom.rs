@@ -6,6 +6,7 @@
 //! with an empty 200. Replies use the send-message API with a cached access token; WeCom
 //! has no idempotency key, so an unknown outcome becomes UNKNOWN.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit, block_padding::NoPadding};
@@ -98,20 +99,83 @@ pub fn encrypt(
     Ok(base64::engine::general_purpose::STANDARD.encode(cipher))
 }
 
-/// The text of element `name` of a flat WeCom XML document (CDATA or plain).
-pub fn xml_field(xml: &str, name: &str) -> Option<String> {
-    let open = format!("<{name}>");
-    let close = format!("</{name}>");
-    let start = xml.find(&open)? + open.len();
-    let end = start + xml[start..].find(&close)?;
-    let inner = xml[start..end].trim();
-    Some(
-        inner
-            .strip_prefix("<![CDATA[")
-            .and_then(|s| s.strip_suffix("]]>"))
-            .unwrap_or(inner)
-            .to_string(),
-    )
+/// The elements directly under an XML document's root, by name, with their text (CDATA, or
+/// text with the predefined entities and character references resolved), read by a real XML
+/// parser: text inside a message (`<Content>`) cannot pose as one of its fields, and nested
+/// elements count for nothing. The first of equal names wins; a DOCTYPE or an unknown entity
+/// is refused (no entity expansion, no external references).
+pub fn xml_fields(xml: &str) -> Result<HashMap<String, String>, String> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let mut fields = HashMap::new();
+    let mut depth = 0usize;
+    let mut current: Option<(String, String)> = None;
+    loop {
+        let event = reader.read_event().map_err(|e| format!("not XML: {e}"))?;
+        match event {
+            Event::DocType(_) => return Err("XML with a DOCTYPE is refused".into()),
+            Event::Start(e) => {
+                depth += 1;
+                if depth == 2 {
+                    let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
+                    current = Some((name, String::new()));
+                }
+            }
+            Event::End(_) => {
+                if depth == 2
+                    && let Some((name, value)) = current.take()
+                {
+                    fields.entry(name).or_insert(value);
+                }
+                depth = depth.saturating_sub(1);
+            }
+            Event::Empty(e) if depth == 1 => {
+                let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
+                fields.entry(name).or_insert_with(String::new);
+            }
+            Event::Text(t) if depth == 2 => {
+                let text = t.decode().map_err(|e| format!("not XML: {e}"))?;
+                if let Some((_, value)) = current.as_mut() {
+                    value.push_str(&text);
+                }
+            }
+            Event::CData(c) if depth == 2 => {
+                let text = c.decode().map_err(|e| format!("not XML: {e}"))?;
+                if let Some((_, value)) = current.as_mut() {
+                    value.push_str(&text);
+                }
+            }
+            Event::GeneralRef(r) if depth == 2 => {
+                let resolved = match r.resolve_char_ref().map_err(|e| format!("not XML: {e}"))? {
+                    Some(c) => c,
+                    None => match &*r {
+                        b"amp" => '&',
+                        b"lt" => '<',
+                        b"gt" => '>',
+                        b"quot" => '"',
+                        b"apos" => '\'',
+                        other => {
+                            return Err(format!(
+                                "unknown entity &{};",
+                                String::from_utf8_lossy(other)
+                            ));
+                        }
+                    },
+                };
+                if let Some((_, value)) = current.as_mut() {
+                    value.push(resolved);
+                }
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    Ok(fields)
+}
+
+/// Field `name` of parsed XML fields, trimmed.
+fn xml_field(fields: &HashMap<String, String>, name: &str) -> Option<String> {
+    fields.get(name).map(|v| v.trim().to_string())
 }
 
 /// The query of a callback request.
@@ -122,12 +186,26 @@ pub struct CallbackQuery<'a> {
     pub echostr: Option<&'a str>,
 }
 
-fn check(config: &WeComChannelConfig, q: &CallbackQuery, encrypted: &str) -> Result<(), Refused> {
+fn check(
+    config: &WeComChannelConfig,
+    q: &CallbackQuery,
+    encrypted: &str,
+    now_secs: i64,
+) -> Result<(), Refused> {
     let (Some(sig), Some(ts), Some(nonce)) = (q.msg_signature, q.timestamp, q.nonce) else {
         return Err(Refused::Unauthorized(
             "missing msg_signature, timestamp or nonce".into(),
         ));
     };
+    let fresh = ts
+        .trim()
+        .parse::<i64>()
+        .is_ok_and(|t| now_secs.abs_diff(t) <= config.timestamp_tolerance_secs);
+    if !fresh {
+        return Err(Refused::Unauthorized(
+            "timestamp is outside the allowed window".into(),
+        ));
+    }
     let expected = signature(&config.token, ts, nonce, encrypted);
     if bool::from(expected.as_bytes().ct_eq(sig.as_bytes())) {
         Ok(())
@@ -137,11 +215,15 @@ fn check(config: &WeComChannelConfig, q: &CallbackQuery, encrypted: &str) -> Res
 }
 
 /// GET URL verification: the decrypted `echostr`.
-pub fn verify_url(config: &WeComChannelConfig, q: &CallbackQuery) -> Result<String, Refused> {
+pub fn verify_url(
+    config: &WeComChannelConfig,
+    q: &CallbackQuery,
+    now_secs: i64,
+) -> Result<String, Refused> {
     let echostr = q
         .echostr
         .ok_or_else(|| Refused::BadRequest("missing echostr".into()))?;
-    check(config, q, echostr)?;
+    check(config, q, echostr, now_secs)?;
     decrypt(&config.encoding_aes_key, &config.corp_id, echostr).map_err(Refused::Unauthorized)
 }
 
@@ -150,14 +232,17 @@ pub fn parse(
     config: &WeComChannelConfig,
     q: &CallbackQuery,
     body: &[u8],
+    now_secs: i64,
 ) -> Result<Inbound, Refused> {
     let xml =
         std::str::from_utf8(body).map_err(|_| Refused::BadRequest("body is not UTF-8".into()))?;
-    let encrypted =
-        xml_field(xml, "Encrypt").ok_or_else(|| Refused::BadRequest("missing <Encrypt>".into()))?;
-    check(config, q, &encrypted)?;
+    let envelope = xml_fields(xml).map_err(Refused::BadRequest)?;
+    let encrypted = xml_field(&envelope, "Encrypt")
+        .ok_or_else(|| Refused::BadRequest("missing <Encrypt>".into()))?;
+    check(config, q, &encrypted, now_secs)?;
     let message = decrypt(&config.encoding_aes_key, &config.corp_id, &encrypted)
         .map_err(Refused::Unauthorized)?;
+    let message = xml_fields(&message).map_err(Refused::BadRequest)?;
     let msg_type = xml_field(&message, "MsgType");
     if msg_type.as_deref() == Some("event") {
         return parse_card_event(&message);
@@ -170,7 +255,7 @@ pub fn parse(
     };
     let from = field("FromUserName")?;
     let msg_id = field("MsgId")?;
-    let text = field("Content")?.trim().to_string();
+    let text = field("Content")?;
     if text.is_empty() {
         return Ok(Inbound::Ignore("empty message"));
     }
@@ -188,7 +273,7 @@ pub fn parse(
 
 /// A `template_card_event` (a button of an approval card): `EventKey` is
 /// `approve|reject:<task>:<step>`, the clicking user is `FromUserName`.
-fn parse_card_event(message: &str) -> Result<Inbound, Refused> {
+fn parse_card_event(message: &HashMap<String, String>) -> Result<Inbound, Refused> {
     if xml_field(message, "Event").as_deref() != Some("template_card_event") {
         return Ok(Inbound::Ignore("not a card event"));
     }
@@ -367,10 +452,20 @@ mod tests {
             decrypt(AES_KEY, CORP, &enc).unwrap(),
             "<xml><Content>hi</Content></xml>"
         );
-        assert_eq!(
-            xml_field("<xml><A><![CDATA[x y]]></A><B>2</B></xml>", "A").as_deref(),
-            Some("x y")
-        );
-        assert_eq!(xml_field("<xml><B>2</B></xml>", "B").as_deref(), Some("2"));
+        let fields = xml_fields("<xml><A><![CDATA[x y]]></A><B>2 &amp; &#51;</B></xml>").unwrap();
+        assert_eq!(fields["A"], "x y");
+        assert_eq!(fields["B"], "2 & 3");
+    }
+
+    /// Issue 17, item 9: a `<MsgId>` written inside the message text is text, not the
+    /// message's id; nested elements and DOCTYPEs do not count.
+    #[test]
+    fn fields_are_read_by_structure_not_by_string_search() {
+        let xml = "<xml><Content><![CDATA[hi <MsgId>1</MsgId>]]></Content><Other><MsgId>2</MsgId></Other><MsgId>42</MsgId></xml>";
+        let fields = xml_fields(xml).unwrap();
+        assert_eq!(fields["MsgId"], "42");
+        assert_eq!(fields["Content"], "hi <MsgId>1</MsgId>");
+        assert!(xml_fields("<!DOCTYPE x [<!ENTITY e \"boom\">]><xml><A>&e;</A></xml>").is_err());
+        assert!(xml_fields("<xml><A>&e;</A></xml>").is_err());
     }
 }

@@ -486,7 +486,7 @@ async fn wecom_verify(
             "the wecom channel is not enabled".into(),
         ));
     }
-    let echo = wecom::verify_url(&svc.config.channels.wecom, &q.parts())?;
+    let echo = wecom::verify_url(&svc.config.channels.wecom, &q.parts(), now_ms() / 1000)?;
     Ok(echo.into_response())
 }
 
@@ -503,7 +503,7 @@ async fn wecom_message(
         ));
     }
     let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
-    let inbound = wecom::parse(cfg, &q.parts(), &raw)?;
+    let inbound = wecom::parse(cfg, &q.parts(), &raw, now_ms() / 1000)?;
     handle_inbound(&svc, inbound, &cfg.agent, wecom::CHANNEL).await?;
     // WeCom reads a non-empty answer as a passive reply: answer nothing.
     Ok(String::new().into_response())

@@ -1159,6 +1159,10 @@ mod wecom_sample {
 
 impl TestApp {
     async fn wecom_post(&self, xml_message: &str, token: &str) -> reqwest::Response {
+        self.wecom_post_at(xml_message, token, now()).await
+    }
+
+    async fn wecom_post_at(&self, xml_message: &str, token: &str, ts: i64) -> reqwest::Response {
         use assistd::channels::wecom;
         let encrypted = wecom::encrypt(
             wecom_sample::AES_KEY,
@@ -1167,7 +1171,7 @@ impl TestApp {
             [3; 16],
         )
         .unwrap();
-        let ts = now().to_string();
+        let ts = ts.to_string();
         let sig = wecom::signature(token, &ts, "nonce9", &encrypted);
         let body = format!(
             "<xml><ToUserName><![CDATA[{}]]></ToUserName><Encrypt><![CDATA[{encrypted}]]></Encrypt><AgentID><![CDATA[1000002]]></AgentID></xml>",
@@ -1228,7 +1232,12 @@ fn wecom_text(msg_id: &str, text: &str) -> String {
 async fn wecom_callbacks_are_verified_decrypted_and_answered() {
     let api = wecom_api().await;
     let uri = api.uri();
-    let app = spawn_platforms(&api, move |c| enable_wecom(c, &uri, "default")).await;
+    let app = spawn_platforms(&api, move |c| {
+        enable_wecom(c, &uri, "default");
+        // The documentation's known-answer request is from 2014.
+        c.channels.wecom.timestamp_tolerance_secs = 20 * 365 * 86_400;
+    })
+    .await;
     // URL verification with the sample request of WeCom's documentation.
     let verify = app
         .http
@@ -1942,5 +1951,46 @@ async fn lark_refuses_unsigned_and_stale_requests_alike() {
         .await;
     assert_eq!(stale.status(), 401);
     assert_eq!(app.store().intake_row_counts().await.unwrap(), (0, 0, 0));
+    app.stop().await;
+}
+
+/// Attack (issue 17, item 9): WeCom XML was read by string search, so a `<MsgId>` inside the
+/// message text chose the dedupe key (a later, different message was dropped as its
+/// duplicate), and the callback timestamp was not checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wecom_fields_come_from_the_xml_structure_and_stale_callbacks_are_refused() {
+    let api = wecom_api().await;
+    let uri = api.uri();
+    let app = spawn_platforms(&api, move |c| enable_wecom(c, &uri, "default")).await;
+    let posing = |msg_id: &str| {
+        format!(
+            "<xml><ToUserName><![CDATA[{}]]></ToUserName><FromUserName><![CDATA[zhangsan]]></FromUserName><CreateTime>1348831860</CreateTime><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[look <MsgId>1</MsgId>]]></Content><MsgId>{msg_id}</MsgId><AgentID>1000002</AgentID></xml>",
+            wecom_sample::CORP
+        )
+    };
+    let mut ids = Vec::new();
+    for msg_id in ["7001", "7002"] {
+        let resp = app.wecom_post(&posing(msg_id), wecom_sample::TOKEN).await;
+        assert_eq!(resp.status(), 200);
+        ids.push(
+            app.list("conversation=zhangsan")
+                .await
+                .json::<Value>()
+                .await
+                .unwrap()["tasks"]
+                .as_array()
+                .unwrap()
+                .len(),
+        );
+    }
+    assert_eq!(ids, [1, 2], "two messages, two tasks");
+    let stale = app
+        .wecom_post_at(
+            &wecom_text("7003", "old"),
+            wecom_sample::TOKEN,
+            now() - 3_600,
+        )
+        .await;
+    assert_eq!(stale.status(), 401);
     app.stop().await;
 }
