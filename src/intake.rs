@@ -23,23 +23,76 @@ pub enum IntakeError {
     Store(StoreError),
 }
 
+/// A message as intake takes it: ids within their size, U+0000 dropped (platforms retry
+/// until they get a 2xx, so it is dropped rather than refused; the generic webhook refuses it
+/// at parse time instead).
+fn prepared(message: &NewMessage) -> Result<std::borrow::Cow<'_, NewMessage>, IntakeError> {
+    message.check_sizes().map_err(IntakeError::Invalid)?;
+    Ok(if message.has_nul() {
+        tracing::warn!("dropped U+0000 from an inbound message");
+        std::borrow::Cow::Owned(message.without_nul())
+    } else {
+        std::borrow::Cow::Borrowed(message)
+    })
+}
+
+/// Commits `messages` (a platform's delivery of several, e.g. a Matrix transaction) in one
+/// intake transaction, in their order, and wakes the workers once. Each gets its own result:
+/// a message intake cannot take is refused alone.
+pub async fn accept_messages(
+    svc: &Services,
+    messages: &[NewMessage],
+    agent: &str,
+) -> Result<Vec<Result<Ingested, IntakeError>>, IntakeError> {
+    let prepared: Vec<Result<std::borrow::Cow<'_, NewMessage>, IntakeError>> =
+        messages.iter().map(prepared).collect();
+    let batch: Vec<(&NewMessage, &str)> = prepared
+        .iter()
+        .filter_map(|p| p.as_ref().ok())
+        .map(|m| (m.as_ref(), agent))
+        .collect();
+    let mut committed = svc
+        .store
+        .ingest_batch(&batch, now_ms())
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound => IntakeError::UnknownAgent(agent.to_string()),
+            other => IntakeError::Store(other),
+        })?
+        .into_iter();
+    let mut results = Vec::with_capacity(messages.len());
+    let mut created = 0;
+    for p in prepared {
+        results.push(match p {
+            Err(e) => Err(e),
+            Ok(_) => match committed.next() {
+                Some(Ok(ingested)) => {
+                    created += usize::from(!ingested.duplicate);
+                    Ok(ingested)
+                }
+                Some(Err(StoreError::NotFound)) => {
+                    Err(IntakeError::UnknownAgent(agent.to_string()))
+                }
+                Some(Err(e)) => Err(IntakeError::Store(e)),
+                None => Err(IntakeError::Store(StoreError::NotFound)),
+            },
+        });
+    }
+    if created > 0 {
+        tracing::info!(created, "tasks created");
+        svc.task_wake.notify_one();
+    }
+    Ok(results)
+}
+
 #[tracing::instrument(skip_all, fields(channel = %message.channel, conversation = %message.conversation_id))]
 pub async fn accept_message(
     svc: &Services,
     message: &NewMessage,
     agent: &str,
 ) -> Result<Ingested, IntakeError> {
-    message.check_sizes().map_err(IntakeError::Invalid)?;
-    // Platforms retry until they get a 2xx, so a NUL is dropped here rather than refused
-    // (the generic webhook refuses it with 400 at parse time instead).
-    let cleaned;
-    let message = if message.has_nul() {
-        tracing::warn!("dropped U+0000 from an inbound message");
-        cleaned = message.without_nul();
-        &cleaned
-    } else {
-        message
-    };
+    let message = prepared(message)?;
+    let message = message.as_ref();
     let ingested = svc
         .intake
         .ingest(message, agent)

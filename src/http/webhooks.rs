@@ -17,7 +17,7 @@ use crate::app::Services;
 use crate::channels::{Inbound, Refused, dingtalk, generic, lark, matrix, slack, telegram, wecom};
 use crate::control::DecisionResult;
 use crate::domain::now_ms;
-use crate::intake::{IntakeError, accept_message};
+use crate::intake::{IntakeError, accept_message, accept_messages};
 
 pub fn router() -> Router<Arc<Services>> {
     Router::new()
@@ -329,7 +329,9 @@ async fn matrix_transaction(
         tracing::debug!(txn = %txn, "matrix transaction repeated; nothing to do");
         return Ok(Json(json!({})).into_response());
     }
-    let mut created = 0;
+    // Messages are committed together after the loop: one intake transaction, in order, so
+    // a large transaction finishes well within the homeserver's timeout.
+    let mut messages = Vec::new();
     for event in events {
         match event {
             matrix::MatrixEvent::Invite(room) => channel.join(&room).await,
@@ -354,17 +356,19 @@ async fn matrix_transaction(
                     );
                 }
             }
-            matrix::MatrixEvent::Message(message) => {
-                // One bad event must not hold back the transaction (the homeserver would
-                // resend it, and every later one, forever): it is skipped.
-                match accept_message(&svc, &message, &cfg.agent).await {
-                    Ok(ingested) => created += usize::from(!ingested.duplicate),
-                    Err(IntakeError::Invalid(reason)) => {
-                        tracing::warn!(txn = %txn, reason, "matrix event skipped");
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+            matrix::MatrixEvent::Message(message) => messages.push(message),
+        }
+    }
+    let mut created = 0;
+    for result in accept_messages(&svc, &messages, &cfg.agent).await? {
+        match result {
+            Ok(ingested) => created += usize::from(!ingested.duplicate),
+            // One bad event must not hold back the transaction (the homeserver would resend
+            // it, and every later one, forever): it is skipped.
+            Err(IntakeError::Invalid(reason)) => {
+                tracing::warn!(txn = %txn, reason, "matrix event skipped");
             }
+            Err(e) => return Err(e.into()),
         }
     }
     svc.store

@@ -305,3 +305,49 @@ async fn readiness_and_webhooks_say_503_while_the_database_cannot_take_writes() 
     app.wait_replied(id, WAIT).await;
     app.stop().await;
 }
+
+/// Issue 17, item 8: a Matrix transaction was committed one event at a time, so a large one
+/// outlasted the homeserver's timeout and every retry started again at event 0. Now its
+/// messages are one intake transaction (one commit time), in the transaction's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matrix_transaction_is_committed_as_one_batch_in_order() {
+    let hs = matrix_homeserver().await;
+    let uri = hs.uri();
+    let app = spawn_platforms(&hs, move |c| enable_matrix(c, &uri)).await;
+    let events: Vec<Value> = (0..40)
+        .map(|n| {
+            let mut e = matrix_text(&format!("$b{n}"), &format!("question {n}"));
+            e["room_id"] = json!("!batch:hs");
+            e
+        })
+        .collect();
+    let resp = app.matrix_txn("t-batch", Value::Array(events)).await;
+    assert_eq!(resp.status(), 200);
+    let listed: Value = app
+        .list("conversation=!batch:hs&limit=100")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut tasks: Vec<Value> = Vec::new();
+    for t in listed["tasks"].as_array().unwrap() {
+        tasks.push(app.get_task(t["id"].as_i64().unwrap()).await);
+    }
+    assert_eq!(tasks.len(), 40);
+    tasks.sort_by_key(|t| t["id"].as_i64().unwrap());
+    let created: Vec<i64> = tasks
+        .iter()
+        .map(|t| t["created_at"].as_i64().unwrap())
+        .collect();
+    assert!(
+        created.iter().all(|c| *c == created[0]),
+        "one commit: {created:?}"
+    );
+    let texts: Vec<String> = tasks
+        .iter()
+        .map(|t| t["message"]["text"].as_str().unwrap().to_string())
+        .collect();
+    let want: Vec<String> = (0..40).map(|n| format!("question {n}")).collect();
+    assert_eq!(texts, want, "tasks in the transaction's order");
+    app.stop().await;
+}
