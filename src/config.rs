@@ -361,6 +361,9 @@ pub struct LlmProviderConfig {
     pub query: BTreeMap<String, String>,
 }
 
+/// Shortest admin token accepted when the server listens beyond loopback, in bytes.
+const MIN_PUBLIC_ADMIN_TOKEN: usize = 32;
+
 fn default_provider_timeout() -> u64 {
     60
 }
@@ -699,6 +702,21 @@ impl Config {
             self.server.request_timeout_secs,
         )?;
         positive("server.listen_backlog", self.server.listen_backlog as u64)?;
+        // Reachable from other machines, the admin API must not run on a guessable token (or
+        // on one generated and printed in the log).
+        let public = self
+            .server
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| !a.ip().is_loopback());
+        if public && self.admin.token.len() < MIN_PUBLIC_ADMIN_TOKEN {
+            return Err(invalid(
+                "admin.token",
+                format!(
+                    "must be at least {MIN_PUBLIC_ADMIN_TOKEN} bytes when server.listen is not a loopback address"
+                ),
+            ));
+        }
         positive(
             "server.header_read_timeout_secs",
             self.server.header_read_timeout_secs,
@@ -1124,6 +1142,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains(key), "{err}");
+    }
+
+    /// Issue 17, item 10: listening beyond loopback needs a strong admin token.
+    #[test]
+    fn a_public_listen_needs_a_strong_admin_token() {
+        let public = |token: &str| {
+            Config::load_with_env(
+                None,
+                env(&[
+                    ("ASSISTD_SERVER__LISTEN", "0.0.0.0:8787"),
+                    ("ASSISTD_ADMIN__TOKEN", token),
+                ]),
+            )
+        };
+        for weak in ["", "change-me-too", &"x".repeat(31)] {
+            let err = public(weak).unwrap_err().to_string();
+            assert!(err.contains("admin.token"), "{err}");
+        }
+        assert!(public(&"k".repeat(32)).is_ok());
+        // On loopback a generated token is fine.
+        assert!(Config::load_with_env(None, Vec::new()).is_ok());
+    }
+
+    /// The shipped docker-compose file listens publicly, so it must not carry a weak default.
+    #[test]
+    fn docker_compose_demands_an_admin_token() {
+        let compose = std::fs::read_to_string("docker-compose.yml").unwrap();
+        let line = compose
+            .lines()
+            .find(|l| l.trim_start().starts_with("ASSISTD_ADMIN__TOKEN:"))
+            .expect("the compose file sets the admin token");
+        assert!(
+            line.contains(":?"),
+            "no default, a required variable: {line}"
+        );
     }
 
     #[test]
