@@ -44,7 +44,7 @@ fn is_loopback_name(host: &str) -> bool {
 /// the browser sends one) of that same host. A page that rebinds its own name to 127.0.0.1
 /// sends its own name as `Host`; a reverse proxy on this machine sends the public one: both
 /// need an admin session (and an `Origin`, when sent, that matches `Host`).
-fn allowed(svc: &Services, peer: SocketAddr, headers: &HeaderMap) -> Result<(), ApiError> {
+async fn allowed(svc: &Services, peer: SocketAddr, headers: &HeaderMap) -> Result<(), ApiError> {
     let cfg = &svc.config.channels.console;
     if !cfg.enabled {
         return Err(ApiError::NotFound(
@@ -69,7 +69,7 @@ fn allowed(svc: &Services, peer: SocketAddr, headers: &HeaderMap) -> Result<(), 
             "the console refuses requests from another origin".into(),
         ));
     }
-    if is_loopback_name(host_of(host)) || super::pages::has_admin_session(svc, headers) {
+    if is_loopback_name(host_of(host)) || super::pages::has_admin_session(svc, headers).await {
         return Ok(());
     }
     Err(ApiError::Forbidden(
@@ -83,7 +83,7 @@ async fn page(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    allowed(&svc, peer, &headers)?;
+    allowed(&svc, peer, &headers).await?;
     Ok(super::pages::render(
         "console.html",
         json!({ "model_endpoint": svc.llm.default_provider().endpoint(), "agent": svc.config.channels.console.agent }),
@@ -102,7 +102,7 @@ async fn send(
     headers: HeaderMap,
     body: Result<Json<ConsoleMessage>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    allowed(&svc, peer, &headers)?;
+    allowed(&svc, peer, &headers).await?;
     let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let message =
         console::message(&body.conversation_id, &body.text).map_err(ApiError::BadRequest)?;
@@ -117,7 +117,7 @@ async fn conversation(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    allowed(&svc, peer, &headers)?;
+    allowed(&svc, peer, &headers).await?;
     let mut out = Vec::new();
     for task in svc.store.conversation_tasks(console::CHANNEL, &id).await? {
         let message = svc.store.message(task.message_id).await?;
@@ -143,7 +143,7 @@ async fn status(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    allowed(&svc, peer, &headers)?;
+    allowed(&svc, peer, &headers).await?;
     let base = svc.config.llm.base_url.trim_end_matches('/').to_string();
     let probe = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))

@@ -97,20 +97,39 @@ fn sign(key: &str, data: &str) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
-/// `<expiry ms>.<signature>`.
-fn session_value(token: &str, expires: i64) -> String {
-    format!("{expires}.{}", sign(token, &format!("session:{expires}")))
+/// `<expiry ms>.<epoch>.<signature>`.
+fn session_value(token: &str, expires: i64, epoch: i64) -> String {
+    format!(
+        "{expires}.{epoch}.{}",
+        sign(token, &format!("session:{expires}:{epoch}"))
+    )
 }
 
-fn session_valid(token: &str, value: &str, now: i64) -> bool {
-    let Some((expires, signature)) = value.split_once('.') else {
+/// A session is good while it has not expired and was signed in under the current epoch
+/// (signing out moves the epoch on).
+fn session_valid(token: &str, value: &str, now: i64, epoch: i64) -> bool {
+    let mut parts = value.splitn(3, '.');
+    let (Some(expires), Some(signed_epoch), Some(signature)) =
+        (parts.next(), parts.next(), parts.next())
+    else {
         return false;
     };
-    let Ok(expires) = expires.parse::<i64>() else {
+    let (Ok(expires), Ok(signed_epoch)) = (expires.parse::<i64>(), signed_epoch.parse::<i64>())
+    else {
         return false;
     };
-    let expected = sign(token, &format!("session:{expires}"));
-    expires > now && bool::from(expected.as_bytes().ct_eq(signature.as_bytes()))
+    let expected = sign(token, &format!("session:{expires}:{signed_epoch}"));
+    expires > now
+        && signed_epoch == epoch
+        && bool::from(expected.as_bytes().ct_eq(signature.as_bytes()))
+}
+
+/// The session cookie of `headers` when it is a valid session now.
+async fn valid_session(svc: &Services, headers: &HeaderMap) -> Option<String> {
+    let value = cookie(headers, COOKIE)?;
+    // Without the epoch no session can be trusted (a signed-out one might pass).
+    let epoch = svc.store.admin_session_epoch().await.ok()?;
+    session_valid(&svc.admin_token, &value, now_ms(), epoch).then_some(value)
 }
 
 fn csrf_for(token: &str, session: &str) -> String {
@@ -129,8 +148,8 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// Whether the request carries a valid admin session cookie.
-pub fn has_admin_session(svc: &Services, headers: &HeaderMap) -> bool {
-    cookie(headers, COOKIE).is_some_and(|v| session_valid(&svc.admin_token, &v, now_ms()))
+pub async fn has_admin_session(svc: &Services, headers: &HeaderMap) -> bool {
+    valid_session(svc, headers).await.is_some()
 }
 
 /// A signed-in admin; pages without one redirect to the sign-in form.
@@ -145,8 +164,8 @@ impl FromRequestParts<Arc<Services>> for AdminPage {
         parts: &mut Parts,
         svc: &Arc<Services>,
     ) -> Result<Self, Self::Rejection> {
-        match cookie(&parts.headers, COOKIE) {
-            Some(value) if session_valid(&svc.admin_token, &value, now_ms()) => Ok(AdminPage {
+        match valid_session(svc, &parts.headers).await {
+            Some(value) => Ok(AdminPage {
                 csrf: csrf_for(&svc.admin_token, &value),
             }),
             _ if parts.method == axum::http::Method::GET => {
@@ -179,7 +198,11 @@ async fn login(
         return page;
     }
     let hours = svc.config.admin.session_hours.max(1) as i64;
-    let value = session_value(&svc.admin_token, now_ms() + hours * 3_600_000);
+    let epoch = match svc.store.admin_session_epoch().await {
+        Ok(epoch) => epoch,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let value = session_value(&svc.admin_token, now_ms() + hours * 3_600_000, epoch);
     // Behind an https proxy the cookie must not travel over plain http.
     let secure = headers
         .get("x-forwarded-proto")
@@ -193,7 +216,12 @@ async fn login(
     ([(header::SET_COOKIE, cookie)], Redirect::to("/admin")).into_response()
 }
 
-async fn logout() -> Response {
+/// Signing out ends every admin session (a copied cookie stops working too); only a signed-in
+/// admin can do it.
+async fn logout(State(svc): State<Arc<Services>>, _admin: AdminPage) -> Response {
+    if let Err(e) = svc.store.end_admin_sessions().await {
+        return ApiError::from(e).into_response();
+    }
     let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     ([(header::SET_COOKIE, cookie)], Redirect::to("/admin/login")).into_response()
 }
@@ -451,14 +479,16 @@ mod tests {
 
     #[test]
     fn sessions_and_dates() {
-        let v = session_value("tok", 2_000);
-        assert!(session_valid("tok", &v, 1_000));
-        assert!(!session_valid("tok", &v, 2_001), "expired");
+        let v = session_value("tok", 2_000, 3);
+        assert!(session_valid("tok", &v, 1_000, 3));
+        assert!(!session_valid("tok", &v, 2_001, 3), "expired");
+        assert!(!session_valid("tok", &v, 1_000, 4), "signed out since");
         assert!(
-            !session_valid("other", &v, 1_000),
+            !session_valid("other", &v, 1_000, 3),
             "signed with another token"
         );
-        assert!(!session_valid("tok", "3000.deadbeef", 1_000));
+        assert!(!session_valid("tok", "3000.3.deadbeef", 1_000, 3));
+        assert!(!session_valid("tok", "3000.deadbeef", 1_000, 3));
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(1_700_000_000_000), "2023-11-14 22:13:20");
         for name in [

@@ -120,6 +120,29 @@ impl Store {
         Ok(())
     }
 
+    /// The admin session epoch: sessions signed in under another epoch are over.
+    pub async fn admin_session_epoch(&self) -> StoreResult<i64> {
+        let (epoch,): (i64,) = on_pool!(self, pool => {
+            sqlx::query_as("SELECT value FROM admin_state WHERE name = 'session_epoch'")
+                .fetch_one(pool)
+                .await?
+        });
+        Ok(epoch)
+    }
+
+    /// Moves the admin session epoch on, ending every session; returns the new epoch.
+    pub async fn end_admin_sessions(&self) -> StoreResult<i64> {
+        let (epoch,): (i64,) = write_tx!(self, tx => {
+            sqlx::query_as(
+                "UPDATE admin_state SET value = value + 1 WHERE name = 'session_epoch' \
+                 RETURNING value",
+            )
+            .fetch_one(&mut *tx)
+            .await?
+        });
+        Ok(epoch)
+    }
+
     /// Deletes up to `limit` job runs started before `cutoff`, oldest first; returns how many.
     pub async fn prune_job_runs(&self, cutoff: i64, limit: i64) -> StoreResult<u64> {
         Ok(write_tx!(self, tx => {

@@ -366,3 +366,39 @@ async fn admin_pages_refuse_framing_and_the_cookie_is_secure_behind_https() {
     }
     app.stop().await;
 }
+
+/// Attack (issue 17, item 10): a session cookie copied before its admin signed out used to
+/// keep working until it expired. Signing out now ends every session; signing out needs one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_stops_working_when_its_admin_signs_out() {
+    let app = TestApp::spawn().await;
+    let http = browser();
+    let copied = sign_in(&app, &http).await;
+    let page = |cookie: String| {
+        http.get(format!("{}/admin", app.addr))
+            .header("cookie", cookie)
+            .send()
+    };
+    assert_eq!(page(copied.clone()).await.unwrap().status(), 200);
+    let stranger = http
+        .post(format!("{}/admin/logout", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stranger.status(), 401, "signing out needs a session");
+    assert_eq!(page(copied.clone()).await.unwrap().status(), 200);
+    let out = http
+        .post(format!("{}/admin/logout", app.addr))
+        .header("cookie", copied.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    let after = page(copied).await.unwrap();
+    assert_eq!(after.status(), 303, "the copied cookie no longer signs in");
+    assert_eq!(after.headers()["location"], "/admin/login");
+    // A new sign-in works again.
+    let fresh = sign_in(&app, &http).await;
+    assert_eq!(page(fresh).await.unwrap().status(), 200);
+    app.stop().await;
+}
