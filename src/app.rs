@@ -102,9 +102,15 @@ impl App {
         }
         let admin_token = if config.admin.token.is_empty() {
             let token = uuid::Uuid::new_v4().simple().to_string();
+            write_token_file(&config.admin.token_file, &token).map_err(|e| {
+                anyhow::anyhow!(
+                    "admin.token is not set and admin.token_file {} cannot be written: {e}",
+                    config.admin.token_file
+                )
+            })?;
             tracing::warn!(
-                token = %token,
-                "admin.token is not set; generated one for this run (set ASSISTD_ADMIN__TOKEN to keep one)"
+                file = %config.admin.token_file,
+                "admin.token is not set; generated one for this run and wrote it to admin.token_file (set ASSISTD_ADMIN__TOKEN to keep one)"
             );
             token
         } else {
@@ -274,6 +280,25 @@ pub fn listen(addr: &str, backlog: u32) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(backlog)
+}
+
+/// Writes a generated admin token where only its owner can read it (the log must not hold it).
+fn write_token_file(path: &str, token: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let path = std::path::Path::new(path);
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path)?;
+    file.write_all(token.as_bytes())?;
+    file.write_all(b"\n")
 }
 
 /// The URL without its password, for messages.

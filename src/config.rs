@@ -440,6 +440,8 @@ pub struct OutboxConfig {
 pub struct AdminConfig {
     pub token: String,
     pub session_hours: u64,
+    /// Where a generated token is written (never to the log).
+    pub token_file: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -52,6 +52,19 @@ impl From<sqlx::Error> for StoreError {
             return StoreError::Unavailable(e.to_string());
         }
         if let sqlx::Error::Database(db) = &e {
+            // PostgreSQL: connection trouble (08), the server going away or not taking
+            // connections (57), out of resources (53), the database closed to connections.
+            if db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+                && let Some(code) = db.code()
+                && (["08", "53", "57"]
+                    .iter()
+                    .any(|class| code.starts_with(class))
+                    || (code == "55000" && db.message().contains("accepting connections")))
+            {
+                return StoreError::Unavailable(db.message().to_string());
+            }
             if db.is_unique_violation() {
                 return StoreError::UniqueViolation(db.message().to_string());
             }

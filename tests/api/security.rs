@@ -351,3 +351,106 @@ async fn a_matrix_transaction_is_committed_as_one_batch_in_order() {
     assert_eq!(texts, want, "tasks in the transaction's order");
     app.stop().await;
 }
+
+/// Issue 17, item 10: a generated admin token used to be printed in full in the log. Now it is
+/// written to `admin.token_file` (owner-only) and the log names the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_admin_token_goes_to_its_file_not_the_log() {
+    let _ = captured_log();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secrets/admin-token");
+    let path = file.display().to_string();
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, move |c| {
+        c.admin.token = String::new();
+        c.admin.token_file = path;
+    })
+    .await;
+    let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    assert_eq!(token.len(), 32);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    let listed = app
+        .http
+        .get(format!("{}/api/tasks", app.addr))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.status(),
+        200,
+        "the written token is the one in force"
+    );
+    let log = captured_log();
+    assert!(log.contains("admin.token_file"), "the log names the file");
+    assert!(!log.contains(&token), "the log holds the token");
+    app.stop().await;
+}
+
+/// Issue 17, item 14, on PostgreSQL: with the database refusing connections, a webhook used
+/// to wait for the pool (30 s) and answer 408. Now it answers 503 (platforms retry 5xx)
+/// within `database.acquire_timeout_secs`, and `/readyz` says 503 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_answers_503_while_postgresql_refuses_connections() {
+    use sqlx::Connection;
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.database.acquire_timeout_secs = 2;
+        c.database.max_connections = 2;
+    })
+    .await;
+    let Ok(admin_url) = std::env::var("ASSISTD_TEST_POSTGRES_URL") else {
+        // SQLite has no server to lose; its case is the test above.
+        app.stop().await;
+        return;
+    };
+    let name = reqwest::Url::parse(&app.db.url)
+        .unwrap()
+        .path()
+        .trim_start_matches('/')
+        .to_string();
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    let outage = |allow: bool| format!("ALTER DATABASE {name} WITH ALLOW_CONNECTIONS {allow}");
+    sqlx::query(&outage(false))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let resp = app.post_message(&message("pg-down", 1, "anyone?")).await;
+    assert_eq!(resp.status(), 503, "{}", resp.text().await.unwrap());
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    sqlx::query(&outage(true))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.ok();
+    // Back: the same message is taken.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let resp = app.post_message(&message("pg-down", 1, "anyone?")).await;
+        if resp.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {}",
+            resp.status()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    app.stop().await;
+}
