@@ -454,3 +454,33 @@ async fn a_webhook_answers_503_while_postgresql_refuses_connections() {
     }
     app.stop().await;
 }
+
+/// Issue 17, item 14: a statement stuck behind a lock used to hold its webhook until the
+/// request timeout (408). With `database.statement_timeout_ms` it is cancelled, and the
+/// webhook answers 503 for the platform to retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_stuck_on_a_lock_times_out_as_503_on_postgresql() {
+    use sqlx::Connection;
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.database.statement_timeout_ms = 300;
+        c.server.request_timeout_secs = 20;
+    })
+    .await;
+    if !app.db.is_postgres() {
+        app.stop().await;
+        return;
+    }
+    let mut holder = sqlx::PgConnection::connect(&app.db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("LOCK TABLE im_message IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let resp = app.post_message(&message("pg-lock", 1, "hello")).await;
+    assert_eq!(resp.status(), 503, "{}", resp.text().await.unwrap());
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    holder.close().await.ok();
+    let id = task_id_of(app.post_message(&message("pg-lock", 1, "hello")).await).await;
+    app.wait_replied(id, WAIT).await;
+    app.stop().await;
+}
