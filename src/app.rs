@@ -12,57 +12,26 @@ use tokio_util::sync::CancellationToken;
 
 use crate::channels::Channels;
 use crate::config::Config;
+use crate::control::TaskControl;
+use crate::engine::{RunningTasks, Worker};
+use crate::http::ApiContext;
+use crate::intake::{Intake, IntakeQueue};
 use crate::llm::ModelClients;
+use crate::outbox::Sender;
+use crate::scheduler::Jobs;
+use crate::store::journal::Journal;
 use crate::store::{Store, TASK_NOTIFY_CHANNEL};
+use crate::wake::Wake;
 
-/// Everything a request handler, worker or sender needs. Shared behind an `Arc`.
-pub struct Services {
-    pub config: Arc<Config>,
-    pub store: Store,
-    /// Group commit of inbound messages.
-    pub intake: crate::intake::IntakeQueue,
-    /// The workers' fenced writes (group commit on SQLite).
-    pub journal: crate::engine::journal::Journal,
-    pub channels: Channels,
-    /// The model providers (`[llm]` and `[llm.providers.*]`).
-    pub llm: ModelClients,
-    pub tools: crate::tools::ToolRegistry,
-    pub instance_id: String,
-    pub admin_token: String,
-    /// Rung after a task becomes claimable (intake commit, task finished).
-    pub task_wake: Notify,
-    /// Rung when a worker frees a slot.
-    pub task_done: Notify,
-    /// Rung after a reply is committed to the outbox.
-    pub reply_wake: Notify,
-    /// Tasks this instance is running, with the token that stops each (cancel, lost lease).
-    pub running: std::sync::Mutex<std::collections::HashMap<i64, CancellationToken>>,
-}
-
-impl Services {
-    /// Records (`Some`) or forgets (`None`) the stop token of a task running here.
-    pub fn track_running(&self, task_id: i64, token: Option<CancellationToken>) {
-        // A poisoned lock only means another task panicked mid-insert; the map is still valid.
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        match token {
-            Some(t) => {
-                running.insert(task_id, t);
-            }
-            None => {
-                running.remove(&task_id);
-            }
-        }
-    }
-
-    /// Tells a task running in this instance to stop before its next side effect.
-    pub fn stop_running(&self, task_id: i64) -> bool {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.get(&task_id).map(|t| t.cancel()).is_some()
-    }
-}
-
+/// The assembled instance: each part gets its own context, holding only what it uses.
 pub struct App {
-    services: Arc<Services>,
+    config: Arc<Config>,
+    store: Store,
+    api: Arc<ApiContext>,
+    worker: Arc<Worker>,
+    sender: Arc<Sender>,
+    jobs: Arc<Jobs>,
+    wake: Arc<Wake>,
     listener: TcpListener,
 }
 
@@ -130,22 +99,67 @@ impl App {
                     config.server.listen
                 )
             })?;
-        let services = Arc::new(Services {
-            channels: Channels::from_config(&config, &store)?,
+        let config = Arc::new(config);
+        let wake = Arc::new(Wake::default());
+        let running = Arc::new(RunningTasks::default());
+        let channels = Arc::new(Channels::from_config(&config, &store)?);
+        let llm = Arc::new(llm);
+        let tools = Arc::new(tools);
+        let journal = Arc::new(Journal::start(store.clone(), &config.worker));
+        let api = Arc::new(ApiContext {
+            config: config.clone(),
+            store: store.clone(),
+            intake: Intake {
+                store: store.clone(),
+                queue: IntakeQueue::start(store.clone(), &config.intake),
+                wake: wake.clone(),
+            },
+            control: TaskControl {
+                config: config.clone(),
+                store: store.clone(),
+                running: running.clone(),
+                wake: wake.clone(),
+            },
+            channels: channels.clone(),
+            llm: llm.clone(),
+            tools: tools.clone(),
+            admin_token,
+        });
+        let worker = Arc::new(Worker {
+            config: config.clone(),
+            store: store.clone(),
+            journal: journal.clone(),
             llm,
             tools,
-            instance_id,
-            admin_token,
-            intake: crate::intake::IntakeQueue::start(store.clone(), &config.intake),
-            journal: crate::engine::journal::Journal::start(store.clone(), &config.worker),
-            store,
-            config: Arc::new(config),
-            task_wake: Notify::new(),
-            task_done: Notify::new(),
-            reply_wake: Notify::new(),
-            running: Default::default(),
+            instance_id: instance_id.clone(),
+            wake: wake.clone(),
+            running,
+            slot_free: Notify::new(),
         });
-        Ok(App { services, listener })
+        let sender = Arc::new(Sender {
+            config: config.clone(),
+            store: store.clone(),
+            journal,
+            channels,
+            instance_id: instance_id.clone(),
+            wake: wake.clone(),
+        });
+        let jobs = Arc::new(Jobs {
+            config: config.clone(),
+            store: store.clone(),
+            instance_id,
+            wake: wake.clone(),
+        });
+        Ok(App {
+            config,
+            store,
+            api,
+            worker,
+            sender,
+            jobs,
+            wake,
+            listener,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -155,52 +169,68 @@ impl App {
             .expect("bound listener has an address")
     }
 
-    pub fn services(&self) -> Arc<Services> {
-        self.services.clone()
+    pub fn config(&self) -> Arc<Config> {
+        self.config.clone()
+    }
+
+    pub fn store(&self) -> Store {
+        self.store.clone()
+    }
+
+    /// The engine's context (the bench rebuilds resume state with it).
+    pub fn worker(&self) -> Arc<Worker> {
+        self.worker.clone()
+    }
+
+    /// The scheduled jobs' context (tests run a job's tick directly).
+    pub fn jobs(&self) -> Arc<Jobs> {
+        self.jobs.clone()
     }
 
     /// Serves until `shutdown` is cancelled, then stops accepting, lets work in flight finish
     /// within the grace period, and returns.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let svc = self.services;
+        let App {
+            config,
+            store,
+            api,
+            worker,
+            sender,
+            jobs,
+            wake,
+            listener,
+        } = self;
         tracing::info!(
-            addr = %self.listener.local_addr()?,
-            role = ?svc.config.server.role,
-            instance = %svc.instance_id,
-            database = ?svc.store.dialect(),
-            model_endpoint = %svc.llm.default_provider().endpoint(),
+            addr = %listener.local_addr()?,
+            role = ?config.server.role,
+            instance = %worker.instance_id,
+            database = ?store.dialect(),
+            model_endpoint = %worker.llm.default_provider().endpoint(),
             "assistd listening"
         );
-        let role = svc.config.server.role;
+        let role = config.server.role;
         let mut background = tokio::task::JoinSet::new();
         if role.runs_workers() {
-            background.spawn(crate::engine::run_workers(svc.clone(), shutdown.clone()));
-            background.spawn(crate::outbox::run_outbox(svc.clone(), shutdown.clone()));
-            if svc.config.scheduler.enabled {
-                background.spawn(crate::scheduler::run_scheduler(
-                    svc.clone(),
-                    shutdown.clone(),
-                ));
+            background.spawn(crate::engine::run_workers(worker.clone(), shutdown.clone()));
+            background.spawn(crate::outbox::run_outbox(sender, shutdown.clone()));
+            if config.scheduler.enabled {
+                background.spawn(crate::scheduler::run_scheduler(jobs, shutdown.clone()));
             }
-            if let Store::Postgres(pool) = &svc.store {
-                background.spawn(listen_for_tasks(
-                    svc.clone(),
-                    pool.clone(),
-                    shutdown.clone(),
-                ));
+            if let Store::Postgres(pool) = &store {
+                background.spawn(listen_for_tasks(wake, pool.clone(), shutdown.clone()));
             }
         }
         let router = if role == crate::config::Role::Worker {
-            crate::http::health_router(svc.clone())
+            crate::http::health_router(api)
         } else {
-            crate::http::router(svc.clone())
+            crate::http::router(api)
         };
-        crate::http::serve(self.listener, router, &svc.config.server, shutdown.clone()).await;
+        crate::http::serve(listener, router, &config.server, shutdown.clone()).await;
         while background.join_next().await.is_some() {}
         // Whatever is left unfinished is handed over now, not after its lease runs out.
         let release = if role.runs_workers() {
-            svc.store
-                .release_leases_of(&svc.instance_id, crate::domain::now_ms())
+            store
+                .release_leases_of(&worker.instance_id, crate::domain::now_ms())
                 .await
         } else {
             Ok((0, 0))
@@ -214,7 +244,7 @@ impl App {
                 tracing::warn!(error = %e, "could not release leases; they expire on their own")
             }
         }
-        svc.store.close().await;
+        store.close().await;
         tracing::info!("assistd stopped");
         Ok(())
     }
@@ -222,7 +252,7 @@ impl App {
 
 /// Wakes the workers on PostgreSQL `NOTIFY` from any instance's intake. Polling remains the
 /// fallback, so a dropped listener connection only delays work.
-async fn listen_for_tasks(svc: Arc<Services>, pool: sqlx::PgPool, shutdown: CancellationToken) {
+async fn listen_for_tasks(wake: Arc<Wake>, pool: sqlx::PgPool, shutdown: CancellationToken) {
     loop {
         let listener = async {
             let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
@@ -245,9 +275,9 @@ async fn listen_for_tasks(svc: Arc<Services>, pool: sqlx::PgPool, shutdown: Canc
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
-                    Ok(Some(_)) => svc.task_wake.notify_one(),
+                    Ok(Some(_)) => wake.tasks.notify_one(),
                     // Connection lost and re-established: notifications may have been missed.
-                    Ok(None) => svc.task_wake.notify_one(),
+                    Ok(None) => wake.tasks.notify_one(),
                     Err(e) => {
                         tracing::warn!(error = %e, "LISTEN connection failed");
                         break;

@@ -2,15 +2,30 @@
 //! keep the one-outcome-per-message promise (a cancel sends one notice; a resumed task
 //! answers under a new key).
 
-use crate::app::Services;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::domain::NewReply;
 use crate::domain::{AuditEvent, ReplyType, TaskStatus, now_ms, reply_key};
+use crate::engine::RunningTasks;
+use crate::store::Store;
 use crate::store::StoreResult;
-use crate::store::tasks::{Control, NewReply};
+use crate::store::tasks::Control;
 use crate::store::workflow::Decided;
+use crate::wake::Wake;
+
+/// What the admin actions on tasks are given by `app.rs`.
+pub struct TaskControl {
+    pub config: Arc<Config>,
+    pub store: Store,
+    /// Stops a task running in this instance at once.
+    pub running: Arc<RunningTasks>,
+    pub wake: Arc<Wake>,
+}
 
 /// Cancels a PENDING, RUNNING or WAITING_HUMAN_CONFIRM task; a step running in this
 /// instance is stopped at once, one running elsewhere at its next heartbeat or write.
-pub async fn cancel_task(svc: &Services, task_id: i64, actor: &str) -> StoreResult<Control> {
+pub async fn cancel_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreResult<Control> {
     let Some(task) = svc.store.task(task_id).await? else {
         return Ok(Control::NotFound);
     };
@@ -41,23 +56,23 @@ pub async fn cancel_task(svc: &Services, task_id: i64, actor: &str) -> StoreResu
         .cancel_task(task_id, actor, &notice, now_ms())
         .await?;
     if control == Control::Done {
-        if svc.stop_running(task_id) {
+        if svc.running.stop(task_id) {
             tracing::info!(task_id, "told the running step to stop");
         }
         tracing::info!(task_id, actor, "task cancelled");
-        svc.reply_wake.notify_one();
+        svc.wake.replies.notify_one();
         // The next message of the conversation may run now.
-        svc.task_wake.notify_one();
+        svc.wake.tasks.notify_one();
     }
     Ok(control)
 }
 
 /// Resumes a FAILED task (or one cancelled by an error) from its last finished step.
-pub async fn resume_task(svc: &Services, task_id: i64, actor: &str) -> StoreResult<Control> {
+pub async fn resume_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreResult<Control> {
     let control = svc.store.resume_task(task_id, actor, now_ms()).await?;
     if control == Control::Done {
         tracing::info!(task_id, actor, "task resumed");
-        svc.task_wake.notify_one();
+        svc.wake.tasks.notify_one();
     }
     Ok(control)
 }
@@ -80,7 +95,7 @@ pub enum DecisionResult {
 /// must name the open request, so a stale card cannot decide a newer one. `admin` says the
 /// decision came through the admin API, which may decide requests that name no approvers.
 pub async fn decide(
-    svc: &Services,
+    svc: &TaskControl,
     task_id: i64,
     step_no: Option<i64>,
     approve: bool,
@@ -138,13 +153,13 @@ pub async fn decide(
     Ok(match decided {
         Decided::Resumed => {
             tracing::info!(task_id, approver, "approved; task continues");
-            svc.task_wake.notify_one();
+            svc.wake.tasks.notify_one();
             DecisionResult::Resumed
         }
         Decided::Cancelled => {
             tracing::info!(task_id, approver, "rejected; task cancelled");
-            svc.reply_wake.notify_one();
-            svc.task_wake.notify_one();
+            svc.wake.replies.notify_one();
+            svc.wake.tasks.notify_one();
             DecisionResult::Cancelled
         }
         Decided::AlreadyDecided(_) => {

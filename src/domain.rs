@@ -2,6 +2,7 @@
 //! Each enum maps to its TEXT column value here and nowhere else.
 
 use serde::Serialize;
+use serde_json::Value;
 
 macro_rules! text_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
@@ -237,6 +238,259 @@ pub fn truncate(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+/// The channel name of approval requests sent to `scheduler.confirm_timeout`'s callback URL
+/// (not a chat platform: the generic channel's transport delivers them).
+pub const CALLBACK_CHANNEL: &str = "approval_callback";
+
+/// Proof of ownership of a running task: the claim's owner and version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub task_id: i64,
+    pub owner: String,
+    pub version: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskRow {
+    pub id: i64,
+    pub agent_id: i64,
+    pub agent_version_id: i64,
+    pub task_type: TaskType,
+    pub channel: String,
+    pub conversation_id: String,
+    pub message_id: i64,
+    pub trigger_user: String,
+    pub status: TaskStatus,
+    pub current_step: i64,
+    pub workflow_snapshot: Option<String>,
+    pub context_summary: Option<String>,
+    pub result: Option<String>,
+    pub trace: Option<String>,
+    pub failure_type: Option<FailureType>,
+    pub error_msg: Option<String>,
+    pub retry_count: i64,
+    pub claim_count: i64,
+    pub resume_count: i64,
+    pub version: i64,
+    pub owner: Option<String>,
+    pub lease_expire: Option<i64>,
+    pub confirm_deadline: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MessageRow {
+    pub id: i64,
+    pub channel: String,
+    pub external_event_id: String,
+    pub external_message_id: String,
+    pub conversation_id: String,
+    pub sender_id: String,
+    pub sender_name: Option<String>,
+    pub text: String,
+    pub received_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct StepRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub step_no: i64,
+    pub step_type: StepType,
+    pub tool_name: String,
+    pub idempotency_key: String,
+    pub input: Option<String>,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub status: StepStatus,
+    pub tokens_in: Option<i64>,
+    pub tokens_out: Option<i64>,
+    pub duration_ms: Option<i64>,
+    pub attempt: i64,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// A step to journal before its call is made.
+#[derive(Debug, Clone)]
+pub struct NewStep<'a> {
+    pub step_no: i64,
+    pub step_type: StepType,
+    pub tool_name: &'a str,
+    pub idempotency_key: &'a str,
+    pub input: &'a str,
+}
+
+/// How a step ended.
+#[derive(Debug, Clone)]
+pub struct StepResult {
+    pub step_id: i64,
+    /// Tries made so far, this one included (numbered across runs).
+    pub attempts: i64,
+    pub status: StepStatus,
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub tokens_in: Option<i64>,
+    pub tokens_out: Option<i64>,
+    pub duration_ms: i64,
+}
+
+/// The reply a finished task owes the chat.
+#[derive(Debug, Clone)]
+pub struct NewReply {
+    /// `agent-task-<id>` (see `domain::reply_key`).
+    pub idempotency_key: String,
+    pub channel: String,
+    pub conversation_id: String,
+    pub in_reply_to: String,
+    pub reply_type: ReplyType,
+    /// JSON: `{"text": ..., "card": ...}`.
+    pub content: String,
+}
+
+/// A terminal outcome, written with its step, its reply and its audit event in one transaction.
+#[derive(Debug, Clone)]
+pub struct TaskOutcome {
+    pub status: TaskStatus,
+    pub result: Option<String>,
+    /// Workflow runs: the trace of nodes and steps, as JSON.
+    pub trace: Option<String>,
+    pub failure_type: Option<FailureType>,
+    pub error: Option<String>,
+    pub retries: i64,
+    pub step: Option<StepResult>,
+    pub reply: NewReply,
+    pub audit_summary: String,
+}
+
+/// A chat message as a channel parsed it.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    pub channel: String,
+    pub event_id: String,
+    pub message_id: String,
+    pub conversation_id: String,
+    pub sender_id: String,
+    pub sender_name: Option<String>,
+    pub text: String,
+    /// What the platform needs later to answer this message (JSON), e.g. DingTalk's
+    /// session webhook.
+    pub reply_context: Option<String>,
+}
+
+/// Longest id (event, message, conversation, sender) or sender name accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+impl NewMessage {
+    /// Refuses an id or name over [`MAX_ID_BYTES`] (a message whose reply could never be
+    /// addressed), naming the field.
+    pub fn check_sizes(&self) -> Result<(), String> {
+        let fields = [
+            ("event id", Some(&self.event_id)),
+            ("message id", Some(&self.message_id)),
+            ("conversation id", Some(&self.conversation_id)),
+            ("sender id", Some(&self.sender_id)),
+            ("sender name", self.sender_name.as_ref()),
+        ];
+        for (name, value) in fields {
+            if value.is_some_and(|v| v.len() > MAX_ID_BYTES) {
+                return Err(format!("the {name} is longer than {MAX_ID_BYTES} bytes"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any field holds U+0000, which PostgreSQL refuses in text (the whole intake
+    /// batch would fail, and the platform retry forever).
+    pub fn has_nul(&self) -> bool {
+        [
+            &self.channel,
+            &self.event_id,
+            &self.message_id,
+            &self.conversation_id,
+            &self.sender_id,
+            &self.text,
+        ]
+        .iter()
+        .any(|f| f.contains('\0'))
+            || self.sender_name.as_ref().is_some_and(|n| n.contains('\0'))
+            || self
+                .reply_context
+                .as_ref()
+                .is_some_and(|c| c.contains('\0'))
+    }
+
+    /// The message with every U+0000 dropped.
+    pub fn without_nul(&self) -> NewMessage {
+        let strip = |s: &String| s.replace('\0', "");
+        NewMessage {
+            channel: strip(&self.channel),
+            event_id: strip(&self.event_id),
+            message_id: strip(&self.message_id),
+            conversation_id: strip(&self.conversation_id),
+            sender_id: strip(&self.sender_id),
+            sender_name: self.sender_name.as_ref().map(strip),
+            text: strip(&self.text),
+            reply_context: self.reply_context.as_ref().map(strip),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ingested {
+    pub task_id: i64,
+    pub duplicate: bool,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ReplyRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub idempotency_key: String,
+    pub channel: String,
+    pub conversation_id: String,
+    pub in_reply_to: String,
+    pub reply_type: ReplyType,
+    pub content: String,
+    pub status: ReplyStatus,
+    pub platform_message_id: Option<String>,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub sent_at: Option<i64>,
+}
+
+/// A card action (Approve/Reject) posted back by the IM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CardAction {
+    pub task_id: i64,
+    pub step_no: i64,
+    pub approve: bool,
+    pub approver: String,
+}
+
+impl CardAction {
+    /// The decision carried by an approval card's button value, as the runner writes it
+    /// (`{"task_id", "step_no", "decision": "approve"|"reject"}`); `None` for anything else.
+    pub fn from_card_value(value: &Value, approver: &str) -> Option<CardAction> {
+        let approve = match value["decision"].as_str()? {
+            "approve" => true,
+            "reject" => false,
+            _ => return None,
+        };
+        Some(CardAction {
+            task_id: value["task_id"].as_i64()?,
+            step_no: value["step_no"].as_i64()?,
+            approve,
+            approver: approver.to_string(),
+        })
+    }
 }
 
 #[cfg(test)]

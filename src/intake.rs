@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use crate::app::Services;
 use crate::config::IntakeConfig;
 use crate::domain::now_ms;
+use crate::domain::{Ingested, NewMessage};
 use crate::store::group::GroupCommit;
-use crate::store::intake::{Ingested, NewMessage};
 use crate::store::{Store, StoreError, StoreResult};
+use crate::wake::Wake;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
@@ -21,6 +21,14 @@ pub enum IntakeError {
     UnknownAgent(String),
     #[error(transparent)]
     Store(StoreError),
+}
+
+/// What intake is given by `app.rs`: the store, the group commit in front of it, and the
+/// workers' wake-up.
+pub struct Intake {
+    pub store: Store,
+    pub queue: IntakeQueue,
+    pub wake: Arc<Wake>,
 }
 
 /// A message as intake takes it: ids within their size, U+0000 dropped (platforms retry
@@ -40,7 +48,7 @@ fn prepared(message: &NewMessage) -> Result<std::borrow::Cow<'_, NewMessage>, In
 /// intake transaction, in their order, and wakes the workers once. Each gets its own result:
 /// a message intake cannot take is refused alone.
 pub async fn accept_messages(
-    svc: &Services,
+    svc: &Intake,
     messages: &[NewMessage],
     agent: &str,
 ) -> Result<Vec<Result<Ingested, IntakeError>>, IntakeError> {
@@ -80,21 +88,21 @@ pub async fn accept_messages(
     }
     if created > 0 {
         tracing::info!(created, "tasks created");
-        svc.task_wake.notify_one();
+        svc.wake.tasks.notify_one();
     }
     Ok(results)
 }
 
 #[tracing::instrument(skip_all, fields(channel = %message.channel, conversation = %message.conversation_id))]
 pub async fn accept_message(
-    svc: &Services,
+    svc: &Intake,
     message: &NewMessage,
     agent: &str,
 ) -> Result<Ingested, IntakeError> {
     let message = prepared(message)?;
     let message = message.as_ref();
     let ingested = svc
-        .intake
+        .queue
         .ingest(message, agent)
         .await
         .map_err(|e| match e {
@@ -105,7 +113,7 @@ pub async fn accept_message(
         tracing::info!(task_id = ingested.task_id, "duplicate delivery ignored");
     } else {
         tracing::info!(task_id = ingested.task_id, "task created");
-        svc.task_wake.notify_one();
+        svc.wake.tasks.notify_one();
     }
     Ok(ingested)
 }

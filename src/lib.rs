@@ -5,6 +5,7 @@
 
 pub mod agents;
 pub mod app;
+pub mod backoff;
 pub mod channels;
 pub mod config;
 pub mod control;
@@ -16,10 +17,12 @@ pub mod llm;
 pub mod metrics;
 pub mod outbox;
 pub mod redaction;
+pub mod reports;
 pub mod scheduler;
 pub mod store;
 pub mod templating;
 pub mod tools;
+pub mod wake;
 
 pub use app::App;
 pub use config::Config;

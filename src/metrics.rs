@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::store::summary::MetricCounts;
+use crate::domain::{FailureType, JobRunStatus, ReplyStatus, TaskStatus};
 
 /// Upper bounds of the latency buckets, in seconds.
 const BOUNDS: [f64; 12] = [
@@ -94,6 +94,16 @@ fn label(value: &str) -> String {
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Counts for the metrics endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct MetricCounts {
+    pub tasks_by_status: Vec<(TaskStatus, i64)>,
+    pub failures_by_type: Vec<(FailureType, i64)>,
+    pub replies_by_status: Vec<(ReplyStatus, i64)>,
+    pub job_runs: Vec<(String, JobRunStatus, i64)>,
+    pub lease_takeovers: i64,
 }
 
 /// The whole exposition: database counts plus this instance's histograms and counters.

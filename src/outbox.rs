@@ -10,11 +10,24 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::app::Services;
+use crate::backoff;
 use crate::channels::Channels;
-use crate::domain::{ReplyStatus, now_ms};
-use crate::engine::backoff;
-use crate::store::outbox::ReplyRow;
+use crate::config::Config;
+use crate::domain::{ReplyRow, ReplyStatus, now_ms};
+use crate::store::Store;
+use crate::store::journal::Journal;
+use crate::wake::Wake;
+
+/// What reply delivery is given by `app.rs`.
+pub struct Sender {
+    pub config: Arc<Config>,
+    pub store: Store,
+    /// Records a delivered reply (group commit).
+    pub journal: Arc<Journal>,
+    pub channels: Arc<Channels>,
+    pub instance_id: String,
+    pub wake: Arc<Wake>,
+}
 
 /// Delivers due replies until `shutdown` fires. Up to `outbox.batch` deliveries run at once.
 /// Slots are refilled as deliveries finish, not only once a whole batch is done, so one slow
@@ -23,7 +36,7 @@ use crate::store::outbox::ReplyRow;
 /// last claim, or on the poll timer; while more replies are due than there were free slots,
 /// when half of the slots are free again. On shutdown the deliveries in flight are finished
 /// (each is bounded by `outbox.timeout_secs`).
-pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
+pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     let cfg = &svc.config.outbox;
     let poll = Duration::from_millis(cfg.poll_interval_ms);
     let mut sends: JoinSet<Option<i64>> = JoinSet::new();
@@ -81,7 +94,7 @@ pub async fn run_outbox(svc: Arc<Services>, shutdown: CancellationToken) {
                 note_deferral(&mut deferred, done);
                 finished = true;
             }
-            _ = svc.reply_wake.notified() => pending = true,
+            _ = svc.wake.replies.notified() => pending = true,
             _ = tokio::time::sleep(wait) => {
                 pending = true;
                 timer = true;
@@ -101,7 +114,7 @@ fn note_deferral(deferred: &mut Option<i64>, done: Result<Option<i64>, tokio::ta
 
 /// Sends one claimed reply and records the outcome; returns the time it was deferred to
 /// when its chat's send pace did not allow it yet (the attempt is not counted).
-async fn deliver(svc: &Services, reply: ReplyRow) -> Option<i64> {
+async fn deliver(svc: &Sender, reply: ReplyRow) -> Option<i64> {
     let cfg = &svc.config.outbox;
     let owner = &svc.instance_id;
     let interval = Channels::chat_interval_ms(&svc.config, &reply.channel);

@@ -239,7 +239,7 @@ fn bench_config(
 
 struct Server {
     addr: SocketAddr,
-    services: Arc<assistd::app::Services>,
+    worker: Arc<assistd::engine::Worker>,
     stop: CancellationToken,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -247,12 +247,12 @@ struct Server {
 async fn start_server(config: Config) -> anyhow::Result<Server> {
     let app = assistd::App::build(config).await?;
     let addr = app.local_addr();
-    let services = app.services();
+    let worker = app.worker();
     let stop = CancellationToken::new();
     let handle = tokio::spawn(app.run_until_stopped(stop.clone()));
     Ok(Server {
         addr,
-        services,
+        worker,
         stop,
         handle,
     })
@@ -674,7 +674,7 @@ async fn steps(args: &Args) -> anyhow::Result<()> {
     let journalled = args.n * WORKFLOW_STEPS;
     // The same steps over the journal's own window: first step begun to last step finished
     // (without the ingest before and the replies after).
-    let (finished, span_ms) = server.services.store.finished_steps_span().await?;
+    let (finished, span_ms) = server.worker.store.finished_steps_span().await?;
     println!(
         "scenario=steps db={} n={} steps_per_task={WORKFLOW_STEPS} rate={:.0} steps/s tasks={:.0}/s wall={:.2}s journal_window={:.2}s journal_rate={:.0} steps/s",
         db_name(args.db),
@@ -703,7 +703,7 @@ async fn context(args: &Args) -> anyhow::Result<()> {
     let (server, _dir) = tool_chain_server(&db, &mocks, CONTEXT_STEPS).await?;
     send_messages(server.addr, 1, 1, "context").await?;
     wait_replies(&mocks, 1, Duration::from_secs(120)).await?;
-    let svc = server.services.clone();
+    let svc = server.worker.clone();
     let tasks = svc.store.list_tasks(None, None, 1).await?;
     let task_id = tasks
         .first()

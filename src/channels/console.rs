@@ -2,7 +2,7 @@
 //! through intake, tasks and the outbox; its "send" is the outbox row itself, which the page
 //! reads back.
 
-use crate::store::intake::NewMessage;
+use crate::domain::NewMessage;
 
 pub const CHANNEL: &str = "console";
 /// Longest console message, in bytes.

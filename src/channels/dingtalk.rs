@@ -19,9 +19,9 @@ use subtle::ConstantTimeEq;
 
 use super::{Delivered, DeliveryError, Inbound, Refused};
 use crate::config::{DingTalkChannelConfig, OutboxConfig};
+use crate::domain::NewMessage;
+use crate::domain::ReplyRow;
 use crate::store::Store;
-use crate::store::intake::NewMessage;
-use crate::store::outbox::ReplyRow;
 
 pub const CHANNEL: &str = "dingtalk";
 /// The `inbound_once` channel under which used timestamp/sign pairs are remembered.
@@ -109,7 +109,7 @@ pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
     let staff = v["senderStaffId"].as_str().map(str::to_string);
     if let Some((approve, task_id, step_no)) = super::parse_decision_command(&text) {
         return Ok(Inbound::Action {
-            action: super::generic::CardAction {
+            action: crate::domain::CardAction {
                 task_id,
                 step_no,
                 approve,

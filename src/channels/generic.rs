@@ -12,8 +12,9 @@ use sha2::Sha256;
 
 use super::{Delivered, DeliveryError};
 use crate::config::{GenericChannelConfig, OutboxConfig};
-use crate::store::intake::NewMessage;
-use crate::store::outbox::ReplyRow;
+use crate::domain::CardAction;
+use crate::domain::NewMessage;
+use crate::domain::ReplyRow;
 
 pub const CHANNEL: &str = "generic";
 pub const TIMESTAMP_HEADER: &str = "x-assistd-timestamp";
@@ -21,7 +22,7 @@ pub const SIGNATURE_HEADER: &str = "x-assistd-signature";
 const SIGNATURE_VERSION: &str = "v1=";
 
 /// Longest accepted id field (event, message, conversation, sender), in bytes.
-const MAX_ID_LEN: usize = crate::store::intake::MAX_ID_BYTES;
+const MAX_ID_LEN: usize = crate::domain::MAX_ID_BYTES;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -105,33 +106,6 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
         sender_name,
         text,
     })
-}
-
-/// A card action (Approve/Reject) posted back by the IM.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CardAction {
-    pub task_id: i64,
-    pub step_no: i64,
-    pub approve: bool,
-    pub approver: String,
-}
-
-impl CardAction {
-    /// The decision carried by an approval card's button value, as the runner writes it
-    /// (`{"task_id", "step_no", "decision": "approve"|"reject"}`); `None` for anything else.
-    pub fn from_card_value(value: &Value, approver: &str) -> Option<CardAction> {
-        let approve = match value["decision"].as_str()? {
-            "approve" => true,
-            "reject" => false,
-            _ => return None,
-        };
-        Some(CardAction {
-            task_id: value["task_id"].as_i64()?,
-            step_no: value["step_no"].as_i64()?,
-            approve,
-            approver: approver.to_string(),
-        })
-    }
 }
 
 /// Parses a verified card-action body; the error names the offending field.

@@ -13,11 +13,11 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::generic::CardAction;
 use super::{Delivered, DeliveryError, Inbound, Refused};
 use crate::config::{LarkChannelConfig, OutboxConfig};
-use crate::store::intake::NewMessage;
-use crate::store::outbox::ReplyRow;
+use crate::domain::CardAction;
+use crate::domain::NewMessage;
+use crate::domain::ReplyRow;
 
 pub const CHANNEL: &str = "lark";
 pub const TIMESTAMP_HEADER: &str = "x-lark-request-timestamp";

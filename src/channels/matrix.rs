@@ -12,11 +12,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use super::generic::CardAction;
 use super::{Delivered, DeliveryError, Refused};
 use crate::config::{MatrixChannelConfig, OutboxConfig};
-use crate::store::intake::NewMessage;
-use crate::store::outbox::ReplyRow;
+use crate::domain::CardAction;
+use crate::domain::NewMessage;
+use crate::domain::ReplyRow;
 use crate::store::{Store, StoreResult};
 
 pub const CHANNEL: &str = "matrix";

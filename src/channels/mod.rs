@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::store::outbox::ReplyRow;
+use crate::domain::ReplyRow;
 
 pub mod cards;
 pub mod console;
@@ -20,11 +20,11 @@ pub mod wecom;
 #[derive(Debug, Clone)]
 pub enum Inbound {
     /// A chat message for intake.
-    Message(crate::store::intake::NewMessage),
+    Message(crate::domain::NewMessage),
     /// An approval decision from a card button; `ack` identifies the platform callback
     /// to acknowledge (Telegram's callback query id), when there is one.
     Action {
-        action: generic::CardAction,
+        action: crate::domain::CardAction,
         ack: Option<String>,
     },
     /// A handshake answered directly (URL verification): status, content type, body.
@@ -267,7 +267,7 @@ impl Channels {
                     "the generic channel is not configured (channels.generic.secret is empty)",
                 )),
             },
-            crate::scheduler::CALLBACK_CHANNEL => match &self.generic {
+            crate::domain::CALLBACK_CHANNEL => match &self.generic {
                 Some(channel) if !self.approval_callback_url.is_empty() => {
                     channel
                         .send_callback(&self.approval_callback_url, reply)

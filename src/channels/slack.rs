@@ -11,11 +11,11 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use super::generic::CardAction;
 use super::{Delivered, DeliveryError, Inbound, Refused};
 use crate::config::{OutboxConfig, SlackChannelConfig};
-use crate::store::intake::NewMessage;
-use crate::store::outbox::ReplyRow;
+use crate::domain::CardAction;
+use crate::domain::NewMessage;
+use crate::domain::ReplyRow;
 
 pub const CHANNEL: &str = "slack";
 pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";

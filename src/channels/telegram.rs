@@ -9,11 +9,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use super::generic::CardAction;
 use super::{Delivered, DeliveryError, Inbound, Refused};
 use crate::config::{OutboxConfig, TelegramChannelConfig};
-use crate::store::intake::NewMessage;
-use crate::store::outbox::ReplyRow;
+use crate::domain::CardAction;
+use crate::domain::NewMessage;
+use crate::domain::ReplyRow;
 
 pub const CHANNEL: &str = "telegram";
 pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";

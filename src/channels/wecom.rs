@@ -17,8 +17,8 @@ use subtle::ConstantTimeEq;
 
 use super::{Delivered, DeliveryError, Inbound, Refused};
 use crate::config::{OutboxConfig, WeComChannelConfig};
-use crate::store::intake::NewMessage;
-use crate::store::outbox::ReplyRow;
+use crate::domain::NewMessage;
+use crate::domain::ReplyRow;
 
 pub const CHANNEL: &str = "wecom";
 /// WeCom pads to 32-byte blocks, not to the AES block size.
@@ -289,7 +289,7 @@ fn parse_card_event(message: &HashMap<String, String>) -> Result<Inbound, Refuse
             .map_err(|_| Refused::BadRequest("bad EventKey".into()))
     };
     Ok(Inbound::Action {
-        action: super::generic::CardAction {
+        action: crate::domain::CardAction {
             task_id: number(task)?,
             step_no: number(step)?,
             approve: *decision == "approve",

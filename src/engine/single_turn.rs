@@ -8,16 +8,18 @@ use tokio_util::sync::CancellationToken;
 
 use serde_json::json;
 
-use super::{RunError, TaskContext, backoff, reply};
-use crate::app::Services;
+use super::reply;
+use super::task::{RunError, TaskContext, model_of};
+use super::worker::Worker;
+use crate::backoff;
 use crate::domain::{
     FailureType, ReplyType, StepStatus, StepType, TaskStatus, reply_key, step_key,
 };
+use crate::domain::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::llm::{
     ChatMessage, ChatRequest, ChatResponse, LlmError, OpenAiClient, WireRequest, estimate_tokens,
     history_budget,
 };
-use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 
 const STEP_NO: i64 = 1;
 const TOOL: &str = "chat";
@@ -28,13 +30,13 @@ const ERROR_LIMIT: usize = 2000;
 const SHRUNK: &str = "chat_shrunk";
 
 pub async fn run(
-    svc: &Services,
+    svc: &Worker,
     fence: &Fence,
     lost: &CancellationToken,
     ctx: &TaskContext,
 ) -> Result<(), RunError> {
     let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
-    let (provider, model) = super::model_of(svc, agent)?;
+    let (provider, model) = model_of(svc, agent)?;
     let history = svc
         .store
         .conversation_history(
@@ -180,7 +182,7 @@ pub async fn run(
         return Err(RunError::LostLease);
     }
     tracing::info!(status = %outcome.status, "task finished");
-    svc.reply_wake.notify_one();
+    svc.wake.replies.notify_one();
     Ok(())
 }
 
@@ -238,7 +240,7 @@ impl ChatCall {
 /// a finished answer is reused, never asked again; a journalled CONTEXT_TOO_LONG stands (the
 /// same request would be refused again).
 async fn chat_step_call(
-    svc: &Services,
+    svc: &Worker,
     fence: &Fence,
     lost: &CancellationToken,
     provider: &OpenAiClient,
@@ -325,7 +327,7 @@ fn journalled_failure(step: &StepRow) -> Option<FailureType> {
 /// Calls the model until it answers, a permanent failure occurs, or the tries run out.
 /// Returns the outcome and the number of tries made so far (journalled on the step).
 async fn call_with_retries(
-    svc: &Services,
+    svc: &Worker,
     provider: &OpenAiClient,
     fence: &Fence,
     step: &StepRow,
@@ -389,7 +391,7 @@ async fn call_with_retries(
 /// Folds `older` turns into a summary with a journalled `summary` step (step 1); `None` when
 /// the summary could not be made (the older turns are then simply left out).
 async fn summarize_history(
-    svc: &Services,
+    svc: &Worker,
     fence: &Fence,
     lost: &CancellationToken,
     provider: &OpenAiClient,

@@ -1,4 +1,4 @@
-//! Admin APIs beyond tasks and agents: job runs.
+//! Admin APIs beyond tasks and agents: job runs and the failure summary.
 
 use std::sync::Arc;
 
@@ -8,13 +8,13 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::ApiError;
+use super::context::ApiContext;
+use super::error::ApiError;
 use super::tasks::AdminAuth;
-use crate::app::Services;
 
 const LIMIT_MAX: i64 = 500;
 
-pub fn router() -> Router<Arc<Services>> {
+pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/api/admin/job-runs", get(job_runs))
         .route("/api/admin/failure-summary", get(failure_summary))
@@ -22,10 +22,6 @@ pub fn router() -> Router<Arc<Services>> {
 
 /// Longest span one summary may cover.
 const SPAN_MAX_MS: i64 = 400 * 86_400_000;
-/// Most reply latencies read for the percentiles.
-const LATENCY_SAMPLE: i64 = 100_000;
-/// Top error messages kept per failure type.
-const TOP_ERRORS: usize = 5;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct SummaryQuery {
@@ -46,27 +42,19 @@ fn millis(field: &str, value: Option<&str>, default: i64) -> Result<i64, ApiErro
     }
 }
 
-fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
-}
-
 /// Counts by status and failure type per bucket, agent and version; success rate; p50/p95
 /// webhook-to-reply time; the top (redacted) error messages per failure type.
 async fn failure_summary(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Query(q): Query<SummaryQuery>,
 ) -> Result<Json<Value>, ApiError> {
     build_summary(&svc, q).await.map(Json)
 }
 
 /// The failure summary as JSON, shared by the API and the admin page.
-pub async fn build_summary(svc: &Services, q: SummaryQuery) -> Result<Value, ApiError> {
-    use std::collections::BTreeMap;
+/// Checks the query and hands the window and filters to `reports::failure_summary`.
+pub async fn build_summary(svc: &ApiContext, q: SummaryQuery) -> Result<Value, ApiError> {
     let bucket_ms = match q.bucket.as_deref().unwrap_or("hour") {
         "hour" => 3_600_000,
         "day" => 86_400_000,
@@ -98,78 +86,7 @@ pub async fn build_summary(svc: &Services, q: SummaryQuery) -> Result<Value, Api
         channel: q.channel.filter(|c| !c.is_empty()),
         failure_type,
     };
-    let rows = svc.store.summary_counts(&filter, bucket_ms).await?;
-    let mut latencies = svc.store.reply_latencies(&filter, LATENCY_SAMPLE).await?;
-    latencies.sort_unstable();
-    let errors = svc.store.top_errors(&filter).await?;
-
-    #[derive(Default)]
-    struct Tally {
-        by_status: BTreeMap<&'static str, i64>,
-        by_failure_type: BTreeMap<&'static str, i64>,
-    }
-    impl Tally {
-        fn add(&mut self, row: &crate::store::summary::SummaryRow) {
-            *self.by_status.entry(row.status.as_str()).or_default() += row.count;
-            if let Some(f) = row.failure_type {
-                *self.by_failure_type.entry(f.as_str()).or_default() += row.count;
-            }
-        }
-        fn json(&self) -> Value {
-            let count = |s: &str| self.by_status.get(s).copied().unwrap_or(0);
-            let done = count("SUCCEEDED") + count("FAILED") + count("CANCELLED");
-            json!({
-                "tasks": self.by_status.values().sum::<i64>(),
-                "by_status": self.by_status,
-                "by_failure_type": self.by_failure_type,
-                "success_rate": (done > 0).then(|| count("SUCCEEDED") as f64 / done as f64),
-            })
-        }
-    }
-    let mut totals = Tally::default();
-    let mut buckets: BTreeMap<i64, Tally> = BTreeMap::new();
-    let mut agents: BTreeMap<(String, i64), Tally> = BTreeMap::new();
-    for row in &rows {
-        totals.add(row);
-        buckets.entry(row.bucket).or_default().add(row);
-        agents
-            .entry((row.agent.clone(), row.version))
-            .or_default()
-            .add(row);
-    }
-    let mut top: BTreeMap<&'static str, Vec<Value>> = BTreeMap::new();
-    for e in &errors {
-        let list = top.entry(e.failure_type.as_str()).or_default();
-        if list.len() < TOP_ERRORS {
-            list.push(json!({
-                "message": crate::redaction::redact(&crate::domain::truncate(&e.error_msg, 300)),
-                "count": e.count,
-            }));
-        }
-    }
-    Ok(json!({
-        "since": since,
-        "until": until,
-        "bucket": if bucket_ms == 3_600_000 { "hour" } else { "day" },
-        "totals": totals.json(),
-        "buckets": buckets.iter().map(|(start, t)| {
-            let mut v = t.json();
-            v["start"] = json!(start);
-            v
-        }).collect::<Vec<_>>(),
-        "by_agent": agents.iter().map(|((agent, version), t)| {
-            let mut v = t.json();
-            v["agent"] = json!(agent);
-            v["version"] = json!(version);
-            v
-        }).collect::<Vec<_>>(),
-        "latency_ms": {
-            "count": latencies.len(),
-            "p50": percentile(&latencies, 0.50),
-            "p95": percentile(&latencies, 0.95),
-        },
-        "top_errors": top,
-    }))
+    Ok(crate::reports::failure_summary(&svc.store, &filter, bucket_ms).await?)
 }
 
 #[derive(Debug, Deserialize)]
@@ -180,7 +97,7 @@ struct JobRunsQuery {
 
 async fn job_runs(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Query(q): Query<JobRunsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = match q.limit.as_deref() {

@@ -7,13 +7,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use super::ApiError;
+use super::context::ApiContext;
+use super::error::ApiError;
 use super::tasks::AdminAuth;
 use crate::agents::{AgentDefinition, PublishError, publish};
-use crate::app::Services;
 use crate::store::agents::AgentVersionRow;
 
-pub fn router() -> Router<Arc<Services>> {
+pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/api/agents", get(list_agents))
         .route("/api/agents/{name}/versions", post(publish_version))
@@ -33,7 +33,7 @@ fn version_json(v: &AgentVersionRow) -> Value {
 
 async fn list_agents(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
 ) -> Result<Json<Value>, ApiError> {
     let agents = svc.store.list_agents().await?;
     Ok(Json(json!({
@@ -65,7 +65,7 @@ fn valid_name(name: &str) -> Result<(), ApiError> {
 /// version; the same definition as the current version is a no-op (`created: false`).
 async fn publish_version(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path(name): Path<String>,
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -92,7 +92,7 @@ async fn publish_version(
 
 async fn get_version(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path((name, n)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let n: i64 = n

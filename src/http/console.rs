@@ -11,12 +11,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use super::ApiError;
-use crate::app::Services;
+use super::context::ApiContext;
+use super::error::ApiError;
 use crate::channels::console;
 use crate::intake::accept_message;
 
-pub fn router() -> Router<Arc<Services>> {
+pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/", get(page))
         .route("/console/messages", post(send))
@@ -44,7 +44,7 @@ fn is_loopback_name(host: &str) -> bool {
 /// the browser sends one) of that same host. A page that rebinds its own name to 127.0.0.1
 /// sends its own name as `Host`; a reverse proxy on this machine sends the public one: both
 /// need an admin session (and an `Origin`, when sent, that matches `Host`).
-async fn allowed(svc: &Services, peer: SocketAddr, headers: &HeaderMap) -> Result<(), ApiError> {
+async fn allowed(svc: &ApiContext, peer: SocketAddr, headers: &HeaderMap) -> Result<(), ApiError> {
     let cfg = &svc.config.channels.console;
     if !cfg.enabled {
         return Err(ApiError::NotFound(
@@ -79,7 +79,7 @@ async fn allowed(svc: &Services, peer: SocketAddr, headers: &HeaderMap) -> Resul
 }
 
 async fn page(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -97,7 +97,7 @@ struct ConsoleMessage {
 }
 
 async fn send(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Result<Json<ConsoleMessage>, axum::extract::rejection::JsonRejection>,
@@ -106,13 +106,14 @@ async fn send(
     let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let message =
         console::message(&body.conversation_id, &body.text).map_err(ApiError::BadRequest)?;
-    let ingested = accept_message(&svc, &message, &svc.config.channels.console.agent).await?;
+    let ingested =
+        accept_message(&svc.intake, &message, &svc.config.channels.console.agent).await?;
     Ok(Json(json!({ "task_id": ingested.task_id })))
 }
 
 /// The conversation as the page shows it: each question with its task and answer.
 async fn conversation(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -139,7 +140,7 @@ async fn conversation(
 
 /// Whether the model endpoint answers at all, with the setting to change when it does not.
 async fn status(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {

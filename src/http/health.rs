@@ -7,10 +7,10 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use super::ApiError;
-use crate::app::Services;
+use super::context::ApiContext;
+use super::error::ApiError;
 
-pub fn router() -> Router<Arc<Services>> {
+pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -21,7 +21,7 @@ async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-async fn readyz(State(svc): State<Arc<Services>>) -> Result<Json<Value>, ApiError> {
+async fn readyz(State(svc): State<Arc<ApiContext>>) -> Result<Json<Value>, ApiError> {
     // Ready means able to take a message: a write, not just a read.
     svc.store
         .ping_write()
@@ -32,7 +32,7 @@ async fn readyz(State(svc): State<Arc<Services>>) -> Result<Json<Value>, ApiErro
 
 /// Prometheus text exposition.
 async fn metrics(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
 ) -> Result<impl axum::response::IntoResponse, ApiError> {
     let counts = svc.store.metric_counts().await?;
     Ok((

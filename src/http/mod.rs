@@ -7,20 +7,20 @@ use axum::Router;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::app::Services;
-
 pub mod admin;
 pub mod agents;
 pub mod console;
+pub mod context;
 pub mod error;
 pub mod health;
 pub mod pages;
 pub mod tasks;
 pub mod webhooks;
 
+pub use context::ApiContext;
 pub use error::ApiError;
 
-pub fn router(svc: Arc<Services>) -> Router {
+pub fn router(svc: Arc<ApiContext>) -> Router {
     let timeout = Duration::from_secs(svc.config.server.request_timeout_secs);
     Router::new()
         .merge(health::router())
@@ -107,7 +107,7 @@ pub async fn serve(
 }
 
 /// The worker role serves only liveness and readiness.
-pub fn health_router(svc: Arc<Services>) -> Router {
+pub fn health_router(svc: Arc<ApiContext>) -> Router {
     Router::new()
         .merge(health::router())
         .layer(TraceLayer::new_for_http())

@@ -18,9 +18,9 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use super::ApiError;
 use super::admin::{SummaryQuery, build_summary};
-use crate::app::Services;
+use super::context::ApiContext;
+use super::error::ApiError;
 use crate::domain::{FailureType, TaskStatus, now_ms};
 use crate::store::tasks::Control;
 
@@ -28,7 +28,7 @@ const COOKIE: &str = "assistd_session";
 /// Rows shown in lists.
 const LIST_LIMIT: i64 = 200;
 
-pub fn router() -> Router<Arc<Services>> {
+pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/admin/login", get(login_page).post(login))
         .route("/admin/logout", post(logout))
@@ -125,7 +125,7 @@ fn session_valid(token: &str, value: &str, now: i64, epoch: i64) -> bool {
 }
 
 /// The session cookie of `headers` when it is a valid session now.
-async fn valid_session(svc: &Services, headers: &HeaderMap) -> Option<String> {
+async fn valid_session(svc: &ApiContext, headers: &HeaderMap) -> Option<String> {
     let value = cookie(headers, COOKIE)?;
     // Without the epoch no session can be trusted (a signed-out one might pass).
     let epoch = svc.store.admin_session_epoch().await.ok()?;
@@ -148,7 +148,7 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// Whether the request carries a valid admin session cookie.
-pub async fn has_admin_session(svc: &Services, headers: &HeaderMap) -> bool {
+pub async fn has_admin_session(svc: &ApiContext, headers: &HeaderMap) -> bool {
     valid_session(svc, headers).await.is_some()
 }
 
@@ -157,12 +157,12 @@ pub struct AdminPage {
     csrf: String,
 }
 
-impl FromRequestParts<Arc<Services>> for AdminPage {
+impl FromRequestParts<Arc<ApiContext>> for AdminPage {
     type Rejection = Response;
 
     async fn from_request_parts(
         parts: &mut Parts,
-        svc: &Arc<Services>,
+        svc: &Arc<ApiContext>,
     ) -> Result<Self, Self::Rejection> {
         match valid_session(svc, &parts.headers).await {
             Some(value) => Ok(AdminPage {
@@ -181,7 +181,7 @@ async fn login_page() -> Response {
 }
 
 async fn login(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
@@ -218,7 +218,7 @@ async fn login(
 
 /// Signing out ends every admin session (a copied cookie stops working too); only a signed-in
 /// admin can do it.
-async fn logout(State(svc): State<Arc<Services>>, _admin: AdminPage) -> Response {
+async fn logout(State(svc): State<Arc<ApiContext>>, _admin: AdminPage) -> Response {
     if let Err(e) = svc.store.end_admin_sessions().await {
         return ApiError::from(e).into_response();
     }
@@ -259,7 +259,7 @@ struct DashboardQuery {
 
 async fn dashboard(
     _admin: AdminPage,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Query(q): Query<DashboardQuery>,
 ) -> Result<Response, ApiError> {
     let hours = q.hours.unwrap_or(24).clamp(1, 24 * 400);
@@ -377,7 +377,7 @@ struct TasksQuery {
 
 async fn tasks_page(
     _admin: AdminPage,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Query(q): Query<TasksQuery>,
 ) -> Result<Response, ApiError> {
     let status = q
@@ -406,7 +406,7 @@ async fn tasks_page(
 
 async fn task_page(
     admin: AdminPage,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path(id): Path<i64>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
@@ -425,7 +425,7 @@ async fn task_page(
 
 async fn task_action(
     admin: AdminPage,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path((id, action)): Path<(i64, String)>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
@@ -435,8 +435,8 @@ async fn task_action(
     }
     let actor = "admin:web";
     let outcome: Option<String> = match action.as_str() {
-        "resume" => conflict_text(crate::control::resume_task(&svc, id, actor).await?),
-        "cancel" => conflict_text(crate::control::cancel_task(&svc, id, actor).await?),
+        "resume" => conflict_text(crate::control::resume_task(&svc.control, id, actor).await?),
+        "cancel" => conflict_text(crate::control::cancel_task(&svc.control, id, actor).await?),
         "confirm" => {
             let approve = form.get("decision").map(String::as_str) == Some("approve");
             let approver = form
@@ -444,7 +444,7 @@ async fn task_action(
                 .map(|a| a.trim())
                 .filter(|a| !a.is_empty())
                 .unwrap_or("admin");
-            match crate::control::decide(&svc, id, None, approve, approver, true).await? {
+            match crate::control::decide(&svc.control, id, None, approve, approver, true).await? {
                 crate::control::DecisionResult::Resumed
                 | crate::control::DecisionResult::Cancelled => None,
                 crate::control::DecisionResult::Forbidden => {

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use super::ApiError;
-use crate::app::Services;
+use super::context::ApiContext;
+use super::error::ApiError;
 use crate::domain::{TaskStatus, truncate};
 use crate::redaction::redact;
 use crate::store::tasks::Control;
@@ -23,7 +23,7 @@ const STEP_TEXT_LIMIT: usize = 4000;
 /// Most tasks one list request returns.
 const LIST_LIMIT_MAX: i64 = 500;
 
-pub fn router() -> Router<Arc<Services>> {
+pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/api/tasks", get(list_tasks))
         .route("/api/tasks/{id}", get(get_task))
@@ -60,12 +60,12 @@ fn control_result(id: i64, action: &str, control: Control, allowed: &str) -> Res
 
 async fn cancel_task(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
-    let control = crate::control::cancel_task(&svc, id, &actor(&headers)).await?;
+    let control = crate::control::cancel_task(&svc.control, id, &actor(&headers)).await?;
     control_result(
         id,
         "cancel",
@@ -77,12 +77,12 @@ async fn cancel_task(
 
 async fn resume_task(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
-    let control = crate::control::resume_task(&svc, id, &actor(&headers)).await?;
+    let control = crate::control::resume_task(&svc.control, id, &actor(&headers)).await?;
     control_result(
         id,
         "resume",
@@ -116,7 +116,7 @@ impl DecisionBody {
 
 /// Maps a decision result to the HTTP answer shared by the API and the card webhook.
 pub async fn decision_response(
-    svc: &Services,
+    svc: &ApiContext,
     id: i64,
     result: crate::control::DecisionResult,
 ) -> Result<Json<Value>, ApiError> {
@@ -135,7 +135,7 @@ pub async fn decision_response(
 
 async fn confirm_task(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path(id): Path<String>,
     body: Result<Json<DecisionBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -147,8 +147,15 @@ async fn confirm_task(
         ));
     }
     let approve = body.approve()?;
-    let result =
-        crate::control::decide(&svc, id, body.step_no, approve, body.approver.trim(), true).await?;
+    let result = crate::control::decide(
+        &svc.control,
+        id,
+        body.step_no,
+        approve,
+        body.approver.trim(),
+        true,
+    )
+    .await?;
     decision_response(&svc, id, result).await
 }
 
@@ -161,7 +168,7 @@ struct ListQuery {
 
 async fn list_tasks(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let status = match query.status.as_deref().filter(|s| !s.is_empty()) {
@@ -205,12 +212,12 @@ async fn list_tasks(
 /// Proof that the request carried `Authorization: Bearer <admin token>`.
 pub struct AdminAuth;
 
-impl FromRequestParts<Arc<Services>> for AdminAuth {
+impl FromRequestParts<Arc<ApiContext>> for AdminAuth {
     type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut Parts,
-        svc: &Arc<Services>,
+        svc: &Arc<ApiContext>,
     ) -> Result<Self, Self::Rejection> {
         let given = parts
             .headers
@@ -228,14 +235,14 @@ impl FromRequestParts<Arc<Services>> for AdminAuth {
 
 async fn get_task(
     _auth: AdminAuth,
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     task_json(&svc, parse_id(&id)?).await.map(Json)
 }
 
 /// Everything about one task: the answer to "what happened to this message?".
-pub async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
+pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
     let store = &svc.store;
     let task = store
         .task(id)
@@ -247,7 +254,7 @@ pub async fn task_json(svc: &Services, id: i64) -> Result<Value, ApiError> {
     let replies = store.task_replies(id).await?;
     let audit = store.task_audit(id).await?;
     let actions = store.task_pending_actions(id).await?;
-    let reply_json = |r: &crate::store::outbox::ReplyRow| {
+    let reply_json = |r: &crate::domain::ReplyRow| {
         json!({
             "idempotency_key": r.idempotency_key,
             "status": r.status,

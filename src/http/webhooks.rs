@@ -12,14 +12,14 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use super::ApiError;
-use crate::app::Services;
+use super::context::ApiContext;
+use super::error::ApiError;
 use crate::channels::{Inbound, Refused, dingtalk, generic, lark, matrix, slack, telegram, wecom};
 use crate::control::DecisionResult;
 use crate::domain::now_ms;
 use crate::intake::{IntakeError, accept_message, accept_messages};
 
-pub fn router() -> Router<Arc<Services>> {
+pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/webhooks/generic", post(generic_webhook))
         .route("/webhooks/generic/actions", post(generic_actions))
@@ -73,7 +73,7 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The raw body of a generic-channel request whose signature and timestamp check out.
 async fn generic_verified(
-    svc: &Services,
+    svc: &ApiContext,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<u8>, ApiError> {
@@ -97,13 +97,14 @@ async fn generic_verified(
 }
 
 async fn generic_webhook(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let raw = generic_verified(&svc, &headers, body).await?;
     let message = generic::parse(&raw).map_err(ApiError::BadRequest)?;
-    let ingested = accept_message(&svc, &message, &svc.config.channels.generic.agent).await?;
+    let ingested =
+        accept_message(&svc.intake, &message, &svc.config.channels.generic.agent).await?;
     Ok(Json(
         json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }),
     ))
@@ -112,7 +113,7 @@ async fn generic_webhook(
 /// Card actions from the IM (Approve/Reject on an approval card), signed like every generic
 /// webhook: `{"task_id", "step_no", "decision": "approve"|"reject", "approver"}`.
 async fn generic_actions(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
@@ -143,9 +144,12 @@ impl From<Refused> for ApiError {
 }
 
 /// Applies an approval decision made in a chat (card button, reaction or command).
-async fn decide(svc: &Services, action: &generic::CardAction) -> Result<DecisionResult, ApiError> {
+async fn decide(
+    svc: &ApiContext,
+    action: &crate::domain::CardAction,
+) -> Result<DecisionResult, ApiError> {
     Ok(crate::control::decide(
-        svc,
+        &svc.control,
         action.task_id,
         Some(action.step_no),
         action.approve,
@@ -158,8 +162,8 @@ async fn decide(svc: &Services, action: &generic::CardAction) -> Result<Decision
 /// Applies an approval decision from a chat platform; the outcome in words, for the reply
 /// to the platform (and, on Telegram, the button).
 async fn decide_action(
-    svc: &Services,
-    action: &generic::CardAction,
+    svc: &ApiContext,
+    action: &crate::domain::CardAction,
 ) -> Result<&'static str, ApiError> {
     Ok(match decide(svc, action).await? {
         DecisionResult::Resumed => "approved",
@@ -173,14 +177,14 @@ async fn decide_action(
 /// Carries out what a verified platform request asks. Platforms only need a quick 2xx, so
 /// decisions are reported in the body (and, for Telegram, on the button).
 async fn handle_inbound(
-    svc: &Services,
+    svc: &ApiContext,
     inbound: Inbound,
     agent: &str,
     platform: &str,
 ) -> Result<Response, ApiError> {
     match inbound {
         Inbound::Message(message) => {
-            let ingested = accept_message(svc, &message, agent).await?;
+            let ingested = accept_message(&svc.intake, &message, agent).await?;
             Ok(
                 Json(json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }))
                     .into_response(),
@@ -210,7 +214,7 @@ async fn handle_inbound(
 }
 
 async fn telegram_webhook(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -227,7 +231,7 @@ async fn telegram_webhook(
 }
 
 async fn slack_verified(
-    svc: &Services,
+    svc: &ApiContext,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<u8>, ApiError> {
@@ -250,7 +254,7 @@ async fn slack_verified(
 }
 
 async fn slack_events(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -261,7 +265,7 @@ async fn slack_events(
 }
 
 async fn slack_actions(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -283,7 +287,7 @@ fn matrix_error(status: axum::http::StatusCode, errcode: &str, error: &str) -> R
 /// A Matrix transaction: every event is handled; a repeated transaction repeats nothing
 /// (its messages are duplicates by event id).
 async fn matrix_transaction(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     axum::extract::Path(txn): axum::extract::Path<String>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
     headers: HeaderMap,
@@ -360,7 +364,7 @@ async fn matrix_transaction(
         }
     }
     let mut created = 0;
-    for result in accept_messages(&svc, &messages, &cfg.agent).await? {
+    for result in accept_messages(&svc.intake, &messages, &cfg.agent).await? {
         match result {
             Ok(ingested) => created += usize::from(!ingested.duplicate),
             // One bad event must not hold back the transaction (the homeserver would resend
@@ -379,7 +383,7 @@ async fn matrix_transaction(
 }
 
 async fn lark_request(
-    svc: &Services,
+    svc: &ApiContext,
     headers: &HeaderMap,
     body: Body,
     card: bool,
@@ -403,7 +407,7 @@ async fn lark_request(
 }
 
 async fn lark_events(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -411,7 +415,7 @@ async fn lark_events(
 }
 
 async fn lark_card(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -419,7 +423,7 @@ async fn lark_card(
 }
 
 async fn dingtalk_webhook(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -482,7 +486,7 @@ impl WeComQuery {
 }
 
 async fn wecom_verify(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     axum::extract::Query(q): axum::extract::Query<WeComQuery>,
 ) -> Result<Response, ApiError> {
     if svc.channels.wecom.is_none() {
@@ -495,7 +499,7 @@ async fn wecom_verify(
 }
 
 async fn wecom_message(
-    State(svc): State<Arc<Services>>,
+    State(svc): State<Arc<ApiContext>>,
     axum::extract::Query(q): axum::extract::Query<WeComQuery>,
     headers: HeaderMap,
     body: Body,

@@ -10,14 +10,12 @@ use serde_json::json;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Services;
-use crate::config::JobSchedule;
-use crate::domain::{JobRunStatus, ReplyType, now_ms, reply_key};
+use crate::config::{Config, JobSchedule};
+use crate::domain::NewReply;
+use crate::domain::{CALLBACK_CHANNEL, JobRunStatus, ReplyType, now_ms, reply_key};
+use crate::store::Store;
 use crate::store::jobs::NewJobRun;
-use crate::store::tasks::NewReply;
-
-/// The channel name of approval-timeout callbacks in the outbox.
-pub const CALLBACK_CHANNEL: &str = "approval_callback";
+use crate::wake::Wake;
 
 /// What one run of a job did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -26,8 +24,16 @@ pub struct JobCounts {
     pub affected: i64,
 }
 
+/// What the scheduled jobs are given by `app.rs`.
+pub struct Jobs {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub instance_id: String,
+    pub wake: Arc<Wake>,
+}
+
 /// Starts the enabled jobs; they stop when `shutdown` fires.
-pub async fn run_scheduler(svc: Arc<Services>, shutdown: CancellationToken) {
+pub async fn run_scheduler(svc: Arc<Jobs>, shutdown: CancellationToken) {
     let jobs = &svc.config.scheduler.jobs;
     let mut scheduler = match JobScheduler::new().await {
         Ok(s) => s,
@@ -73,7 +79,7 @@ pub async fn run_scheduler(svc: Arc<Services>, shutdown: CancellationToken) {
 }
 
 /// One tick of job `name`: lock, run, record, release.
-pub async fn tick(svc: &Services, name: &str, schedule: &JobSchedule) -> JobRunStatus {
+pub async fn tick(svc: &Jobs, name: &str, schedule: &JobSchedule) -> JobRunStatus {
     let started = now_ms();
     let tick = started / 1000;
     let lease_until = started + (schedule.lock_lease_secs as i64) * 1000;
@@ -161,7 +167,7 @@ async fn store_err<T>(r: impl Future<Output = crate::store::StoreResult<T>>) -> 
 }
 
 /// Cancels tasks whose approval deadline passed (at `now`), in one batch.
-pub async fn confirm_timeout(svc: &Services, batch: i64, now: i64) -> Result<JobCounts, String> {
+pub async fn confirm_timeout(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, String> {
     let overdue = store_err(svc.store.overdue_confirmations(now, batch)).await?;
     let callback_url = &svc
         .config
@@ -215,13 +221,13 @@ pub async fn confirm_timeout(svc: &Services, batch: i64, now: i64) -> Result<Job
         }
     }
     if counts.affected > 0 {
-        svc.reply_wake.notify_one();
+        svc.wake.replies.notify_one();
     }
     Ok(counts)
 }
 
 /// Puts RUNNING tasks whose lease expired more than the grace period ago back to PENDING.
-pub async fn orphan_reclaim(svc: &Services, batch: i64, now: i64) -> Result<JobCounts, String> {
+pub async fn orphan_reclaim(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, String> {
     let grace = svc.config.scheduler.jobs.orphan_reclaim.grace_secs as i64 * 1000;
     let (scanned, reclaimed) =
         store_err(svc.store.reclaim_orphans(now - grace, batch, now)).await?;
@@ -234,7 +240,7 @@ pub async fn orphan_reclaim(svc: &Services, batch: i64, now: i64) -> Result<JobC
         );
     }
     if !reclaimed.is_empty() {
-        svc.task_wake.notify_one();
+        svc.wake.tasks.notify_one();
     }
     Ok(JobCounts {
         scanned,
@@ -244,7 +250,7 @@ pub async fn orphan_reclaim(svc: &Services, batch: i64, now: i64) -> Result<JobC
 
 /// Removes bulky content of finished tasks older than the TTL, and job runs older than it
 /// (every tick of every job leaves one, so they would grow without end).
-pub async fn retention(svc: &Services, batch: i64, now: i64) -> Result<JobCounts, String> {
+pub async fn retention(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, String> {
     let ttl = svc.config.scheduler.jobs.retention.ttl_days as i64 * 86_400_000;
     let (scanned, affected) = store_err(svc.store.purge_finished(now - ttl, batch, now)).await?;
     // Handled Matrix transaction ids: homeservers retry for hours, not for the TTL.

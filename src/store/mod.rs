@@ -17,6 +17,7 @@ pub mod agents;
 pub mod group;
 pub mod intake;
 pub mod jobs;
+pub mod journal;
 pub mod outbox;
 pub mod summary;
 pub mod tasks;

@@ -4,26 +4,7 @@
 
 use super::tasks::insert_audit;
 use super::{Store, StoreResult, on_pool, write_tx};
-use crate::domain::{AuditEvent, ReplyStatus, ReplyType};
-
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ReplyRow {
-    pub id: i64,
-    pub task_id: i64,
-    pub idempotency_key: String,
-    pub channel: String,
-    pub conversation_id: String,
-    pub in_reply_to: String,
-    pub reply_type: ReplyType,
-    pub content: String,
-    pub status: ReplyStatus,
-    pub platform_message_id: Option<String>,
-    pub attempts: i64,
-    pub next_attempt_at: i64,
-    pub last_error: Option<String>,
-    pub created_at: i64,
-    pub sent_at: Option<i64>,
-}
+use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 
 const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
      reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \

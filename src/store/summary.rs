@@ -2,6 +2,7 @@
 
 use super::{Store, StoreResult, on_pool};
 use crate::domain::{FailureType, JobRunStatus, ReplyStatus, TaskStatus};
+use crate::metrics::MetricCounts;
 
 /// Which tasks a summary covers. Times are UTC milliseconds; `None` filters match all.
 #[derive(Debug, Clone)]
@@ -28,16 +29,6 @@ pub struct ErrorRow {
     pub failure_type: FailureType,
     pub error_msg: String,
     pub count: i64,
-}
-
-/// Counts for the metrics endpoint.
-#[derive(Debug, Clone, Default)]
-pub struct MetricCounts {
-    pub tasks_by_status: Vec<(TaskStatus, i64)>,
-    pub failures_by_type: Vec<(FailureType, i64)>,
-    pub replies_by_status: Vec<(ReplyStatus, i64)>,
-    pub job_runs: Vec<(String, JobRunStatus, i64)>,
-    pub lease_takeovers: i64,
 }
 
 const FILTER: &str = "t.created_at >= $2 AND t.created_at < $3 \

@@ -5,7 +5,7 @@
 use super::writes::{audit_row, insert_audits_sql, json_ids};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{
-    AuditEvent, FailureType, ReplyType, StepStatus, StepType, TaskStatus, TaskType,
+    AuditEvent, FailureType, Fence, MessageRow, NewReply, StepRow, StepStatus, TaskRow, TaskStatus,
 };
 
 /// Appends one audit event inside the caller's transaction (`$tx`). A macro rather than a
@@ -64,45 +64,6 @@ pub enum Control {
     Conflict(TaskStatus),
 }
 
-/// Proof of ownership of a running task: the claim's owner and version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    pub task_id: i64,
-    pub owner: String,
-    pub version: i64,
-}
-
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct TaskRow {
-    pub id: i64,
-    pub agent_id: i64,
-    pub agent_version_id: i64,
-    pub task_type: TaskType,
-    pub channel: String,
-    pub conversation_id: String,
-    pub message_id: i64,
-    pub trigger_user: String,
-    pub status: TaskStatus,
-    pub current_step: i64,
-    pub workflow_snapshot: Option<String>,
-    pub context_summary: Option<String>,
-    pub result: Option<String>,
-    pub trace: Option<String>,
-    pub failure_type: Option<FailureType>,
-    pub error_msg: Option<String>,
-    pub retry_count: i64,
-    pub claim_count: i64,
-    pub resume_count: i64,
-    pub version: i64,
-    pub owner: Option<String>,
-    pub lease_expire: Option<i64>,
-    pub confirm_deadline: Option<i64>,
-    pub created_at: i64,
-    pub updated_at: i64,
-    pub started_at: Option<i64>,
-    pub finished_at: Option<i64>,
-}
-
 /// The highest step journalled for the task in `agent_task` (0 before its first step): the
 /// step it is at, or was at when it stopped. Read, not stored, so that beginning a step
 /// writes only the step row.
@@ -126,39 +87,6 @@ const TASK_COLUMNS: &str = concat!(
 const MESSAGE_COLUMNS: &str = "id, channel, external_event_id, external_message_id, \
      conversation_id, sender_id, sender_name, text, received_at";
 
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct MessageRow {
-    pub id: i64,
-    pub channel: String,
-    pub external_event_id: String,
-    pub external_message_id: String,
-    pub conversation_id: String,
-    pub sender_id: String,
-    pub sender_name: Option<String>,
-    pub text: String,
-    pub received_at: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct StepRow {
-    pub id: i64,
-    pub task_id: i64,
-    pub step_no: i64,
-    pub step_type: StepType,
-    pub tool_name: String,
-    pub idempotency_key: String,
-    pub input: Option<String>,
-    pub output: Option<String>,
-    pub error: Option<String>,
-    pub status: StepStatus,
-    pub tokens_in: Option<i64>,
-    pub tokens_out: Option<i64>,
-    pub duration_ms: Option<i64>,
-    pub attempt: i64,
-    pub created_at: i64,
-    pub finished_at: Option<i64>,
-}
-
 pub(super) const STEP_COLUMNS: &str = "id, task_id, step_no, step_type, tool_name, idempotency_key, input, \
      output, error, status, tokens_in, tokens_out, duration_ms, attempt, created_at, finished_at";
 
@@ -171,58 +99,6 @@ pub struct AuditRow {
     pub summary: String,
     pub risk_flag: bool,
     pub created_at: i64,
-}
-
-/// A step to journal before its call is made.
-#[derive(Debug, Clone)]
-pub struct NewStep<'a> {
-    pub step_no: i64,
-    pub step_type: StepType,
-    pub tool_name: &'a str,
-    pub idempotency_key: &'a str,
-    pub input: &'a str,
-}
-
-/// How a step ended.
-#[derive(Debug, Clone)]
-pub struct StepResult {
-    pub step_id: i64,
-    /// Tries made so far, this one included (numbered across runs).
-    pub attempts: i64,
-    pub status: StepStatus,
-    pub output: Option<String>,
-    pub error: Option<String>,
-    pub tokens_in: Option<i64>,
-    pub tokens_out: Option<i64>,
-    pub duration_ms: i64,
-}
-
-/// The reply a finished task owes the chat.
-#[derive(Debug, Clone)]
-pub struct NewReply {
-    /// `agent-task-<id>` (see `domain::reply_key`).
-    pub idempotency_key: String,
-    pub channel: String,
-    pub conversation_id: String,
-    pub in_reply_to: String,
-    pub reply_type: ReplyType,
-    /// JSON: `{"text": ..., "card": ...}`.
-    pub content: String,
-}
-
-/// A terminal outcome, written with its step, its reply and its audit event in one transaction.
-#[derive(Debug, Clone)]
-pub struct TaskOutcome {
-    pub status: TaskStatus,
-    pub result: Option<String>,
-    /// Workflow runs: the trace of nodes and steps, as JSON.
-    pub trace: Option<String>,
-    pub failure_type: Option<FailureType>,
-    pub error: Option<String>,
-    pub retries: i64,
-    pub step: Option<StepResult>,
-    pub reply: NewReply,
-    pub audit_summary: String,
 }
 
 /// The claim's choice of tasks (parameters: `$3` now, `$4` limit). Each branch is backed by a

@@ -1,9 +1,10 @@
 //! Step-level writes of workflow runs and the human decisions they wait for. Fenced like
 //! every worker write; a decision is one transaction that moves the task on.
 
-use super::tasks::{Fence, NewReply, NewStep, insert_audit, insert_reply};
+use super::tasks::{insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, Decision, PendingKind, StepStatus, TaskStatus};
+use crate::domain::{Fence, NewReply, NewStep};
 
 /// Takes the task row under the fence (and, on PostgreSQL, its row lock); `false` = lost.
 macro_rules! fence_task {

@@ -9,10 +9,11 @@ use std::hash::Hash;
 
 use serde_json::{Value, json};
 
-use super::outbox::ReplyRow;
-use super::tasks::{Fence, STEP_COLUMNS, StepResult, StepRow, TaskOutcome};
+use super::tasks::STEP_COLUMNS;
 use super::{Dialect, PerDialect, Store, StoreResult, write_tx};
+use crate::domain::ReplyRow;
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
+use crate::domain::{Fence, StepResult, StepRow, TaskOutcome};
 
 /// Runs a batched statement over the JSON `rows` at `now` (and an optional third parameter)
 /// inside the caller's transaction; the ids it returned: the rows whose fence held.
@@ -345,7 +346,7 @@ impl Store {
     pub async fn begin_step(
         &self,
         fence: &Fence,
-        step: &super::tasks::NewStep<'_>,
+        step: &crate::domain::NewStep<'_>,
         now: i64,
     ) -> StoreResult<Option<StepRow>> {
         let op = WriteOp::begin_step(fence, step);
@@ -459,7 +460,7 @@ impl WriteOp {
         }
     }
 
-    pub fn begin_step(fence: &Fence, step: &super::tasks::NewStep<'_>) -> WriteOp {
+    pub fn begin_step(fence: &Fence, step: &crate::domain::NewStep<'_>) -> WriteOp {
         WriteOp::BeginStep {
             fence: fence.clone(),
             step_no: step.step_no,

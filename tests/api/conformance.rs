@@ -2,10 +2,10 @@
 
 use std::collections::HashMap;
 
+use assistd::domain::NewMessage;
+use assistd::domain::{Fence, NewReply, NewStep, StepResult, TaskOutcome};
 use assistd::domain::{ReplyType, StepStatus, StepType, TaskStatus, now_ms};
 use assistd::store::Store;
-use assistd::store::intake::NewMessage;
-use assistd::store::tasks::{Fence, NewReply, NewStep, StepResult, TaskOutcome};
 
 use crate::helpers::*;
 
@@ -76,7 +76,7 @@ async fn audits_of(
 }
 
 /// The fence of a task as `owner` claimed it.
-fn fence_of(task: &assistd::store::tasks::TaskRow, owner: &str) -> Fence {
+fn fence_of(task: &assistd::domain::TaskRow, owner: &str) -> Fence {
     Fence {
         task_id: task.id,
         owner: owner.into(),
@@ -177,21 +177,21 @@ async fn a_batch_answers_each_message_as_if_it_came_alone() {
     assert_ne!(ok(0).task_id, ok(1).task_id);
     assert_eq!(
         ok(2),
-        assistd::store::intake::Ingested {
+        assistd::domain::Ingested {
             task_id: ok(0).task_id,
             duplicate: true
         }
     );
     assert_eq!(
         ok(3),
-        assistd::store::intake::Ingested {
+        assistd::domain::Ingested {
             task_id: ok(1).task_id,
             duplicate: true
         }
     );
     assert_eq!(
         ok(4),
-        assistd::store::intake::Ingested {
+        assistd::domain::Ingested {
             task_id: earlier.task_id,
             duplicate: true
         }

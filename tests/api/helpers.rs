@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use assistd::app::Services;
 use assistd::channels::generic;
 use assistd::config::Config;
 use assistd::store::Store;
@@ -121,7 +120,10 @@ pub struct TestApp {
     pub db: TestDb,
     pub model: MockServer,
     pub receiver: MockServer,
-    pub services: Arc<Services>,
+    pub config: Arc<Config>,
+    /// The scheduled jobs' context, for running a job's tick directly.
+    pub jobs: Arc<assistd::scheduler::Jobs>,
+    store: Store,
     pub http: reqwest::Client,
     shutdown: CancellationToken,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -193,7 +195,7 @@ impl TestApp {
     ) -> TestApp {
         let app = assistd::App::build(config).await.expect("app builds");
         let addr = format!("http://{}", app.local_addr());
-        let services = app.services();
+        let (config, jobs, store) = (app.config(), app.jobs(), app.store());
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(app.run_until_stopped(shutdown.clone()));
         TestApp {
@@ -201,7 +203,9 @@ impl TestApp {
             db,
             model,
             receiver,
-            services,
+            config,
+            jobs,
+            store,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()
@@ -212,7 +216,7 @@ impl TestApp {
     }
 
     pub fn store(&self) -> &Store {
-        &self.services.store
+        &self.store
     }
 
     /// Stops the app and drops its database.

@@ -324,7 +324,7 @@ async fn a_telegram_reply_left_mid_send_by_another_instance_is_not_resent() {
     .await;
     wait_sends(&api, &format!("/bot{TG_TOKEN}/sendMessage"), 1).await;
 
-    let mut peer_cfg = app.services.config.as_ref().clone();
+    let mut peer_cfg = app.config.as_ref().clone();
     peer_cfg.worker.instance_id = "peer".into();
     let peer = assistd::App::build(peer_cfg).await.unwrap();
     let stop_peer = tokio_util::sync::CancellationToken::new();
@@ -1766,7 +1766,7 @@ async fn failed_sends_on_every_platform_show_and_log_no_secret() {
         c.outbox.max_attempts = 0;
     })
     .await;
-    let cfg = app.services.config.clone();
+    let cfg = app.config.clone();
     let ch = &cfg.channels;
     let secrets = [
         ch.telegram.bot_token.as_str(),

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use assistd::domain::NewMessage;
 use assistd::domain::{JobRunStatus, now_ms};
 use assistd::store::Store;
-use assistd::store::intake::NewMessage;
 use serde_json::Value;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -49,7 +49,7 @@ async fn overdue_approvals_are_cancelled_once_in_batches_and_the_requester_told(
     let now = deadline(&third) + 1;
     assert!(deadline(&fourth) > now, "the fourth is not due yet");
 
-    let svc = app.services.clone();
+    let svc = app.jobs.clone();
     let first = assistd::scheduler::confirm_timeout(&svc, 2, now)
         .await
         .unwrap();
@@ -119,7 +119,7 @@ async fn approval_timeout_callbacks_are_signed_and_keyed() {
         .wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
         .await;
     let now = task["confirm_deadline"].as_i64().unwrap() + 1;
-    let run = assistd::scheduler::confirm_timeout(&app.services, 500, now)
+    let run = assistd::scheduler::confirm_timeout(&app.jobs, 500, now)
         .await
         .unwrap();
     assert_eq!(run.affected, 1);
@@ -328,7 +328,7 @@ async fn retention_removes_bodies_but_keeps_history() {
     .await;
     let task = app.wait_replied(id, WAIT).await;
     let finished = task["finished_at"].as_i64().unwrap();
-    let svc = app.services.clone();
+    let svc = app.jobs.clone();
     let early = assistd::scheduler::retention(&svc, 500, finished + 1000)
         .await
         .unwrap();
@@ -376,8 +376,8 @@ async fn retention_removes_bodies_but_keeps_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_runs_are_listed_for_admins() {
     let app = TestApp::spawn().await;
-    let schedule = app.services.config.scheduler.jobs.orphan_reclaim.schedule();
-    let status = assistd::scheduler::tick(&app.services, "orphan_reclaim", &schedule).await;
+    let schedule = app.config.scheduler.jobs.orphan_reclaim.schedule();
+    let status = assistd::scheduler::tick(&app.jobs, "orphan_reclaim", &schedule).await;
     assert_eq!(status, JobRunStatus::Succeeded);
     let runs: Value = app
         .job_runs("job=orphan_reclaim&limit=5")

@@ -13,16 +13,18 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::config::{AgentNode, NodeKind, ReplyNode, Workflow};
-use crate::app::Services;
+use crate::backoff;
 use crate::config::ToolKind;
 use crate::domain::{
     AuditEvent, FailureType, PendingKind, ReplyType, StepStatus, StepType, TaskStatus, now_ms,
     reply_key, step_key, truncate,
 };
-use crate::engine::{RunError, TaskContext, backoff, reply};
+use crate::domain::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
+use crate::engine::reply;
+use crate::engine::task::{RunError, TaskContext, load_context, model_of};
+use crate::engine::worker::Worker;
 use crate::llm::{self, ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice, ToolSpec};
 use crate::store::StoreError;
-use crate::store::tasks::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::store::workflow::NewPendingAction;
 
 /// Longest error text kept on a step or task.
@@ -92,7 +94,7 @@ struct Compensable {
 }
 
 struct Runner<'a> {
-    svc: &'a Services,
+    svc: &'a Worker,
     fence: &'a Fence,
     lost: &'a CancellationToken,
     ctx: &'a TaskContext,
@@ -108,7 +110,7 @@ struct Runner<'a> {
 }
 
 pub async fn run(
-    svc: &Services,
+    svc: &Worker,
     fence: &Fence,
     lost: &CancellationToken,
     ctx: &TaskContext,
@@ -131,8 +133,8 @@ pub async fn run(
 /// finished step (outputs, template context, model transcripts). Writes nothing and calls
 /// nothing; returns how many journalled steps were replayed. Used to measure resume cost
 /// (`assistd-bench context`).
-pub async fn replay(svc: &Services, task_id: i64) -> Result<i64, RunError> {
-    let ctx = crate::engine::load_context(svc, task_id).await?;
+pub async fn replay(svc: &Worker, task_id: i64) -> Result<i64, RunError> {
+    let ctx = load_context(svc, task_id).await?;
     // Fenced on an impossible version: should the walk reach a write, it cannot land.
     let fence = Fence {
         task_id,
@@ -150,7 +152,7 @@ pub async fn replay(svc: &Services, task_id: i64) -> Result<i64, RunError> {
 impl<'a> Runner<'a> {
     /// The task's snapshotted workflow, parsed, and a runner over its step journal.
     async fn prepare(
-        svc: &'a Services,
+        svc: &'a Worker,
         fence: &'a Fence,
         lost: &'a CancellationToken,
         ctx: &'a TaskContext,
@@ -484,7 +486,7 @@ impl<'a> Runner<'a> {
     /// context window leaves less room after `max_tokens` and the system prompt).
     fn history_budget(&self) -> Result<usize, Stop> {
         let agent = &self.ctx.agent;
-        let (provider, _) = crate::engine::model_of(self.svc, agent)?;
+        let (provider, _) = model_of(self.svc, agent)?;
         Ok(llm::history_budget(
             self.svc.config.context.history_token_budget,
             provider.context_window,
@@ -497,7 +499,7 @@ impl<'a> Runner<'a> {
     /// refused it whole): its head and tail, with a note of the cut between them.
     fn cut_to_fit(&self, prompt: &str) -> Result<String, Stop> {
         let agent = &self.ctx.agent;
-        let (provider, _) = crate::engine::model_of(self.svc, agent)?;
+        let (provider, _) = model_of(self.svc, agent)?;
         let room = llm::history_budget(
             usize::MAX,
             provider.context_window,
@@ -575,7 +577,7 @@ impl<'a> Runner<'a> {
         tool_choice: Option<ToolChoice>,
     ) -> Result<ChatResponse, Stop> {
         let agent = &self.ctx.agent;
-        let (provider, model) = crate::engine::model_of(self.svc, agent)?;
+        let (provider, model) = model_of(self.svc, agent)?;
         let request = ChatRequest {
             model,
             messages,
@@ -773,7 +775,7 @@ impl<'a> Runner<'a> {
         if !parked {
             return Err(Stop::Run(RunError::LostLease));
         }
-        self.svc.reply_wake.notify_one();
+        self.svc.wake.replies.notify_one();
         Err(Stop::Run(RunError::Parked))
     }
 
@@ -995,7 +997,7 @@ impl<'a> Runner<'a> {
             .await
         {
             Ok(true) => {
-                self.svc.reply_wake.notify_one();
+                self.svc.wake.replies.notify_one();
                 Stop::Run(RunError::Parked)
             }
             Ok(false) => Stop::Run(RunError::LostLease),
@@ -1142,7 +1144,7 @@ impl<'a> Runner<'a> {
             return Err(RunError::LostLease);
         }
         tracing::info!(status = %outcome.status, steps = self.step_no, "workflow task finished");
-        self.svc.reply_wake.notify_one();
+        self.svc.wake.replies.notify_one();
         Ok(())
     }
 }

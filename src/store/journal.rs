@@ -7,10 +7,10 @@
 use std::sync::Arc;
 
 use crate::config::WorkerConfig;
+use crate::domain::ReplyRow;
 use crate::domain::now_ms;
+use crate::domain::{Fence, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::store::group::GroupCommit;
-use crate::store::outbox::ReplyRow;
-use crate::store::tasks::{Fence, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::store::writes::{WriteOp, WriteOut};
 use crate::store::{Dialect, Store, StoreResult};
 

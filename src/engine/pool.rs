@@ -1,0 +1,259 @@
+//! The worker pool: claims tasks, runs each under a heartbeat-renewed lease, and never holds a
+//! database connection or transaction while a model call is in flight. Bounded by a
+//! semaphore, so thousands of tasks waiting on a model cost memory, not threads.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::config::AgentMode;
+use crate::domain::{Fence, MessageRow, TaskRow, now_ms};
+
+use super::task::{RunError, context_of};
+use super::worker::Worker;
+use super::{single_turn, workflow};
+
+async fn run_task(
+    svc: &Worker,
+    fence: &Fence,
+    lost: &CancellationToken,
+    task: TaskRow,
+    message: Option<MessageRow>,
+) -> Result<(), RunError> {
+    let ctx = context_of(svc, task, message).await?;
+    tracing::Span::current().record("conversation", ctx.task.conversation_id.as_str());
+    match ctx.agent.mode {
+        AgentMode::SingleTurn => single_turn::run(svc, fence, lost, &ctx).await,
+        AgentMode::Workflow => workflow::runner::run(svc, fence, lost, &ctx).await,
+    }
+}
+
+/// Claims and runs tasks until `shutdown` fires, then waits up to the grace period for the
+/// tasks in flight.
+pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
+    let worker = &svc.config.worker;
+    let permits = Arc::new(Semaphore::new(worker.concurrency));
+    let mut running = tokio::task::JoinSet::new();
+    let poll = Duration::from_millis(worker.poll_interval_ms);
+    tracing::info!(instance = %svc.instance_id, concurrency = worker.concurrency, "workers started");
+    loop {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let free = permits.available_permits();
+        if free == 0 {
+            tokio::select! {
+                _ = svc.slot_free.notified() => continue,
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        let want = free.min(worker.claim_batch);
+        let now = now_ms();
+        let lease_until = now + worker.lease().as_millis() as i64;
+        let claimed = match svc
+            .store
+            .claim_tasks(&svc.instance_id, want, lease_until, now)
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming tasks failed; will retry");
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => continue,
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        };
+        let got = claimed.len();
+        // The claimed tasks' messages in one read; a task whose message is not among them
+        // (the read failed) reads its own.
+        let mut messages: HashMap<i64, MessageRow> = HashMap::new();
+        if got > 0 {
+            let ids: Vec<i64> = claimed.iter().map(|t| t.message_id).collect();
+            match svc.store.messages(&ids).await {
+                Ok(rows) => messages.extend(rows.into_iter().map(|m| (m.id, m))),
+                Err(e) => tracing::warn!(error = %e, "reading the claimed tasks' messages failed"),
+            }
+        }
+        // Reap finished runs so the set only holds what is in flight.
+        while running.try_join_next().is_some() {}
+        for task in claimed {
+            // Safe: at most `free` tasks were claimed and only this loop takes permits.
+            let permit = permits
+                .clone()
+                .try_acquire_owned()
+                .expect("permit reserved by claim size");
+            let svc = svc.clone();
+            let shutdown = shutdown.clone();
+            let message = messages.remove(&task.message_id);
+            let span = tracing::info_span!(
+                "task",
+                task_id = task.id,
+                conversation = tracing::field::Empty
+            );
+            running.spawn(
+                async move {
+                    run_claimed(svc.clone(), task, message, shutdown).await;
+                    drop(permit);
+                    // A finished task may unblock the next message of its conversation.
+                    svc.wake.tasks.notify_one();
+                    svc.slot_free.notify_one();
+                }
+                .instrument(span),
+            );
+        }
+        if got < want {
+            tokio::select! {
+                _ = svc.wake.tasks.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+    }
+    let grace = Duration::from_secs(worker.shutdown_grace_secs);
+    let drained = tokio::time::timeout(grace, async {
+        while running.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            in_flight = running.len(),
+            "shutdown grace period over; stopping unfinished tasks"
+        );
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+    }
+    tracing::info!("workers stopped");
+}
+
+async fn run_claimed(
+    svc: Arc<Worker>,
+    task: TaskRow,
+    message: Option<MessageRow>,
+    shutdown: CancellationToken,
+) {
+    let fence = Fence {
+        task_id: task.id,
+        owner: svc.instance_id.clone(),
+        version: task.version,
+    };
+    // Independent of `shutdown`: on shutdown a task in flight may still finish within the
+    // grace period; only a lost lease stops it early.
+    let lost = CancellationToken::new();
+    svc.running.track(task.id, Some(lost.clone()));
+    let guard = RunGuard {
+        heartbeat: tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone())),
+        forget: Some(Box::new({
+            let (svc, task_id) = (svc.clone(), fence.task_id);
+            move || svc.running.track(task_id, None)
+        })),
+    };
+    let result = run_task(&svc, &fence, &lost, task, message).await;
+    drop(guard);
+    match result {
+        Ok(()) => {}
+        Err(RunError::Parked) => tracing::info!("waiting for a human decision"),
+        Err(RunError::LostLease) => {
+            tracing::warn!("stopped: lost the lease on this task; another instance owns it now")
+        }
+        Err(RunError::Shutdown) => {
+            tracing::info!("interrupted by shutdown; the task resumes after restart")
+        }
+        Err(e) if shutdown.is_cancelled() => {
+            tracing::info!(error = %e, "interrupted during shutdown; the task resumes after restart")
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "task run aborted; it resumes when its lease expires")
+        }
+    }
+}
+
+/// Ends a run's heartbeat and forgets the run when the run ends, by return or by a panic:
+/// a panicking run must not leave its lease renewed forever (the lease then expires and the
+/// orphan reclaim gives the task to a worker again).
+struct RunGuard {
+    heartbeat: tokio::task::JoinHandle<()>,
+    /// Forgets the run (`RunningTasks::track`).
+    forget: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+        if let Some(forget) = self.forget.take() {
+            forget();
+        }
+    }
+}
+
+/// Renews the task's lease every third of its length; cancels `lost` when the task is no
+/// longer ours so the runner stops before its next side effect.
+async fn heartbeat(svc: Arc<Worker>, fence: Fence, lost: CancellationToken) {
+    let lease = svc.config.worker.lease();
+    let every = lease / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = lost.cancelled() => return,
+        }
+        let now = now_ms();
+        match svc
+            .journal
+            .renew_lease(&fence, now + lease.as_millis() as i64)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    task_id = fence.task_id,
+                    "lease renewal refused: ownership lost"
+                );
+                lost.cancel();
+                return;
+            }
+            Err(e) => tracing::warn!(task_id = fence.task_id, error = %e, "lease renewal failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use super::*;
+
+    /// Issue 17, item 12: a run that panics stops its heartbeat and is forgotten.
+    #[tokio::test]
+    async fn a_panicking_run_stops_its_heartbeat() {
+        let beats = Arc::new(AtomicU64::new(0));
+        let forgotten = Arc::new(AtomicBool::new(false));
+        let (b, f) = (beats.clone(), forgotten.clone());
+        let run = tokio::spawn(async move {
+            let _guard = RunGuard {
+                heartbeat: tokio::spawn(async move {
+                    loop {
+                        b.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }),
+                forget: Some(Box::new(move || f.store(true, Ordering::SeqCst))),
+            };
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            panic!("a bug inside a task run");
+        });
+        assert!(run.await.unwrap_err().is_panic());
+        assert!(forgotten.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let after = beats.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            beats.load(Ordering::SeqCst),
+            after,
+            "the heartbeat still runs"
+        );
+    }
+}

@@ -1,0 +1,88 @@
+//! What one run of a task works with: its context (task row, message, agent snapshot), the
+//! provider its model calls go to, and why a run stopped early.
+
+use crate::agents::AgentDefinition;
+use crate::domain::{MessageRow, TaskRow};
+use crate::store::StoreError;
+
+use super::worker::Worker;
+
+/// Why a task run stopped before finishing the task.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("lost ownership of the task (lease expired or taken over)")]
+    LostLease,
+    #[error("shutting down")]
+    Shutdown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Corrupt(String),
+    /// The task now waits for a human (approval, or an interrupted unsafe step).
+    #[error("waiting for a human decision")]
+    Parked,
+}
+
+/// What a run needs to know about its task, loaded once after the claim.
+pub struct TaskContext {
+    pub task: TaskRow,
+    pub message: MessageRow,
+    /// The agent version as snapshotted into the task at its first claim.
+    pub agent: AgentDefinition,
+}
+
+pub(crate) async fn load_context(svc: &Worker, task_id: i64) -> Result<TaskContext, RunError> {
+    let task = svc
+        .store
+        .task(task_id)
+        .await?
+        .ok_or_else(|| RunError::Corrupt("claimed task vanished".into()))?;
+    context_of(svc, task, None).await
+}
+
+/// The run context of `task` (as its claim returned it): its message (`message` when the
+/// caller has read it already) and agent snapshot.
+pub(crate) async fn context_of(
+    svc: &Worker,
+    task: TaskRow,
+    message: Option<MessageRow>,
+) -> Result<TaskContext, RunError> {
+    let message = match message {
+        Some(message) => message,
+        None => svc
+            .store
+            .message(task.message_id)
+            .await?
+            .ok_or_else(|| RunError::Corrupt(format!("message {} missing", task.message_id)))?,
+    };
+    let snapshot = task
+        .workflow_snapshot
+        .as_deref()
+        .ok_or_else(|| RunError::Corrupt("task has no agent snapshot".into()))?;
+    let agent: AgentDefinition = serde_json::from_str(snapshot)
+        .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
+    Ok(TaskContext {
+        task,
+        message,
+        agent,
+    })
+}
+
+/// The provider an agent's model calls go to, and the model name to send.
+pub(crate) fn model_of<'a>(
+    svc: &'a Worker,
+    agent: &AgentDefinition,
+) -> Result<(&'a crate::llm::OpenAiClient, String), RunError> {
+    let provider = svc.llm.provider(&agent.provider).ok_or_else(|| {
+        RunError::Corrupt(format!(
+            "the agent's provider `{}` is no longer configured",
+            agent.provider
+        ))
+    })?;
+    let model = if agent.model.is_empty() {
+        provider.model.clone()
+    } else {
+        agent.model.clone()
+    };
+    Ok((provider, model))
+}
