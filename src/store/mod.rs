@@ -19,6 +19,7 @@ pub mod intake;
 pub mod jobs;
 pub mod journal;
 pub mod outbox;
+mod sql;
 pub mod summary;
 pub mod tasks;
 pub mod workflow;

@@ -2,7 +2,7 @@
 //! `finish_task`); delivery claims it under a short lease so only one instance sends it at a
 //! time, and every send carries the row's one idempotency key.
 
-use super::tasks::insert_audit;
+use super::sql::insert_audit;
 use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 

@@ -9,7 +9,7 @@ use std::hash::Hash;
 
 use serde_json::{Value, json};
 
-use super::tasks::STEP_COLUMNS;
+use super::sql::STEP_COLUMNS;
 use super::{Dialect, PerDialect, Store, StoreResult, write_tx};
 use crate::domain::ReplyRow;
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};

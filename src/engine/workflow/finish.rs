@@ -1,0 +1,158 @@
+//! How a workflow run ends: compensation of finished compensable steps after a failure,
+//! then the terminal status and the one reply in one transaction.
+
+use serde_json::{Value, json};
+
+use crate::domain::{
+    AuditEvent, FailureType, ReplyType, StepType, TaskStatus, now_ms, reply_key, truncate,
+};
+use crate::domain::{NewReply, TaskOutcome};
+use crate::engine::reply;
+use crate::engine::task::RunError;
+
+use super::runner::{CallErr, CallOk, ERROR_LIMIT, RetryPlan, Runner, StepDone, Stop};
+
+impl Runner<'_> {
+    /// Undoes the finished compensable steps, newest first; each undo is a journalled step.
+    pub(super) async fn compensate(&mut self) -> Result<(), RunError> {
+        let svc = self.svc;
+        let tooling = &svc.config.tooling;
+        let plan = RetryPlan {
+            max_tries: tooling.read_only_attempts,
+            base_ms: tooling.retry_backoff_base_ms,
+            max_ms: tooling.retry_backoff_max_ms,
+        };
+        while let Some(done) = self.compensable.pop() {
+            let input = json!({ "args": done.args, "result": done.result });
+            let (tool, args, result) = (&done.tool, &done.args, &done.result);
+            let outcome = self
+                .journal(
+                    StepType::Undo,
+                    &format!("undo:{tool}"),
+                    &input,
+                    true,
+                    move |key| async move {
+                        match svc.tools.undo(tool, args, result, &key).await {
+                            Ok(output) => Ok(CallOk {
+                                output,
+                                tokens_in: None,
+                                tokens_out: None,
+                            }),
+                            Err(e) => Err(CallErr {
+                                failure: FailureType::ToolFailed,
+                                retry: e.retryable.then_some(plan),
+                                message: e.message,
+                                retry_after: None,
+                            }),
+                        }
+                    },
+                )
+                .await;
+            match outcome {
+                Ok(StepDone::Ok { .. }) => {
+                    if !svc
+                        .store
+                        .mark_step_compensated(self.fence, done.step_no, now_ms())
+                        .await?
+                    {
+                        return Err(RunError::LostLease);
+                    }
+                }
+                Ok(StepDone::Failed(_, message)) => {
+                    tracing::error!(step = done.step_no, tool = %done.tool, error = %message, "compensation failed");
+                    svc.store
+                        .audit(
+                            Some(self.fence.task_id),
+                            AuditEvent::TaskFailed,
+                            &self.fence.owner,
+                            &format!(
+                                "undo of step {} ({}) failed: {message}",
+                                done.step_no, done.tool
+                            ),
+                            true,
+                            now_ms(),
+                        )
+                        .await?;
+                }
+                Err(Stop::Run(e)) => return Err(e),
+                Err(Stop::Failed(_, message)) => {
+                    return Err(RunError::Corrupt(format!(
+                        "compensation stopped: {message}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn trace_json(&self) -> String {
+        json!({ "nodes": self.trace, "steps": self.step_no }).to_string()
+    }
+
+    pub(super) async fn finish_success(
+        &mut self,
+        reply_type: ReplyType,
+        content: Value,
+        result: String,
+    ) -> Result<(), RunError> {
+        let task = &self.ctx.task;
+        let outcome = TaskOutcome {
+            status: TaskStatus::Succeeded,
+            result: Some(result),
+            trace: Some(self.trace_json()),
+            failure_type: None,
+            error: None,
+            retries: 0,
+            step: None,
+            reply: NewReply {
+                idempotency_key: reply_key(task.id, task.resume_count),
+                channel: task.channel.clone(),
+                conversation_id: task.conversation_id.clone(),
+                in_reply_to: self.ctx.message.external_message_id.clone(),
+                reply_type,
+                content: content.to_string(),
+            },
+            audit_summary: format!("workflow finished after {} step(s)", self.step_no),
+        };
+        self.finish(outcome).await
+    }
+
+    pub(super) async fn finish_failure(
+        &mut self,
+        failure: FailureType,
+        message: String,
+    ) -> Result<(), RunError> {
+        tracing::warn!(failure_type = %failure, error = %message, "workflow failed");
+        let task = &self.ctx.task;
+        let notice =
+            reply::failure_notice(&self.svc.config.replies.failure_notice, task.id, failure);
+        let outcome = TaskOutcome {
+            status: TaskStatus::Failed,
+            result: None,
+            trace: Some(self.trace_json()),
+            failure_type: Some(failure),
+            error: Some(truncate(&message, ERROR_LIMIT)),
+            retries: 0,
+            step: None,
+            reply: NewReply {
+                idempotency_key: reply_key(task.id, task.resume_count),
+                channel: task.channel.clone(),
+                conversation_id: task.conversation_id.clone(),
+                in_reply_to: self.ctx.message.external_message_id.clone(),
+                reply_type: ReplyType::Text,
+                content: notice.to_string(),
+            },
+            audit_summary: format!("{failure}: {}", truncate(&message, 300)),
+        };
+        self.finish(outcome).await
+    }
+
+    pub(super) async fn finish(&mut self, outcome: TaskOutcome) -> Result<(), RunError> {
+        if !self.svc.journal.finish_task(self.fence, &outcome).await? {
+            return Err(RunError::LostLease);
+        }
+        tracing::info!(status = %outcome.status, steps = self.step_no, "workflow task finished");
+        self.svc.wake.replies.notify_one();
+        Ok(())
+    }
+}
