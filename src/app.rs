@@ -102,7 +102,7 @@ impl App {
         let config = Arc::new(config);
         let wake = Arc::new(Wake::default());
         let running = Arc::new(RunningTasks::default());
-        let channels = Arc::new(Channels::from_config(&config, &store)?);
+        let channels = Arc::new(Channels::from_config(&config)?);
         let llm = Arc::new(llm);
         let tools = Arc::new(tools);
         let journal = Arc::new(Journal::start(store.clone(), &config.worker));

@@ -470,13 +470,13 @@ pub struct LogConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelsConfig {
-    pub generic: GenericChannelConfig,
-    pub slack: SlackChannelConfig,
-    pub telegram: TelegramChannelConfig,
-    pub matrix: MatrixChannelConfig,
-    pub lark: LarkChannelConfig,
-    pub dingtalk: DingTalkChannelConfig,
-    pub wecom: WeComChannelConfig,
+    pub generic: crate::channels::generic::GenericChannelConfig,
+    pub slack: crate::channels::slack::SlackChannelConfig,
+    pub telegram: crate::channels::telegram::TelegramChannelConfig,
+    pub matrix: crate::channels::matrix::MatrixChannelConfig,
+    pub lark: crate::channels::lark::LarkChannelConfig,
+    pub dingtalk: crate::channels::dingtalk::DingTalkChannelConfig,
+    pub wecom: crate::channels::wecom::WeComChannelConfig,
     pub console: ConsoleChannelConfig,
 }
 
@@ -487,115 +487,6 @@ pub struct ConsoleChannelConfig {
     /// Only answer requests from loopback addresses.
     pub loopback_only: bool,
     pub agent: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WeComChannelConfig {
-    pub enabled: bool,
-    pub corp_id: String,
-    pub agent_id: String,
-    /// The app's secret, for the send-message API's access token.
-    pub secret: String,
-    /// Callback token (signatures).
-    pub token: String,
-    /// Callback EncodingAESKey (43 characters).
-    pub encoding_aes_key: String,
-    pub api_base_url: String,
-    pub agent: String,
-    /// Least time between two sends into one chat, in ms (0 = no pacing).
-    pub per_chat_interval_ms: u64,
-    /// Accepted age of a callback's `timestamp`, in seconds.
-    pub timestamp_tolerance_secs: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DingTalkChannelConfig {
-    pub enabled: bool,
-    pub app_key: String,
-    /// Signs inbound requests and authenticates the robot API.
-    pub app_secret: String,
-    pub robot_code: String,
-    pub api_base_url: String,
-    pub agent: String,
-    /// Least time between two sends into one chat, in ms (0 = no pacing).
-    pub per_chat_interval_ms: u64,
-    /// Accepted age of the `timestamp` header, in seconds (DingTalk: one hour).
-    pub timestamp_tolerance_secs: u64,
-    /// Origins (`https://oapi.dingtalk.com`) a message's `sessionWebhook` may point to.
-    pub session_webhook_origins: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LarkChannelConfig {
-    pub enabled: bool,
-    pub app_id: String,
-    pub app_secret: String,
-    pub verification_token: String,
-    /// Empty = events arrive in plain text (then only the token is checked).
-    pub encrypt_key: String,
-    pub api_base_url: String,
-    pub agent: String,
-    /// Least time between two sends into one chat, in ms (0 = no pacing).
-    pub per_chat_interval_ms: u64,
-    pub timestamp_tolerance_secs: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MatrixChannelConfig {
-    pub enabled: bool,
-    pub homeserver_url: String,
-    /// The application service's token towards the homeserver.
-    pub as_token: String,
-    /// The homeserver's token towards us (checked on every transaction).
-    pub hs_token: String,
-    /// The bot's user id, e.g. @assistd:example.org.
-    pub bot_user_id: String,
-    pub agent: String,
-    /// Least time between two sends into one chat, in ms (0 = no pacing).
-    pub per_chat_interval_ms: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SlackChannelConfig {
-    pub enabled: bool,
-    pub signing_secret: String,
-    pub bot_token: String,
-    pub api_base_url: String,
-    /// The bot's own user id (its messages are ignored).
-    pub bot_user_id: String,
-    pub agent: String,
-    /// Least time between two sends into one chat, in ms (0 = no pacing).
-    pub per_chat_interval_ms: u64,
-    pub timestamp_tolerance_secs: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TelegramChannelConfig {
-    pub enabled: bool,
-    pub bot_token: String,
-    pub secret_token: String,
-    pub api_base_url: String,
-    /// The bot's @username without the @ (mentions of it are stripped).
-    pub bot_username: String,
-    pub agent: String,
-    /// Least time between two sends into one chat, in ms (0 = no pacing).
-    pub per_chat_interval_ms: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GenericChannelConfig {
-    pub enabled: bool,
-    pub secret: String,
-    pub reply_url: String,
-    pub agent: String,
-    pub timestamp_tolerance_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]

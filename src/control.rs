@@ -173,3 +173,24 @@ pub async fn decide(
         }
     })
 }
+
+/// The decision a reaction stands for: `None` unless it reacts to an approval request sent
+/// on `channel` (found by the platform message id the platform gave that request).
+pub async fn reaction_decision(
+    store: &Store,
+    channel: &str,
+    approver: &str,
+    approve: bool,
+    target: &str,
+) -> StoreResult<Option<crate::domain::CardAction>> {
+    let asked = store
+        .reply_by_platform_message(channel, target)
+        .await?
+        .and_then(|reply| crate::channels::cards::approval_of(&reply.content));
+    Ok(asked.map(|(task_id, step_no)| crate::domain::CardAction {
+        task_id,
+        step_no,
+        approve,
+        approver: approver.to_string(),
+    }))
+}

@@ -464,6 +464,10 @@ pub struct ReplyRow {
     pub last_error: Option<String>,
     pub created_at: i64,
     pub sent_at: Option<i64>,
+    /// The answered message's `reply_context` (DingTalk's session webhook), read by the
+    /// outbox for platforms that want it; not a column of the reply.
+    #[sqlx(skip)]
+    pub reply_context: Option<String>,
 }
 
 /// A card action (Approve/Reject) posted back by the IM.

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::channels::platform::Once;
 use crate::config::IntakeConfig;
 use crate::domain::now_ms;
 use crate::domain::{Ingested, NewMessage};
@@ -145,4 +146,50 @@ impl IntakeQueue {
     pub async fn ingest(&self, message: &NewMessage, agent: &str) -> StoreResult<Ingested> {
         self.0.submit((message.clone(), agent.to_string())).await
     }
+}
+
+/// Whether a request kept to once (`channels::platform::Once`) may be carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnceCheck {
+    /// First time (or a retry of the same body): carry it out.
+    Go,
+    /// Already done (a repeated Matrix transaction): answer without doing anything.
+    Done,
+    /// A replayed signature with another body (DingTalk): refuse.
+    Replayed,
+}
+
+/// Checks (and, for a signed pair, records) the key a request is kept to once under.
+pub async fn check_once(store: &Store, once: &Once, now: i64) -> StoreResult<OnceCheck> {
+    Ok(match once {
+        Once::SignedPair {
+            namespace,
+            pair,
+            body,
+        } => {
+            if store.record_inbound_once(namespace, pair, now).await? {
+                store.record_inbound_once(namespace, body, now).await?;
+                OnceCheck::Go
+            } else if store.inbound_seen(namespace, body).await? {
+                OnceCheck::Go
+            } else {
+                OnceCheck::Replayed
+            }
+        }
+        Once::Transaction { namespace, id } => {
+            if store.inbound_seen(namespace, id).await? {
+                OnceCheck::Done
+            } else {
+                OnceCheck::Go
+            }
+        }
+    })
+}
+
+/// Records a transaction as done, once all its events were handled.
+pub async fn done_once(store: &Store, once: &Once, now: i64) -> StoreResult<()> {
+    if let Once::Transaction { namespace, id } = once {
+        store.record_inbound_once(namespace, id, now).await?;
+    }
+    Ok(())
 }

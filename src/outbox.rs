@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use crate::backoff;
 use crate::channels::Channels;
+use crate::channels::platform::DeliveryError;
 use crate::config::Config;
 use crate::domain::{ReplyRow, ReplyStatus, now_ms};
 use crate::store::Store;
@@ -114,10 +115,10 @@ fn note_deferral(deferred: &mut Option<i64>, done: Result<Option<i64>, tokio::ta
 
 /// Sends one claimed reply and records the outcome; returns the time it was deferred to
 /// when its chat's send pace did not allow it yet (the attempt is not counted).
-async fn deliver(svc: &Sender, reply: ReplyRow) -> Option<i64> {
+async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
     let cfg = &svc.config.outbox;
     let owner = &svc.instance_id;
-    let interval = Channels::chat_interval_ms(&svc.config, &reply.channel);
+    let interval = svc.channels.chat_interval_ms(&reply.channel);
     if let Err(at) =
         svc.channels
             .pacer
@@ -131,17 +132,21 @@ async fn deliver(svc: &Sender, reply: ReplyRow) -> Option<i64> {
     }
     // A previous try was claimed but left no result (its instance died mid-send): where a
     // re-send could show the reply twice, its outcome is unknown and it is not repeated.
-    let result = if Channels::resend_is_blind(&reply.channel)
+    let result = if svc.channels.resend_is_blind(&reply.channel)
         && reply.attempts > 1
         && reply.last_error.is_none()
     {
-        Err(crate::channels::DeliveryError {
+        Err(DeliveryError {
             message:
                 "a previous send was interrupted and the platform cannot tell whether it arrived"
                     .into(),
             retry_after: None,
             unknown: true,
         })
+    } else if let Err(e) = with_reply_context(svc, &mut reply).await {
+        Err(DeliveryError::retry(format!(
+            "reply context unavailable: {e}"
+        )))
     } else {
         svc.channels.send(&reply).await
     };
@@ -197,4 +202,16 @@ async fn deliver(svc: &Sender, reply: ReplyRow) -> Option<i64> {
         Err(e) => tracing::error!(error = %e, "recording the delivery result failed"),
     }
     None
+}
+
+/// Puts the answered message's `reply_context` on the reply, for platforms that send with it
+/// (DingTalk's session webhook).
+async fn with_reply_context(svc: &Sender, reply: &mut ReplyRow) -> crate::store::StoreResult<()> {
+    if svc.channels.wants_reply_context(&reply.channel) {
+        reply.reply_context = svc
+            .store
+            .reply_context(&reply.channel, &reply.in_reply_to)
+            .await?;
+    }
+    Ok(())
 }

@@ -17,15 +17,34 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use super::{Delivered, DeliveryError, Inbound, Refused};
-use crate::config::{DingTalkChannelConfig, OutboxConfig};
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
+    no_route,
+};
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
-use crate::store::Store;
 
 pub const CHANNEL: &str = "dingtalk";
 /// The `inbound_once` channel under which used timestamp/sign pairs are remembered.
 pub const SIGN_KEYS: &str = "dingtalk-sign";
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DingTalkChannelConfig {
+    pub enabled: bool,
+    pub app_key: String,
+    /// Signs inbound requests and authenticates the robot API.
+    pub app_secret: String,
+    pub robot_code: String,
+    pub api_base_url: String,
+    pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
+    /// Accepted age of the `timestamp` header, in seconds (DingTalk: one hour).
+    pub timestamp_tolerance_secs: u64,
+    /// Origins (`https://oapi.dingtalk.com`) a message's `sessionWebhook` may point to.
+    pub session_webhook_origins: Vec<String>,
+}
 
 /// base64 HMAC-SHA256(secret, "<timestamp>\n<secret>").
 pub fn sign(secret: &str, timestamp: &str) -> String {
@@ -107,7 +126,7 @@ pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
         return Ok(Inbound::Ignore("empty message"));
     }
     let staff = v["senderStaffId"].as_str().map(str::to_string);
-    if let Some((approve, task_id, step_no)) = super::parse_decision_command(&text) {
+    if let Some((approve, task_id, step_no)) = super::platform::parse_decision_command(&text) {
         return Ok(Inbound::Action {
             action: crate::domain::CardAction {
                 task_id,
@@ -116,6 +135,7 @@ pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
                 approver: staff.unwrap_or(sender),
             },
             ack: None,
+            with_task: false,
         });
     }
     let msg_id = field("msgId")?;
@@ -147,31 +167,25 @@ pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
 }
 
 pub struct DingTalkChannel {
+    config: DingTalkChannelConfig,
     http: reqwest::Client,
     api: String,
     app_key: String,
     app_secret: String,
     robot_code: String,
-    store: Store,
-    token: super::TokenCache,
+    token: super::platform::TokenCache,
 }
 
 impl DingTalkChannel {
-    pub fn new(
-        config: &DingTalkChannelConfig,
-        outbox: &OutboxConfig,
-        store: Store,
-    ) -> anyhow::Result<Self> {
+    pub fn new(config: &DingTalkChannelConfig, timeout: Duration) -> anyhow::Result<Self> {
         Ok(DingTalkChannel {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(outbox.timeout_secs))
-                .build()?,
+            config: config.clone(),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
             api: config.api_base_url.trim_end_matches('/').to_string(),
             app_key: config.app_key.clone(),
             app_secret: config.app_secret.clone(),
             robot_code: config.robot_code.clone(),
-            store,
-            token: super::TokenCache::default(),
+            token: super::platform::TokenCache::default(),
         })
     }
 
@@ -211,12 +225,10 @@ impl DingTalkChannel {
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
-        let context: Value = self
-            .store
-            .reply_context(CHANNEL, &reply.in_reply_to)
-            .await
-            .map_err(|e| DeliveryError::retry(format!("reply context unavailable: {e}")))?
-            .and_then(|c| serde_json::from_str(&c).ok())
+        let context: Value = reply
+            .reply_context
+            .as_deref()
+            .and_then(|c| serde_json::from_str(c).ok())
             .unwrap_or(Value::Null);
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("").to_string();
@@ -294,6 +306,70 @@ impl DingTalkChannel {
             retry_after: (status.as_u16() == 429).then(|| Duration::from_secs(1)),
             unknown: false,
         })
+    }
+}
+
+impl Platform for DingTalkChannel {
+    fn name(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn agent(&self) -> &str {
+        &self.config.agent
+    }
+
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async move {
+            if (request.method, request.rest) != ("POST", "") {
+                return Err(no_route());
+            }
+            let (timestamp, sign) = (request.header("timestamp"), request.header("sign"));
+            verify(
+                &self.config.app_secret,
+                timestamp,
+                sign,
+                request.now_ms,
+                self.config.timestamp_tolerance_secs,
+            )?;
+            // The sign covers only the timestamp and stays valid for the window, so a captured
+            // pair could carry any body: each pair is good for the one body it first came with
+            // (DingTalk's retries of that body still pass, and are deduplicated on msgId).
+            let (pair, body) =
+                signed_pair_keys(timestamp.unwrap_or(""), sign.unwrap_or(""), request.body);
+            let mut parsed = match parse(request.body, &self.config.session_webhook_origins) {
+                Ok(item) => Parsed::one(item),
+                Err(refused) => Parsed {
+                    items: Vec::new(),
+                    refused: Some(refused),
+                    ..Parsed::one(Inbound::Ignore("refused"))
+                },
+            };
+            parsed.once = Some(Once::SignedPair {
+                namespace: SIGN_KEYS,
+                pair,
+                body,
+            });
+            Ok(parsed)
+        })
+    }
+
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(DingTalkChannel::send(self, reply))
+    }
+
+    fn chat_interval_ms(&self) -> u64 {
+        self.config.per_chat_interval_ms
+    }
+
+    fn resend_is_blind(&self) -> bool {
+        true
+    }
+
+    fn wants_reply_context(&self) -> bool {
+        true
     }
 }
 

@@ -10,8 +10,10 @@ use hmac::{Hmac, Mac};
 use serde_json::{Map, Value, json};
 use sha2::Sha256;
 
-use super::{Delivered, DeliveryError};
-use crate::config::{GenericChannelConfig, OutboxConfig};
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    no_route,
+};
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -20,6 +22,16 @@ pub const CHANNEL: &str = "generic";
 pub const TIMESTAMP_HEADER: &str = "x-assistd-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-assistd-signature";
 const SIGNATURE_VERSION: &str = "v1=";
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenericChannelConfig {
+    pub enabled: bool,
+    pub secret: String,
+    pub reply_url: String,
+    pub agent: String,
+    pub timestamp_tolerance_secs: u64,
+}
 
 /// Longest accepted id field (event, message, conversation, sender), in bytes.
 const MAX_ID_LEN: usize = crate::domain::MAX_ID_BYTES;
@@ -159,17 +171,17 @@ fn required(object: &Map<String, Value>, field: &str, max_len: usize) -> Result<
 /// Sends replies to the IM's reply URL.
 #[derive(Clone)]
 pub struct GenericChannel {
+    config: GenericChannelConfig,
     http: reqwest::Client,
     secret: String,
     reply_url: String,
 }
 
 impl GenericChannel {
-    pub fn new(config: &GenericChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &GenericChannelConfig, timeout: Duration) -> anyhow::Result<Self> {
         Ok(GenericChannel {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(outbox.timeout_secs))
-                .build()?,
+            config: config.clone(),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
             secret: config.secret.clone(),
             reply_url: config.reply_url.clone(),
         })
@@ -252,6 +264,51 @@ impl GenericChannel {
             retry_after,
             unknown: false,
         })
+    }
+}
+
+impl Platform for GenericChannel {
+    fn name(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn agent(&self) -> &str {
+        &self.config.agent
+    }
+
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async move {
+            let action = match (request.method, request.rest) {
+                ("POST", "") => false,
+                ("POST", "actions") => true,
+                _ => return Err(no_route()),
+            };
+            verify(
+                &self.config.secret,
+                request.header(TIMESTAMP_HEADER),
+                request.header(SIGNATURE_HEADER),
+                request.body,
+                request.now_ms / 1000,
+                self.config.timestamp_tolerance_secs,
+            )
+            .map_err(Refused::Unauthorized)?;
+            Ok(Parsed::one(if action {
+                Inbound::Action {
+                    action: parse_action(request.body).map_err(Refused::BadRequest)?,
+                    ack: None,
+                    with_task: true,
+                }
+            } else {
+                Inbound::Message(parse(request.body).map_err(Refused::BadRequest)?)
+            }))
+        })
+    }
+
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(GenericChannel::send(self, reply))
     }
 }
 

@@ -13,8 +13,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{Delivered, DeliveryError, Inbound, Refused};
-use crate::config::{LarkChannelConfig, OutboxConfig};
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    no_route,
+};
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -25,6 +27,22 @@ pub const NONCE_HEADER: &str = "x-lark-request-nonce";
 pub const SIGNATURE_HEADER: &str = "x-lark-signature";
 /// Lark accepts `uuid`s of at most this many characters.
 const UUID_MAX: usize = 50;
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LarkChannelConfig {
+    pub enabled: bool,
+    pub app_id: String,
+    pub app_secret: String,
+    pub verification_token: String,
+    /// Empty = events arrive in plain text (then only the token is checked).
+    pub encrypt_key: String,
+    pub api_base_url: String,
+    pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
+    pub timestamp_tolerance_secs: u64,
+}
 
 type Aes256CbcDec = cbc::Decryptor<aes::Aes256>;
 
@@ -143,7 +161,11 @@ pub fn parse_card_action(
     let Some(action) = CardAction::from_card_value(value, approver) else {
         return Ok(Inbound::Ignore("not an approval action"));
     };
-    Ok(Inbound::Action { action, ack: None })
+    Ok(Inbound::Action {
+        action,
+        ack: None,
+        with_task: false,
+    })
 }
 
 /// The one answer to an unsigned request in encrypted mode, whatever its body holds, so
@@ -231,23 +253,23 @@ fn token_matches(config: &LarkChannelConfig, token: Option<&str>) -> Result<(), 
 }
 
 pub struct LarkChannel {
+    config: LarkChannelConfig,
     http: reqwest::Client,
     api: String,
     app_id: String,
     app_secret: String,
-    token: super::TokenCache,
+    token: super::platform::TokenCache,
 }
 
 impl LarkChannel {
-    pub fn new(config: &LarkChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &LarkChannelConfig, timeout: Duration) -> anyhow::Result<Self> {
         Ok(LarkChannel {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(outbox.timeout_secs))
-                .build()?,
+            config: config.clone(),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
             api: config.api_base_url.trim_end_matches('/').to_string(),
             app_id: config.app_id.clone(),
             app_secret: config.app_secret.clone(),
-            token: super::TokenCache::default(),
+            token: super::platform::TokenCache::default(),
         })
     }
 
@@ -343,6 +365,48 @@ impl LarkChannel {
             retry_after: (status.as_u16() == 429).then(|| Duration::from_secs(1)),
             unknown: false,
         })
+    }
+}
+
+impl Platform for LarkChannel {
+    fn name(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn agent(&self) -> &str {
+        &self.config.agent
+    }
+
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async move {
+            let card = match (request.method, request.rest) {
+                ("POST", "") => false,
+                ("POST", "card") => true,
+                _ => return Err(no_route()),
+            };
+            let parts = (
+                request.header(TIMESTAMP_HEADER),
+                request.header(NONCE_HEADER),
+                request.header(SIGNATURE_HEADER),
+            );
+            let now = request.now_ms / 1000;
+            Ok(Parsed::one(if card {
+                parse_card_action(&self.config, parts, request.body, now)?
+            } else {
+                parse_event(&self.config, parts, request.body, now)?
+            }))
+        })
+    }
+
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(LarkChannel::send(self, reply))
+    }
+
+    fn chat_interval_ms(&self) -> u64 {
+        self.config.per_chat_interval_ms
     }
 }
 

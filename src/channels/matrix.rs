@@ -12,14 +12,31 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use super::{Delivered, DeliveryError, Refused};
-use crate::config::{MatrixChannelConfig, OutboxConfig};
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Once, Parsed, Platform,
+    Refused, no_route,
+};
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
-use crate::store::{Store, StoreResult};
 
 pub const CHANNEL: &str = "matrix";
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixChannelConfig {
+    pub enabled: bool,
+    pub homeserver_url: String,
+    /// The application service's token towards the homeserver.
+    pub as_token: String,
+    /// The homeserver's token towards us (checked on every transaction).
+    pub hs_token: String,
+    /// The bot's user id, e.g. @assistd:example.org.
+    pub bot_user_id: String,
+    pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
+}
 
 /// Why a transaction was refused, with the Matrix error code to answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,37 +88,6 @@ fn reaction_decision(key: &str) -> Option<bool> {
         "❌" | "✖" | "👎" => Some(false),
         _ => None,
     }
-}
-
-/// The (task id, step no) an approval request sent by [`MatrixChannel::send`] asks about,
-/// read from the stored reply content.
-fn approval_of(reply_content: &str) -> Option<(i64, i64)> {
-    let content: Value = serde_json::from_str(reply_content).ok()?;
-    let value = &content["card"]["actions"][0]["value"];
-    if content["card"]["card_type"] != "approval_request" {
-        return None;
-    }
-    Some((value["task_id"].as_i64()?, value["step_no"].as_i64()?))
-}
-
-/// The decision a reaction stands for: `None` unless it reacts to an approval request this
-/// channel sent (found by the event id the homeserver gave that message).
-pub async fn reaction_decision_of(
-    store: &Store,
-    approver: &str,
-    approve: bool,
-    target: &str,
-) -> StoreResult<Option<CardAction>> {
-    let asked = store
-        .reply_by_platform_message(CHANNEL, target)
-        .await?
-        .and_then(|reply| approval_of(&reply.content));
-    Ok(asked.map(|(task_id, step_no)| CardAction {
-        task_id,
-        step_no,
-        approve,
-        approver: approver.to_string(),
-    }))
 }
 
 /// Parses a verified transaction body.
@@ -162,7 +148,9 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                 if text.is_empty() {
                     continue;
                 }
-                if let Some((approve, task_id, step_no)) = super::parse_decision_command(&text) {
+                if let Some((approve, task_id, step_no)) =
+                    super::platform::parse_decision_command(&text)
+                {
                     out.push(MatrixEvent::Decision(CardAction {
                         task_id,
                         step_no,
@@ -190,6 +178,7 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
 
 #[derive(Clone)]
 pub struct MatrixChannel {
+    config: MatrixChannelConfig,
     http: reqwest::Client,
     homeserver: String,
     as_token: String,
@@ -200,11 +189,10 @@ fn encode(segment: &str) -> String {
 }
 
 impl MatrixChannel {
-    pub fn new(config: &MatrixChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &MatrixChannelConfig, timeout: Duration) -> anyhow::Result<Self> {
         Ok(MatrixChannel {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(outbox.timeout_secs))
-                .build()?,
+            config: config.clone(),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
             homeserver: config.homeserver_url.trim_end_matches('/').to_string(),
             as_token: config.as_token.clone(),
         })
@@ -276,6 +264,103 @@ impl MatrixChannel {
             retry_after: answer["retry_after_ms"].as_u64().map(Duration::from_millis),
             unknown: false,
         })
+    }
+}
+
+impl Platform for MatrixChannel {
+    fn name(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn agent(&self) -> &str {
+        &self.config.agent
+    }
+
+    /// A transaction (`PUT .../transactions/{txn}`, with or without the
+    /// `_matrix/app/v1/` prefix): every event is handled; a repeated transaction repeats
+    /// nothing (its messages are duplicates by event id).
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async move {
+            let txn = request
+                .rest
+                .strip_prefix("_matrix/app/v1/")
+                .unwrap_or(request.rest)
+                .strip_prefix("transactions/")
+                .filter(|t| !t.is_empty() && !t.contains('/'));
+            let (Some(txn), "PUT") = (txn, request.method) else {
+                return Err(no_route());
+            };
+            let refuse = |status: u16, errcode: &str, error: &str| {
+                Refused::Answer(Fixed {
+                    status,
+                    content_type: "application/json",
+                    body: json!({ "errcode": errcode, "error": error }).to_string(),
+                })
+            };
+            match verify(
+                &self.config.hs_token,
+                request.header("authorization"),
+                request.query_param("access_token").as_deref(),
+            ) {
+                Ok(()) => {}
+                Err(MatrixRefusal::Unauthorized) => {
+                    return Err(refuse(401, "M_UNAUTHORIZED", "missing token"));
+                }
+                Err(MatrixRefusal::Forbidden) => {
+                    return Err(refuse(403, "M_FORBIDDEN", "bad token"));
+                }
+            }
+            let items = parse(request.body, &self.config.bot_user_id)?
+                .into_iter()
+                .map(|event| match event {
+                    MatrixEvent::Message(message) => Inbound::Message(message),
+                    MatrixEvent::Invite(room) => Inbound::Invite(room),
+                    MatrixEvent::Decision(action) => Inbound::Action {
+                        action,
+                        ack: None,
+                        with_task: false,
+                    },
+                    MatrixEvent::Reaction {
+                        approver,
+                        approve,
+                        target,
+                    } => Inbound::Reaction {
+                        approver,
+                        approve,
+                        target,
+                    },
+                })
+                .collect();
+            Ok(Parsed {
+                items,
+                once: Some(Once::Transaction {
+                    namespace: CHANNEL,
+                    id: txn.to_string(),
+                }),
+                transaction: true,
+                answer: Some(Fixed {
+                    status: 200,
+                    content_type: "application/json",
+                    body: "{}".into(),
+                }),
+                refused: None,
+            })
+        })
+    }
+
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(MatrixChannel::send(self, reply))
+    }
+
+    fn accept_invite<'a>(&'a self, room: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(self.join(room))
+    }
+
+    fn chat_interval_ms(&self) -> u64 {
+        self.config.per_chat_interval_ms
     }
 }
 

@@ -11,8 +11,10 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use super::{Delivered, DeliveryError, Inbound, Refused};
-use crate::config::{OutboxConfig, SlackChannelConfig};
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    no_route,
+};
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -22,6 +24,21 @@ pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-slack-signature";
 /// The metadata event type that carries a reply's key.
 const METADATA_EVENT: &str = "assistd_reply";
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlackChannelConfig {
+    pub enabled: bool,
+    pub signing_secret: String,
+    pub bot_token: String,
+    pub api_base_url: String,
+    /// The bot's own user id (its messages are ignored).
+    pub bot_user_id: String,
+    pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
+    pub timestamp_tolerance_secs: u64,
+}
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -158,7 +175,11 @@ pub fn parse_action(body: &[u8]) -> Result<Inbound, Refused> {
     let Some(action) = CardAction::from_card_value(&value, approver) else {
         return Ok(Inbound::Ignore("action value is not an approval"));
     };
-    Ok(Inbound::Action { action, ack: None })
+    Ok(Inbound::Action {
+        action,
+        ack: None,
+        with_task: false,
+    })
 }
 
 /// Removes `<@U123>` user mentions.
@@ -181,17 +202,17 @@ fn strip_mentions(text: &str) -> String {
 
 #[derive(Clone)]
 pub struct SlackChannel {
+    config: SlackChannelConfig,
     http: reqwest::Client,
     api: String,
     token: String,
 }
 
 impl SlackChannel {
-    pub fn new(config: &SlackChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &SlackChannelConfig, timeout: Duration) -> anyhow::Result<Self> {
         Ok(SlackChannel {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(outbox.timeout_secs))
-                .build()?,
+            config: config.clone(),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
             api: config.api_base_url.trim_end_matches('/').to_string(),
             token: config.bot_token.clone(),
         })
@@ -305,6 +326,50 @@ impl SlackChannel {
             retry_after,
             unknown: false,
         })
+    }
+}
+
+impl Platform for SlackChannel {
+    fn name(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn agent(&self) -> &str {
+        &self.config.agent
+    }
+
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async move {
+            let action = match (request.method, request.rest) {
+                ("POST", "") => false,
+                ("POST", "actions") => true,
+                _ => return Err(no_route()),
+            };
+            verify(
+                &self.config.signing_secret,
+                request.header(TIMESTAMP_HEADER),
+                request.header(SIGNATURE_HEADER),
+                request.body,
+                request.now_ms / 1000,
+                self.config.timestamp_tolerance_secs,
+            )?;
+            Ok(Parsed::one(if action {
+                parse_action(request.body)?
+            } else {
+                parse_event(request.body, &self.config.bot_user_id)?
+            }))
+        })
+    }
+
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(SlackChannel::send(self, reply))
+    }
+
+    fn chat_interval_ms(&self) -> u64 {
+        self.config.per_chat_interval_ms
     }
 }
 

@@ -9,14 +9,30 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use super::{Delivered, DeliveryError, Inbound, Refused};
-use crate::config::{OutboxConfig, TelegramChannelConfig};
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    no_route,
+};
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
 
 pub const CHANNEL: &str = "telegram";
 pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelegramChannelConfig {
+    pub enabled: bool,
+    pub bot_token: String,
+    pub secret_token: String,
+    pub api_base_url: String,
+    /// The bot's @username without the @ (mentions of it are stripped).
+    pub bot_username: String,
+    pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
+}
 
 /// Checks the secret token header in constant time.
 pub fn verify(expected: &str, given: Option<&str>) -> Result<(), Refused> {
@@ -105,6 +121,7 @@ fn parse_callback(query: &Value) -> Result<Inbound, Refused> {
             approver: approver.to_string(),
         },
         ack: Some(id.to_string()),
+        with_task: false,
     })
 }
 
@@ -120,16 +137,16 @@ fn strip_mention(text: &str, bot_username: &str) -> String {
 
 #[derive(Clone)]
 pub struct TelegramChannel {
+    config: TelegramChannelConfig,
     http: reqwest::Client,
     api: String,
 }
 
 impl TelegramChannel {
-    pub fn new(config: &TelegramChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &TelegramChannelConfig, timeout: Duration) -> anyhow::Result<Self> {
         Ok(TelegramChannel {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(outbox.timeout_secs))
-                .build()?,
+            config: config.clone(),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
             api: format!(
                 "{}/bot{}",
                 config.api_base_url.trim_end_matches('/'),
@@ -209,6 +226,45 @@ impl TelegramChannel {
     }
 }
 
+impl Platform for TelegramChannel {
+    fn name(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn agent(&self) -> &str {
+        &self.config.agent
+    }
+
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async move {
+            if (request.method, request.rest) != ("POST", "") {
+                return Err(no_route());
+            }
+            verify(&self.config.secret_token, request.header(SECRET_HEADER))?;
+            Ok(Parsed::one(parse(request.body, &self.config.bot_username)?))
+        })
+    }
+
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(TelegramChannel::send(self, reply))
+    }
+
+    fn acknowledge<'a>(&'a self, ack: &'a str, outcome: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(self.answer_callback(ack, outcome))
+    }
+
+    fn chat_interval_ms(&self) -> u64 {
+        self.config.per_chat_interval_ms
+    }
+
+    fn resend_is_blind(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,7 +292,7 @@ mod tests {
         assert!(matches!(parse(bot, "").unwrap(), Inbound::Ignore(_)));
         let cb = br#"{"update_id": 12, "callback_query": {"id": "cq1", "from": {"id": 42, "is_bot": false}, "data": "approve:7:3"}}"#;
         match parse(cb, "").unwrap() {
-            Inbound::Action { action, ack } => {
+            Inbound::Action { action, ack, .. } => {
                 assert_eq!(
                     (action.task_id, action.step_no, action.approve),
                     (7, 3, true)

@@ -15,14 +15,36 @@ use serde_json::{Value, json};
 use sha1::{Digest, Sha1};
 use subtle::ConstantTimeEq;
 
-use super::{Delivered, DeliveryError, Inbound, Refused};
-use crate::config::{OutboxConfig, WeComChannelConfig};
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
+    no_route,
+};
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
 
 pub const CHANNEL: &str = "wecom";
 /// WeCom pads to 32-byte blocks, not to the AES block size.
 const PAD_BLOCK: usize = 32;
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeComChannelConfig {
+    pub enabled: bool,
+    pub corp_id: String,
+    pub agent_id: String,
+    /// The app's secret, for the send-message API's access token.
+    pub secret: String,
+    /// Callback token (signatures).
+    pub token: String,
+    /// Callback EncodingAESKey (43 characters).
+    pub encoding_aes_key: String,
+    pub api_base_url: String,
+    pub agent: String,
+    /// Least time between two sends into one chat, in ms (0 = no pacing).
+    pub per_chat_interval_ms: u64,
+    /// Accepted age of a callback's `timestamp`, in seconds.
+    pub timestamp_tolerance_secs: u64,
+}
 
 /// The EncodingAESKey's last character carries spare bits that WeCom does not zero, so the
 /// decoder must allow them.
@@ -296,29 +318,30 @@ fn parse_card_event(message: &HashMap<String, String>) -> Result<Inbound, Refuse
             approver,
         },
         ack: None,
+        with_task: false,
     })
 }
 
 pub struct WeComChannel {
+    config: WeComChannelConfig,
     http: reqwest::Client,
     api: String,
     corp_id: String,
     secret: String,
     agent_id: String,
-    token: super::TokenCache,
+    token: super::platform::TokenCache,
 }
 
 impl WeComChannel {
-    pub fn new(config: &WeComChannelConfig, outbox: &OutboxConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &WeComChannelConfig, timeout: Duration) -> anyhow::Result<Self> {
         Ok(WeComChannel {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(outbox.timeout_secs))
-                .build()?,
+            config: config.clone(),
+            http: reqwest::Client::builder().timeout(timeout).build()?,
             api: config.api_base_url.trim_end_matches('/').to_string(),
             corp_id: config.corp_id.clone(),
             secret: config.secret.clone(),
             agent_id: config.agent_id.clone(),
-            token: super::TokenCache::default(),
+            token: super::platform::TokenCache::default(),
         })
     }
 
@@ -420,6 +443,70 @@ impl WeComChannel {
         }
     }
 }
+
+impl Platform for WeComChannel {
+    fn name(&self) -> &'static str {
+        CHANNEL
+    }
+
+    fn agent(&self) -> &str {
+        &self.config.agent
+    }
+
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async move {
+            let (msg_signature, timestamp, nonce, echostr) = (
+                request.query_param("msg_signature"),
+                request.query_param("timestamp"),
+                request.query_param("nonce"),
+                request.query_param("echostr"),
+            );
+            let query = CallbackQuery {
+                msg_signature: msg_signature.as_deref(),
+                timestamp: timestamp.as_deref(),
+                nonce: nonce.as_deref(),
+                echostr: echostr.as_deref(),
+            };
+            let now = request.now_ms / 1000;
+            match (request.method, request.rest) {
+                // The URL check when the callback is configured: answer the decrypted echo.
+                ("GET", "") => Ok(Parsed::one(Inbound::Respond {
+                    status: 200,
+                    content_type: PLAIN_TEXT,
+                    body: verify_url(&self.config, &query, now)?,
+                })),
+                ("POST", "") => {
+                    let mut parsed = Parsed::one(parse(&self.config, &query, request.body, now)?);
+                    // WeCom reads a non-empty answer as a passive reply: answer nothing.
+                    parsed.answer = Some(Fixed {
+                        status: 200,
+                        content_type: PLAIN_TEXT,
+                        body: String::new(),
+                    });
+                    Ok(parsed)
+                }
+                _ => Err(no_route()),
+            }
+        })
+    }
+
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(WeComChannel::send(self, reply))
+    }
+
+    fn chat_interval_ms(&self) -> u64 {
+        self.config.per_chat_interval_ms
+    }
+
+    fn resend_is_blind(&self) -> bool {
+        true
+    }
+}
+
+const PLAIN_TEXT: &str = "text/plain; charset=utf-8";
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,324 @@
+//! The shape every chat platform has: `Platform` (verify and parse an inbound request, send a
+//! reply, its pace and resend risk), the inbound request as a platform sees it, what it asks
+//! of assistd, and the helpers the platforms share (token cache, chat pacer, typed approval
+//! commands). A platform file imports this one and `domain`, never the store or the engine.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::domain::{CardAction, NewMessage, ReplyRow};
+
+/// A boxed future, so that `Platform` can be used as `dyn Platform`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One inbound HTTP request to `/webhooks/<platform>[/<rest>]`, as the platform sees it.
+pub struct InboundRequest<'a> {
+    /// `GET`, `POST` or `PUT`.
+    pub method: &'a str,
+    /// What follows `/webhooks/<platform>`: empty, or e.g. `actions`, `card`,
+    /// `transactions/<txn>`.
+    pub rest: &'a str,
+    pub headers: &'a http::HeaderMap,
+    /// The raw query string.
+    pub query: Option<&'a str>,
+    /// The raw body, already within `server.body_limit_bytes`.
+    pub body: &'a [u8],
+    pub now_ms: i64,
+}
+
+impl InboundRequest<'_> {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// A query parameter, decoded.
+    pub fn query_param(&self, name: &str) -> Option<String> {
+        url::form_urlencoded::parse(self.query.unwrap_or("").as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    }
+}
+
+/// What a verified request asks, and what must hold in the database before it is done.
+pub struct Parsed {
+    pub items: Vec<Inbound>,
+    /// A key the request is done at most once under (checked by the webhook layer).
+    pub once: Option<Once>,
+    /// A transaction of events (Matrix): its messages commit together, one that intake
+    /// cannot take is skipped rather than failing the rest, and the answer is `answer`.
+    pub transaction: bool,
+    /// A fixed answer instead of the outcome of the one item (WeCom: empty; Matrix: `{}`).
+    pub answer: Option<Fixed>,
+    /// Verified, but refused for its content: reported after the `once` check, so that a
+    /// replayed signature is refused as a replay whatever body it came with.
+    pub refused: Option<Refused>,
+}
+
+impl Parsed {
+    /// One item, answered with its outcome.
+    pub fn one(item: Inbound) -> Parsed {
+        Parsed {
+            items: vec![item],
+            once: None,
+            transaction: false,
+            answer: None,
+            refused: None,
+        }
+    }
+}
+
+/// A fixed answer to a platform: status, content type, body.
+#[derive(Debug, Clone)]
+pub struct Fixed {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+/// How a request is kept to once.
+#[derive(Debug, Clone)]
+pub enum Once {
+    /// DingTalk: the sign covers only the timestamp, so a timestamp/sign pair (`pair`) is
+    /// good only for the body it first came with (`body`); keys kept under `namespace`.
+    SignedPair {
+        namespace: &'static str,
+        pair: String,
+        body: String,
+    },
+    /// Matrix: a transaction id; a repeated one is answered without doing anything, and it
+    /// is recorded once all its events were handled.
+    Transaction { namespace: &'static str, id: String },
+}
+
+/// What an inbound platform request asks of assistd, once verified and parsed.
+#[derive(Debug, Clone)]
+pub enum Inbound {
+    /// A chat message for intake.
+    Message(NewMessage),
+    /// A reaction by `approver` to the platform message `target` (Matrix ✅/❌): a decision
+    /// when `target` is an approval request assistd sent.
+    Reaction {
+        approver: String,
+        approve: bool,
+        target: String,
+    },
+    /// The bot was invited to a room (Matrix).
+    Invite(String),
+    /// An approval decision from a card button; `ack` identifies the platform callback
+    /// to acknowledge (Telegram's callback query id), when there is one.
+    Action {
+        action: CardAction,
+        ack: Option<String>,
+        /// Answer with the task's state (the generic API) rather than the outcome in words.
+        with_task: bool,
+    },
+    /// A handshake answered directly (URL verification): status, content type, body.
+    Respond {
+        status: u16,
+        content_type: &'static str,
+        body: String,
+    },
+    /// Verified but nothing to do (the bot's own message, an edit, an unknown event).
+    Ignore(&'static str),
+}
+
+/// A request refused before anything is written: 401 (verification), 400 (malformed), or
+/// an answer in the platform's own error format.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Refused {
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("refused with {}", .0.status)]
+    Answer(Fixed),
+}
+
+/// An approval typed (or sent by a card button) as a chat message, for platforms whose
+/// cards cannot call back: `approve 7.3` / `reject 7.3` (also `7:3`, and 同意 / 拒绝), where
+/// 7 is the task and 3 the step. Returns (approve, task id, step no).
+pub fn parse_decision_command(text: &str) -> Option<(bool, i64, i64)> {
+    let mut words = text.split_whitespace();
+    let approve = match words.next()?.to_lowercase().as_str() {
+        "approve" | "同意" => true,
+        "reject" | "拒绝" => false,
+        _ => return None,
+    };
+    let (task, step) = words.next()?.split_once(['.', ':'])?;
+    if words.next().is_some() {
+        return None;
+    }
+    Some((approve, task.parse().ok()?, step.parse().ok()?))
+}
+
+/// Per-chat send pacing for platforms that limit sends per chat (Lark 5/s, Telegram and
+/// Slack about 1/s). Each (channel, chat) has the time its next send may start; a reply
+/// that comes earlier is deferred to that time instead of being sent into a 429. The pace
+/// is kept per instance; across instances the platform's 429 and Retry-After still apply.
+#[derive(Default)]
+pub struct ChatPacer(std::sync::Mutex<std::collections::HashMap<(String, String), i64>>);
+
+impl ChatPacer {
+    /// Takes a send slot for the chat at `now` (ms) with `interval_ms` between sends: `Ok`
+    /// to send now, or `Err(at)` with the time to come back.
+    pub fn admit(&self, channel: &str, chat: &str, interval_ms: u64, now: i64) -> Result<(), i64> {
+        if interval_ms == 0 {
+            return Ok(());
+        }
+        let mut next = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget chats that have been quiet for a while, so the map stays small.
+        if next.len() > 10_000 {
+            next.retain(|_, at| *at > now);
+        }
+        let key = (channel.to_string(), chat.to_string());
+        match next.get(&key) {
+            Some(&at) if at > now => Err(at),
+            _ => {
+                next.insert(key, now + interval_ms as i64);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A platform access token fetched on demand and kept until a minute before it expires.
+#[derive(Default)]
+pub struct TokenCache(std::sync::Mutex<Option<(String, std::time::Instant)>>);
+
+impl TokenCache {
+    /// The cached token, or a new one from `fetch` (which returns it with its lifetime in
+    /// seconds).
+    pub async fn get<F, Fut>(&self, fetch: F) -> Result<String, DeliveryError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(String, u64), DeliveryError>>,
+    {
+        let cached = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some((token, until)) = cached
+            && std::time::Instant::now() < until
+        {
+            return Ok(token);
+        }
+        let (token, ttl) = fetch().await?;
+        let until = std::time::Instant::now() + Duration::from_secs(ttl.saturating_sub(60));
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((token.clone(), until));
+        Ok(token)
+    }
+
+    /// Drops the token (the platform said it is no longer valid).
+    pub fn forget(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// A reply the platform accepted.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    pub platform_message_id: Option<String>,
+}
+
+/// A reply the platform did not (or may not) have accepted.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct DeliveryError {
+    pub message: String,
+    /// The platform asked for this pause before the next try.
+    pub retry_after: Option<Duration>,
+    /// The send may or may not have reached the chat, and the platform has no idempotency
+    /// key to make a re-send safe: the reply becomes UNKNOWN instead of being repeated.
+    pub unknown: bool,
+}
+
+impl DeliveryError {
+    pub fn retry(message: impl Into<String>) -> Self {
+        DeliveryError {
+            message: message.into(),
+            retry_after: None,
+            unknown: false,
+        }
+    }
+}
+
+/// A chat platform: its inbound checks, its sender, and its delivery properties. The
+/// registry (`Channels`) maps the channel name on messages and replies to one of these.
+pub trait Platform: Send + Sync {
+    /// The channel name stored on messages and replies, and the webhook path segment.
+    fn name(&self) -> &'static str;
+
+    /// The agent that answers this platform's messages.
+    fn agent(&self) -> &str;
+
+    /// Verifies and parses one inbound request. Nothing is written before this succeeds.
+    fn inbound<'a>(
+        &'a self,
+        request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>>;
+
+    /// Sends one reply under its idempotency key (`reply.idempotency_key`).
+    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>>;
+
+    /// Acknowledges a card action (`Inbound::Action::ack`) with its outcome in words.
+    fn acknowledge<'a>(&'a self, _ack: &'a str, _outcome: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    /// Joins a room the bot was invited to (`Inbound::Invite`).
+    fn accept_invite<'a>(&'a self, _room: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    /// The least time between two sends into one chat, in ms (0 = no pacing).
+    fn chat_interval_ms(&self) -> u64 {
+        0
+    }
+
+    /// Whether a re-send could show a reply twice: the platform has no idempotency key and
+    /// no way to look a send up.
+    fn resend_is_blind(&self) -> bool {
+        false
+    }
+
+    /// Whether `send` needs the answered message's `reply_context` on the reply row.
+    fn wants_reply_context(&self) -> bool {
+        false
+    }
+}
+
+/// The refusal of a path or method the platform does not serve (404).
+pub fn no_route() -> Refused {
+    Refused::Answer(Fixed {
+        status: 404,
+        content_type: "application/json",
+        body: r#"{"error":"no such webhook"}"#.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_commands() {
+        assert_eq!(parse_decision_command("approve 7.3"), Some((true, 7, 3)));
+        assert_eq!(
+            parse_decision_command(" Reject  12:1 "),
+            Some((false, 12, 1))
+        );
+        assert_eq!(parse_decision_command("同意 5.2"), Some((true, 5, 2)));
+        assert_eq!(parse_decision_command("approve 7"), None);
+        assert_eq!(parse_decision_command("approve 7.3 please"), None);
+        assert_eq!(parse_decision_command("please approve 7.3"), None);
+        assert_eq!(parse_decision_command("approve x.3"), None);
+    }
+
+    #[test]
+    fn pacing_is_per_chat() {
+        let pacer = ChatPacer::default();
+        assert_eq!(pacer.admit("lark", "a", 200, 1_000), Ok(()));
+        assert_eq!(pacer.admit("lark", "a", 200, 1_100), Err(1_200));
+        assert_eq!(pacer.admit("lark", "b", 200, 1_100), Ok(()));
+        assert_eq!(pacer.admit("lark", "a", 200, 1_200), Ok(()));
+        assert_eq!(pacer.admit("lark", "a", 0, 1_201), Ok(()));
+    }
+}
