@@ -36,6 +36,7 @@ pub struct App {
 }
 
 impl App {
+    // long: one straight list: connect, migrate, publish, then each part's context.
     pub async fn build(config: Config) -> anyhow::Result<App> {
         // Validated with the config, so this cannot fail here.
         if let Ok(redactor) = crate::redaction::Redactor::new(&config.redaction.extra_patterns) {
@@ -69,22 +70,7 @@ impl App {
                 "resuming work left running by a previous run of this instance"
             );
         }
-        let admin_token = if config.admin.token.is_empty() {
-            let token = uuid::Uuid::new_v4().simple().to_string();
-            write_token_file(&config.admin.token_file, &token).map_err(|e| {
-                anyhow::anyhow!(
-                    "admin.token is not set and admin.token_file {} cannot be written: {e}",
-                    config.admin.token_file
-                )
-            })?;
-            tracing::warn!(
-                file = %config.admin.token_file,
-                "admin.token is not set; generated one for this run and wrote it to admin.token_file (set ASSISTD_ADMIN__TOKEN to keep one)"
-            );
-            token
-        } else {
-            config.admin.token.clone()
-        };
+        let admin_token = admin_token(&config)?;
         let generic = &config.channels.generic;
         if generic.enabled && generic.secret.is_empty() {
             tracing::warn!(
@@ -248,6 +234,27 @@ impl App {
         tracing::info!("assistd stopped");
         Ok(())
     }
+}
+
+/// The configured admin token, or one generated for this run and written to
+/// `admin.token_file` (never to the log).
+fn admin_token(config: &Config) -> anyhow::Result<String> {
+    Ok(if config.admin.token.is_empty() {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        write_token_file(&config.admin.token_file, &token).map_err(|e| {
+            anyhow::anyhow!(
+                "admin.token is not set and admin.token_file {} cannot be written: {e}",
+                config.admin.token_file
+            )
+        })?;
+        tracing::warn!(
+            file = %config.admin.token_file,
+            "admin.token is not set; generated one for this run and wrote it to admin.token_file (set ASSISTD_ADMIN__TOKEN to keep one)"
+        );
+        token
+    } else {
+        config.admin.token.clone()
+    })
 }
 
 /// Wakes the workers on PostgreSQL `NOTIFY` from any instance's intake. Polling remains the

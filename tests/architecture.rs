@@ -328,3 +328,24 @@ fn no_file_over_700_lines_and_no_function_over_100() {
     }
     assert!(problems.is_empty(), "too long:\n{}", problems.join("\n"));
 }
+
+/// The checker itself: a planted circle is found, a chain is not, and grouped imports expand.
+#[test]
+fn the_checker_finds_a_planted_circle() {
+    let p = |s: &str| PathBuf::from(s);
+    let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    edges.insert(p("a.rs"), [p("b.rs")].into());
+    edges.insert(p("b.rs"), [p("c.rs")].into());
+    edges.insert(p("c.rs"), BTreeSet::new());
+    assert!(circles(&edges).is_empty(), "a chain is not a circle");
+    edges.insert(p("c.rs"), [p("a.rs")].into());
+    assert_eq!(circles(&edges), vec![vec![p("a.rs"), p("b.rs"), p("c.rs")]]);
+    assert_eq!(
+        expand("crate::store::{Store, tasks::{Fence, TaskRow}}"),
+        vec![
+            "crate::store::Store",
+            "crate::store::tasks::Fence",
+            "crate::store::tasks::TaskRow"
+        ]
+    );
+}

@@ -8,6 +8,7 @@
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
 //! ASSISTD_TEST_POSTGRES_URL).
+// long file: one harness, one function per scenario; they share the server, mocks and load generator.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

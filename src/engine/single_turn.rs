@@ -29,6 +29,7 @@ const ERROR_LIMIT: usize = 2000;
 /// The retry of a chat the model refused as too long, with the question alone.
 const SHRUNK: &str = "chat_shrunk";
 
+// long: history, summary, the chat step, its shrunk retry and the outcome, in order; to be folded into the shared step executor (issue 18 item 2).
 pub async fn run(
     svc: &Worker,
     fence: &Fence,

@@ -31,6 +31,7 @@ impl Store {
         out.pop().unwrap_or(Err(StoreError::NotFound))
     }
 
+    // long: one transaction of four statements for both dialects; split, the statements lose their order.
     /// Commits a batch of messages, each with its PENDING task and TASK_CREATED audit row,
     /// in one transaction of a few statements whatever the batch size (group commit: the per-statement
     /// round trips, not SQL, are what intake costs). Per message, in order: its task

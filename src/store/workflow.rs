@@ -293,6 +293,7 @@ impl Store {
         }))
     }
 
+    // long: one fenced transaction (decision, task, notice, audit) per dialect.
     /// Applies a decision on a still-open pending action, atomically: approve puts the task
     /// back to PENDING at the step; reject cancels it and queues `notice` for the chat.
     pub async fn decide_pending_action(

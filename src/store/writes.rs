@@ -1,8 +1,9 @@
 //! The step journal, task-finishing and reply-delivered writes made while tasks run and
 //! replies go out, as operations that can share one transaction (group commit, see
-//! `engine::journal`). Each operation is fenced on its own: it lands only while its worker
+//! `store::journal`). Each operation is fenced on its own: it lands only while its worker
 //! still owns its task (or its sender the reply's lease), and a fence that fails affects
 //! that operation alone.
+// long file: the batched fenced writes and their statement text belong together (one transaction shape).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -88,6 +89,7 @@ impl WriteOut {
 }
 
 impl Store {
+    // long: one transaction applying every kind of fenced write in task-id order.
     /// Applies `ops` in one transaction; one answer per operation, in the order given. An
     /// error rolls back all of them.
     ///
@@ -499,6 +501,7 @@ impl BatchSql {
         SQL.get(dialect, BatchSql::new)
     }
 
+    // long: the statement text of every batched write, per dialect, built once.
     fn new(sqlite: bool) -> BatchSql {
         let rows = |cols: &[(&str, &str)]| json_rows(sqlite, cols);
         let fenced_rows = |cols: &[(&str, &str)]| {

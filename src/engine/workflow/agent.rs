@@ -14,6 +14,7 @@ use crate::llm::{self, ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice,
 use super::runner::{CallErr, CallOk, Compensable, RetryPlan, Runner, StepDone, Stop, cut_middle};
 
 impl Runner<'_> {
+    // long: the model/tool turn loop with its last-turn and cut-off rules reads best whole.
     /// A model-driven tool loop: the model answers or asks for tools; each model call and
     /// each tool call (several in one answer too) is a step of its own; tool errors of
     /// read-only tools go back to the model. When `max_steps` model turns all asked for tools,

@@ -161,6 +161,7 @@ impl Workflow {
         Ok(workflow)
     }
 
+    // long: one check per workflow rule, each naming the node; a flat list.
     fn check(&self, tools: &ToolRegistry, has_approvers: bool) -> Result<(), String> {
         if self.node(&self.start).is_none() {
             return Err(format!(

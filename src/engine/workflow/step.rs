@@ -14,6 +14,7 @@ use crate::engine::task::RunError;
 use super::runner::{CallErr, CallOk, ERROR_LIMIT, Runner, StepDone, Stop, parse_output};
 
 impl Runner<'_> {
+    // long: the journalled step's begin/replay/retry/complete state machine, kept in one place.
     /// Runs `call` as the next step, or replays it from the journal.
     pub(super) async fn journal<F, Fut>(
         &mut self,

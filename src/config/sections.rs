@@ -1,0 +1,513 @@
+//! The configuration's sections, as `config/default.toml` lays them out.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub database: DatabaseConfig,
+    pub intake: IntakeConfig,
+    pub llm: LlmConfig,
+    pub worker: WorkerConfig,
+    pub outbox: OutboxConfig,
+    pub scheduler: SchedulerConfig,
+    pub admin: AdminConfig,
+    pub replies: RepliesConfig,
+    pub log: LogConfig,
+    pub channels: ChannelsConfig,
+    pub agents: BTreeMap<String, AgentConfig>,
+    pub context: ContextConfig,
+    pub redaction: RedactionConfig,
+    pub tooling: ToolingConfig,
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntakeConfig {
+    /// Most webhooks committed together in one intake transaction.
+    pub batch_max: usize,
+    /// Intake transactions in flight at once.
+    pub writers: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedactionConfig {
+    /// Regular expressions redacted in addition to the built-in ones.
+    pub extra_patterns: Vec<String>,
+}
+
+/// How long model contexts are kept short.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextConfig {
+    pub summary_every_steps: u32,
+    pub summary_prompt: String,
+    pub history_token_budget: usize,
+}
+
+/// Settings shared by every tool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolingConfig {
+    /// Hosts (names or IP literals) tools may reach even though they are loopback,
+    /// link-local or private. Everything else on those ranges is refused (SSRF guard).
+    pub allowed_private_hosts: Vec<String>,
+    /// Largest tool response kept, in bytes.
+    pub max_response_bytes: usize,
+    /// Tries of a read-only tool call before its error is handed to the model.
+    pub read_only_attempts: u32,
+    pub retry_backoff_base_ms: u64,
+    pub retry_backoff_max_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// Reads only: retried, and safe to repeat after a crash.
+    ReadOnly,
+    /// Changes something but declares how to undo it (saga compensation).
+    Compensable,
+    /// Cannot be undone: runs only after a human approves.
+    Irreversible,
+}
+
+/// One HTTP call, with `{{ ... }}` templates over `args` (and `result` for undo calls).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCallConfig {
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Body template; unset = the arguments as JSON (not sent for GET).
+    #[serde(default)]
+    pub body: Option<String>,
+}
+
+/// A tool declared in config: a named HTTP call the workflows and agent loops may use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    pub kind: ToolKind,
+    #[serde(default)]
+    pub description: String,
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default = "default_tool_timeout")]
+    pub timeout_secs: u64,
+    /// JSON Schema (object/required/properties with primitive types) for the arguments.
+    #[serde(default = "default_args_schema")]
+    pub args_schema: serde_json::Value,
+    /// Whether repeating the call is harmless (the endpoint honours Idempotency-Key).
+    /// Default: true for read_only, false otherwise. A non-idempotent call interrupted by a
+    /// crash becomes UNKNOWN and waits for a human.
+    #[serde(default)]
+    pub idempotent: Option<bool>,
+    /// The undo call of a compensable tool; `result` is the original call's response.
+    #[serde(default)]
+    pub undo: Option<HttpCallConfig>,
+}
+
+fn default_tool_timeout() -> u64 {
+    10
+}
+
+fn default_args_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object"})
+}
+
+impl ToolConfig {
+    /// The tool's own call.
+    pub fn call(&self) -> HttpCallConfig {
+        HttpCallConfig {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+        }
+    }
+
+    pub fn is_idempotent(&self) -> bool {
+        self.idempotent.unwrap_or(self.kind == ToolKind::ReadOnly)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub role: Role,
+    pub body_limit_bytes: usize,
+    pub request_timeout_secs: u64,
+    /// Connections the kernel queues for the HTTP listener before they are accepted
+    /// (`listen(2)` backlog; Linux caps it at `net.core.somaxconn`).
+    pub listen_backlog: u32,
+    /// Time a client has to send a request's headers, in seconds.
+    pub header_read_timeout_secs: u64,
+    /// Open HTTP connections at most.
+    pub max_connections: usize,
+}
+
+/// What an instance runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// HTTP, workers, outbox and scheduler.
+    All,
+    /// Webhooks and APIs only.
+    Api,
+    /// Workers, outbox and scheduler only.
+    Worker,
+}
+
+impl Role {
+    pub fn runs_workers(self) -> bool {
+        self != Role::Api
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    pub enabled: bool,
+    pub jobs: JobsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsConfig {
+    pub confirm_timeout: ConfirmTimeoutJob,
+    pub orphan_reclaim: OrphanReclaimJob,
+    pub retention: RetentionJob,
+}
+
+/// What every job has.
+#[derive(Debug, Clone)]
+pub struct JobSchedule {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmTimeoutJob {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+    pub approval_callback_url: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrphanReclaimJob {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+    pub grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionJob {
+    pub enabled: bool,
+    pub cron: String,
+    pub batch_size: u32,
+    pub lock_lease_secs: u64,
+    pub ttl_days: u64,
+}
+
+macro_rules! schedule_of {
+    ($($job:ty),*) => {$(
+        impl $job {
+            pub fn schedule(&self) -> JobSchedule {
+                JobSchedule {
+                    enabled: self.enabled,
+                    cron: self.cron.clone(),
+                    batch_size: self.batch_size,
+                    lock_lease_secs: self.lock_lease_secs,
+                }
+            }
+        }
+    )*};
+}
+schedule_of!(ConfirmTimeoutJob, OrphanReclaimJob, RetentionJob);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    pub url: String,
+    pub max_connections: u32,
+    pub sqlite_busy_timeout_ms: u64,
+    pub acquire_timeout_secs: u64,
+    /// PostgreSQL: longest a statement may run, in milliseconds (0 = no limit).
+    pub statement_timeout_ms: u64,
+    /// SQLite `synchronous` in WAL mode: `normal` or `full`.
+    pub sqlite_synchronous: SqliteSync,
+    /// Rows a SQLite connection's thread may produce ahead of the reader (sqlx's default: 50).
+    pub sqlite_row_buffer: usize,
+}
+
+/// How SQLite commits reach the disk (see `config/default.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqliteSync {
+    Normal,
+    Full,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    pub base_url: String,
+    pub api_key: String,
+    /// Header that carries `api_key`; empty = `Authorization: Bearer`.
+    pub api_key_header: String,
+    pub model: String,
+    pub timeout_secs: u64,
+    /// The default model's context window, in tokens.
+    pub context_window: u32,
+    /// Extra headers sent with every model call.
+    pub headers: BTreeMap<String, String>,
+    /// Query parameters added to every model call (Azure's `api-version`).
+    pub query: BTreeMap<String, String>,
+    pub retry_after_max_secs: u64,
+    pub retry: LlmRetryConfig,
+    /// Named providers agents may choose with `provider`.
+    #[serde(default)]
+    pub providers: BTreeMap<String, LlmProviderConfig>,
+}
+
+impl LlmConfig {
+    /// The `[llm]` endpoint as a provider.
+    pub fn default_provider(&self) -> LlmProviderConfig {
+        LlmProviderConfig {
+            base_url: self.base_url.clone(),
+            api_key: self.api_key.clone(),
+            api_key_header: self.api_key_header.clone(),
+            model: self.model.clone(),
+            timeout_secs: self.timeout_secs,
+            context_window: self.context_window,
+            headers: self.headers.clone(),
+            query: self.query.clone(),
+        }
+    }
+}
+
+/// One OpenAI-compatible endpoint (`[llm.providers.<name>]`); the fields mean what they mean
+/// in `[llm]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmProviderConfig {
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: String,
+    #[serde(default)]
+    pub api_key_header: String,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default = "default_provider_timeout")]
+    pub timeout_secs: u64,
+    #[serde(default = "default_context_window")]
+    pub context_window: u32,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
+}
+
+/// Shortest admin token accepted when the server listens beyond loopback, in bytes.
+pub(super) const MIN_PUBLIC_ADMIN_TOKEN: usize = 32;
+
+fn default_provider_timeout() -> u64 {
+    60
+}
+fn default_context_window() -> u32 {
+    8192
+}
+
+/// Retry policies of the transient failure types; the others are never retried.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmRetryConfig {
+    pub timeout: RetryPolicy,
+    pub rate_limited: RetryPolicy,
+    pub provider_error: RetryPolicy,
+}
+
+impl LlmRetryConfig {
+    /// The policy for a failure type; `None` = fail at once.
+    pub fn policy(&self, failure: crate::domain::FailureType) -> Option<&RetryPolicy> {
+        use crate::domain::FailureType;
+        match failure {
+            FailureType::Timeout => Some(&self.timeout),
+            FailureType::RateLimited => Some(&self.rate_limited),
+            FailureType::ProviderError => Some(&self.provider_error),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub instance_id: String,
+    pub concurrency: usize,
+    pub lease_secs: u64,
+    pub poll_interval_ms: u64,
+    pub claim_batch: usize,
+    pub shutdown_grace_secs: u64,
+    /// Most step-journal, lease, finishing and reply-delivered writes of different tasks
+    /// committed in one transaction (1 = a transaction each).
+    pub group_commit_max: usize,
+    /// PostgreSQL: such transactions in flight at once (SQLite: always 1).
+    pub group_commit_writers: usize,
+}
+
+impl WorkerConfig {
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_secs)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    pub timeout_secs: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+    pub max_attempts: u32,
+    pub lease_secs: u64,
+    pub batch: usize,
+    pub poll_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    pub token: String,
+    pub session_hours: u64,
+    /// Where a generated token is written (never to the log).
+    pub token_file: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepliesConfig {
+    pub failure_notice: String,
+    pub cancelled_notice: String,
+    pub rejected_notice: String,
+    pub timeout_notice: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelsConfig {
+    pub generic: crate::channels::generic::GenericChannelConfig,
+    pub slack: crate::channels::slack::SlackChannelConfig,
+    pub telegram: crate::channels::telegram::TelegramChannelConfig,
+    pub matrix: crate::channels::matrix::MatrixChannelConfig,
+    pub lark: crate::channels::lark::LarkChannelConfig,
+    pub dingtalk: crate::channels::dingtalk::DingTalkChannelConfig,
+    pub wecom: crate::channels::wecom::WeComChannelConfig,
+    pub console: ConsoleChannelConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleChannelConfig {
+    pub enabled: bool,
+    /// Only answer requests from loopback addresses.
+    pub loopback_only: bool,
+    pub agent: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentMode {
+    SingleTurn,
+    Workflow,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    #[serde(default = "default_mode")]
+    pub mode: AgentMode,
+    pub system_prompt: String,
+    #[serde(default)]
+    pub model: String,
+    /// A `[llm.providers.<name>]` entry; empty = `[llm]`.
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default = "default_history")]
+    pub history_messages: u32,
+    /// Workflow agents: path of the workflow JSON (docs/workflows.md).
+    #[serde(default)]
+    pub workflow_file: String,
+    /// Chat user ids allowed to approve this agent's irreversible actions.
+    #[serde(default)]
+    pub approvers: Vec<String>,
+    /// How long an approval request waits before the task is cancelled, in seconds.
+    #[serde(default = "default_confirm_deadline")]
+    pub confirm_deadline_secs: u64,
+    /// Sent when the model answers nothing; empty = the task fails (INVALID_RESPONSE).
+    #[serde(default)]
+    pub fallback_text: String,
+}
+
+fn default_mode() -> AgentMode {
+    AgentMode::SingleTurn
+}
+fn default_temperature() -> f64 {
+    0.2
+}
+fn default_max_tokens() -> u32 {
+    1024
+}
+fn default_history() -> u32 {
+    20
+}
+fn default_confirm_deadline() -> u64 {
+    3600
+}

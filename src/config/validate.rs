@@ -1,0 +1,332 @@
+//! Validation of a loaded configuration: every check names the key it is about.
+
+use super::error::{ConfigError, http_url, invalid, positive};
+use super::sections::{AgentMode, Config, MIN_PUBLIC_ADMIN_TOKEN};
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.check_server()?;
+        self.check_runtime()?;
+        self.check_scheduler()?;
+        self.check_channels()?;
+        self.check_agents()
+    }
+
+    /// The server, database and intake settings.
+    fn check_server(&self) -> Result<(), ConfigError> {
+        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "server.listen",
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8787",
+                    self.server.listen
+                ),
+            ));
+        }
+        positive(
+            "server.body_limit_bytes",
+            self.server.body_limit_bytes as u64,
+        )?;
+        positive(
+            "server.request_timeout_secs",
+            self.server.request_timeout_secs,
+        )?;
+        positive("server.listen_backlog", self.server.listen_backlog as u64)?;
+        // Reachable from other machines, the admin API must not run on a guessable token (or
+        // on one generated and printed in the log).
+        let public = self
+            .server
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| !a.ip().is_loopback());
+        if public && self.admin.token.len() < MIN_PUBLIC_ADMIN_TOKEN {
+            return Err(invalid(
+                "admin.token",
+                format!(
+                    "must be at least {MIN_PUBLIC_ADMIN_TOKEN} bytes when server.listen is not a loopback address"
+                ),
+            ));
+        }
+        positive(
+            "server.header_read_timeout_secs",
+            self.server.header_read_timeout_secs,
+        )?;
+        positive("server.max_connections", self.server.max_connections as u64)?;
+        if self.database.acquire_timeout_secs >= self.server.request_timeout_secs {
+            return Err(invalid(
+                "database.acquire_timeout_secs",
+                "must be below server.request_timeout_secs (a webhook should get 503, not time out)",
+            ));
+        }
+        let url = &self.database.url;
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            return Err(invalid(
+                "database.url",
+                "must start with sqlite:, postgres:// or postgresql://",
+            ));
+        }
+        positive("intake.batch_max", self.intake.batch_max as u64)?;
+        positive(
+            "worker.group_commit_max",
+            self.worker.group_commit_max as u64,
+        )?;
+        positive(
+            "worker.group_commit_writers",
+            self.worker.group_commit_writers as u64,
+        )?;
+        positive("intake.writers", self.intake.writers as u64)?;
+        if self.intake.batch_max > 1000 {
+            return Err(invalid(
+                "intake.batch_max",
+                "at most 1000 (a batch is a few statements with 11 parameters per message)",
+            ));
+        }
+        positive(
+            "database.max_connections",
+            self.database.max_connections as u64,
+        )?;
+        positive(
+            "database.sqlite_row_buffer",
+            self.database.sqlite_row_buffer as u64,
+        )?;
+        Ok(())
+    }
+
+    /// The model, worker, outbox and redaction settings.
+    fn check_runtime(&self) -> Result<(), ConfigError> {
+        http_url("llm.base_url", &self.llm.base_url)?;
+        if self.llm.model.trim().is_empty() {
+            return Err(invalid("llm.model", "must not be empty"));
+        }
+        positive("llm.timeout_secs", self.llm.timeout_secs)?;
+        positive("llm.context_window", u64::from(self.llm.context_window))?;
+        for (name, p) in &self.llm.providers {
+            http_url(&format!("llm.providers.{name}.base_url"), &p.base_url)?;
+            positive(
+                &format!("llm.providers.{name}.timeout_secs"),
+                p.timeout_secs,
+            )?;
+            positive(
+                &format!("llm.providers.{name}.context_window"),
+                u64::from(p.context_window),
+            )?;
+        }
+        for (name, policy) in [
+            ("timeout", &self.llm.retry.timeout),
+            ("rate_limited", &self.llm.retry.rate_limited),
+            ("provider_error", &self.llm.retry.provider_error),
+        ] {
+            positive(
+                &format!("llm.retry.{name}.max_attempts"),
+                u64::from(policy.max_attempts),
+            )?;
+        }
+        positive("worker.concurrency", self.worker.concurrency as u64)?;
+        if self.context.summary_every_steps < 2 {
+            return Err(invalid("context.summary_every_steps", "must be at least 2"));
+        }
+        positive(
+            "context.history_token_budget",
+            self.context.history_token_budget as u64,
+        )?;
+        if let Err(message) = crate::redaction::Redactor::new(&self.redaction.extra_patterns) {
+            return Err(invalid("redaction.extra_patterns", message));
+        }
+        if self.worker.lease_secs < 3 {
+            return Err(invalid("worker.lease_secs", "must be at least 3"));
+        }
+        positive("worker.poll_interval_ms", self.worker.poll_interval_ms)?;
+        positive("worker.claim_batch", self.worker.claim_batch as u64)?;
+        positive("outbox.timeout_secs", self.outbox.timeout_secs)?;
+        positive("outbox.batch", self.outbox.batch as u64)?;
+        positive("outbox.poll_interval_ms", self.outbox.poll_interval_ms)?;
+        if self.outbox.lease_secs <= self.outbox.timeout_secs {
+            return Err(invalid(
+                "outbox.lease_secs",
+                "must be longer than outbox.timeout_secs",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The scheduled jobs.
+    fn check_scheduler(&self) -> Result<(), ConfigError> {
+        let jobs = &self.scheduler.jobs;
+        for (name, job) in [
+            ("confirm_timeout", jobs.confirm_timeout.schedule()),
+            ("orphan_reclaim", jobs.orphan_reclaim.schedule()),
+            ("retention", jobs.retention.schedule()),
+        ] {
+            let key = format!("scheduler.jobs.{name}");
+            if job.cron.split_whitespace().count() != 6 {
+                return Err(invalid(
+                    &format!("{key}.cron"),
+                    "needs six fields: second minute hour day-of-month month day-of-week",
+                ));
+            }
+            positive(&format!("{key}.batch_size"), u64::from(job.batch_size))?;
+            positive(&format!("{key}.lock_lease_secs"), job.lock_lease_secs)?;
+        }
+        if !jobs.confirm_timeout.approval_callback_url.is_empty() {
+            http_url(
+                "scheduler.jobs.confirm_timeout.approval_callback_url",
+                &jobs.confirm_timeout.approval_callback_url,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The platforms: each enabled one complete, its agent configured.
+    fn check_channels(&self) -> Result<(), ConfigError> {
+        let generic = &self.channels.generic;
+        if !generic.reply_url.is_empty() {
+            http_url("channels.generic.reply_url", &generic.reply_url)?;
+        }
+        if generic.enabled && !self.agents.contains_key(&generic.agent) {
+            return Err(invalid(
+                "channels.generic.agent",
+                format!("no agent named `{}` under [agents]", generic.agent),
+            ));
+        }
+        let c = &self.channels;
+        if c.console.enabled && !self.agents.contains_key(&c.console.agent) {
+            return Err(invalid(
+                "channels.console.agent",
+                format!("no agent named `{}`", c.console.agent),
+            ));
+        }
+        self.check_channel(
+            "slack",
+            c.slack.enabled,
+            &[
+                ("signing_secret", &c.slack.signing_secret),
+                ("bot_token", &c.slack.bot_token),
+            ],
+            ("api_base_url", &c.slack.api_base_url),
+            &c.slack.agent,
+        )?;
+        self.check_channel(
+            "telegram",
+            c.telegram.enabled,
+            &[
+                ("bot_token", &c.telegram.bot_token),
+                ("secret_token", &c.telegram.secret_token),
+            ],
+            ("api_base_url", &c.telegram.api_base_url),
+            &c.telegram.agent,
+        )?;
+        self.check_channel(
+            "wecom",
+            c.wecom.enabled,
+            &[
+                ("corp_id", &c.wecom.corp_id),
+                ("agent_id", &c.wecom.agent_id),
+                ("secret", &c.wecom.secret),
+                ("token", &c.wecom.token),
+            ],
+            ("api_base_url", &c.wecom.api_base_url),
+            &c.wecom.agent,
+        )?;
+        if c.wecom.enabled && c.wecom.encoding_aes_key.len() != 43 {
+            return Err(invalid(
+                "channels.wecom.encoding_aes_key",
+                "must be the 43-character EncodingAESKey",
+            ));
+        }
+        self.check_channel(
+            "dingtalk",
+            c.dingtalk.enabled,
+            &[
+                ("app_key", &c.dingtalk.app_key),
+                ("app_secret", &c.dingtalk.app_secret),
+                ("robot_code", &c.dingtalk.robot_code),
+            ],
+            ("api_base_url", &c.dingtalk.api_base_url),
+            &c.dingtalk.agent,
+        )?;
+        self.check_channel(
+            "lark",
+            c.lark.enabled,
+            &[
+                ("app_id", &c.lark.app_id),
+                ("app_secret", &c.lark.app_secret),
+                ("verification_token", &c.lark.verification_token),
+            ],
+            ("api_base_url", &c.lark.api_base_url),
+            &c.lark.agent,
+        )?;
+        self.check_channel(
+            "matrix",
+            c.matrix.enabled,
+            &[
+                ("as_token", &c.matrix.as_token),
+                ("hs_token", &c.matrix.hs_token),
+                ("bot_user_id", &c.matrix.bot_user_id),
+            ],
+            ("homeserver_url", &c.matrix.homeserver_url),
+            &c.matrix.agent,
+        )?;
+        Ok(())
+    }
+
+    /// The agents' settings.
+    fn check_agents(&self) -> Result<(), ConfigError> {
+        for (name, agent) in &self.agents {
+            if name.is_empty() || name.len() > 64 {
+                return Err(invalid("agents", "agent names are 1 to 64 characters"));
+            }
+            if !(0.0..=2.0).contains(&agent.temperature) {
+                return Err(invalid(
+                    &format!("agents.{name}.temperature"),
+                    "must be between 0 and 2",
+                ));
+            }
+            if !agent.provider.is_empty() && !self.llm.providers.contains_key(&agent.provider) {
+                return Err(invalid(
+                    &format!("agents.{name}.provider"),
+                    format!("names no [llm.providers.{}] entry", agent.provider),
+                ));
+            }
+            if agent.mode == AgentMode::Workflow && agent.workflow_file.trim().is_empty() {
+                return Err(invalid(
+                    &format!("agents.{name}.workflow_file"),
+                    "workflow agents need a workflow_file",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// An enabled platform needs its secrets, an http(s) API URL and an agent that exists.
+    fn check_channel(
+        &self,
+        platform: &str,
+        enabled: bool,
+        required: &[(&str, &String)],
+        api: (&str, &String),
+        agent: &str,
+    ) -> Result<(), ConfigError> {
+        if !enabled {
+            return Ok(());
+        }
+        for (key, value) in required {
+            if value.is_empty() {
+                return Err(invalid(
+                    &format!("channels.{platform}.{key}"),
+                    "must be set when the channel is enabled",
+                ));
+            }
+        }
+        http_url(&format!("channels.{platform}.{}", api.0), api.1)?;
+        if !self.agents.contains_key(agent) {
+            return Err(invalid(
+                &format!("channels.{platform}.agent"),
+                format!("no agent named `{agent}`"),
+            ));
+        }
+        Ok(())
+    }
+}
