@@ -5,6 +5,7 @@
 pub mod pool;
 pub mod reply;
 pub mod single_turn;
+pub mod step;
 pub mod task;
 pub mod worker;
 pub mod workflow;

@@ -2,16 +2,12 @@
 //! conversation's recent history, retried on transient failures, then the task's terminal
 //! status and its one reply in one transaction.
 
-use std::time::Instant;
-
 use tokio_util::sync::CancellationToken;
 
-use serde_json::json;
-
 use super::reply;
+use super::step::{self, CallErr, StepExec};
 use super::task::{RunError, TaskContext, model_of};
 use super::worker::Worker;
-use crate::backoff;
 use crate::domain::{
     FailureType, ReplyType, StepStatus, StepType, TaskStatus, reply_key, step_key,
 };
@@ -38,6 +34,12 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
     let (provider, model) = model_of(svc, agent)?;
+    let exec = StepExec {
+        journal: &svc.journal,
+        fence,
+        lost,
+        retry_after_max: std::time::Duration::from_secs(svc.config.llm.retry_after_max_secs),
+    };
     let history = svc
         .store
         .conversation_history(
@@ -73,7 +75,7 @@ pub async fn run(
     let mut chat_step = STEP_NO;
     if !older.is_empty() {
         chat_step = STEP_NO + 1;
-        let summary = summarize_history(svc, fence, lost, provider, &model, older).await?;
+        let summary = summarize_history(svc, &exec, provider, &model, older).await?;
         if let Some(summary) = summary {
             messages.push(ChatMessage::user(format!(
                 "Summary of the earlier conversation:\n{summary}"
@@ -89,7 +91,7 @@ pub async fn run(
         tools: Vec::new(),
         tool_choice: None,
     };
-    let mut call = chat_step_call(svc, fence, lost, provider, chat_step, TOOL, &request).await?;
+    let mut call = chat_step_call(svc, &exec, provider, chat_step, TOOL, &request).await?;
     // The model refused the context after all (our estimate is not its tokenizer): journal
     // the refusal and ask once more with the question alone, as a step of its own.
     let shrunk = ChatRequest {
@@ -97,14 +99,14 @@ pub async fn run(
         ..request.clone()
     };
     if call.context_too_long() && shrunk.messages.len() < request.messages.len() {
-        if !call.journalled && !svc.journal.complete_step(fence, &call.record()).await? {
-            return Err(RunError::LostLease);
+        if !call.journalled {
+            exec.complete(&call.record()).await?;
         }
         tracing::warn!(
             step = call.step.step_no,
             "the model refused the context as too long; asking again with the question alone"
         );
-        call = chat_step_call(svc, fence, lost, provider, chat_step + 1, SHRUNK, &shrunk).await?;
+        call = chat_step_call(svc, &exec, provider, chat_step + 1, SHRUNK, &shrunk).await?;
     }
     // Retries made by this run; earlier runs' retries are already counted on the task.
     let retries = (call.attempts - call.step.attempt - 1).max(0);
@@ -207,33 +209,24 @@ impl ChatCall {
 
     /// How the step ended, for the journal: the answer, or the classified failure.
     fn record(&self) -> StepResult {
-        let mut record = StepResult {
-            step_id: self.step.id,
-            attempts: self.attempts,
-            status: StepStatus::Succeeded,
-            output: None,
-            error: None,
-            tokens_in: None,
-            tokens_out: None,
-            duration_ms: self.duration_ms,
-        };
-        match &self.outcome {
-            Ok(answer) => {
-                record.output = Some(serde_json::to_string(answer).unwrap_or_default());
-                record.tokens_in = answer.prompt_tokens;
-                record.tokens_out = answer.completion_tokens;
-            }
+        let failure;
+        let result = match &self.outcome {
+            Ok(answer) => Ok((
+                serde_json::to_string(answer).unwrap_or_default(),
+                answer.prompt_tokens,
+                answer.completion_tokens,
+            )),
             Err(err) => {
-                let message = crate::domain::truncate(&err.message, ERROR_LIMIT);
-                record.status = StepStatus::Failed;
-                record.output = Some(
-                    json!({ "failure_type": err.failure_type.as_str(), "error": message })
-                        .to_string(),
-                );
-                record.error = Some(message);
+                failure = CallErr {
+                    failure: err.failure_type,
+                    message: err.message.clone(),
+                    retry: None,
+                    retry_after: None,
+                };
+                Err(&failure)
             }
-        }
-        record
+        };
+        step::record(&self.step, self.attempts, self.duration_ms, result)
     }
 }
 
@@ -242,8 +235,7 @@ impl ChatCall {
 /// same request would be refused again).
 async fn chat_step_call(
     svc: &Worker,
-    fence: &Fence,
-    lost: &CancellationToken,
+    exec: &StepExec<'_>,
     provider: &OpenAiClient,
     step_no: i64,
     name: &str,
@@ -251,21 +243,16 @@ async fn chat_step_call(
 ) -> Result<ChatCall, RunError> {
     let fresh = request.to_wire();
     let input = serde_json::to_string(&fresh).unwrap_or_default();
-    let key = step_key(fence.task_id, step_no, name);
-    let step = svc
-        .journal
-        .begin_step(
-            fence,
-            &NewStep {
-                step_no,
-                step_type: StepType::Llm,
-                tool_name: name,
-                idempotency_key: &key,
-                input: &input,
-            },
-        )
-        .await?
-        .ok_or(RunError::LostLease)?;
+    let key = step_key(exec.fence.task_id, step_no, name);
+    let step = exec
+        .begin(&NewStep {
+            step_no,
+            step_type: StepType::Llm,
+            tool_name: name,
+            idempotency_key: &key,
+            input: &input,
+        })
+        .await?;
     // On resume the journal, not today's database, is the context: send the request the
     // step was first written with so the model sees exactly the same history.
     let wire = match step
@@ -276,7 +263,6 @@ async fn chat_step_call(
         Some(Ok(journalled)) => journalled,
         _ => fresh,
     };
-    let started = Instant::now();
     if step.status == StepStatus::Succeeded {
         // Resumed after the call finished: reuse its journalled output, never call again.
         let output: ChatResponse = serde_json::from_str(step.output.as_deref().unwrap_or(""))
@@ -292,7 +278,7 @@ async fn chat_step_call(
         });
     }
     if step.status == StepStatus::Failed
-        && journalled_failure(&step) == Some(FailureType::ContextTooLong)
+        && step::journalled_failure(&step) == Some(FailureType::ContextTooLong)
     {
         return Ok(ChatCall {
             attempts: step.attempt,
@@ -307,94 +293,35 @@ async fn chat_step_call(
             journalled: true,
         });
     }
-    let (outcome, attempts) = call_with_retries(svc, provider, fence, &step, &wire, lost).await?;
-    crate::metrics::STEP_SECONDS.observe(started.elapsed());
+    let retry = &svc.config.llm.retry;
+    let wire_ref = &wire;
+    let attempted = exec
+        .attempt(&step, |key| async move {
+            provider
+                .chat(wire_ref, &key)
+                .await
+                .map_err(|e| CallErr::from_model(e, retry))
+        })
+        .await?;
     Ok(ChatCall {
         step,
         model: wire.model,
-        outcome,
-        attempts,
-        duration_ms: started.elapsed().as_millis() as i64,
+        outcome: attempted.result.map_err(|e| LlmError {
+            failure_type: e.failure,
+            message: e.message,
+            retry_after: e.retry_after,
+        }),
+        attempts: attempted.attempts,
+        duration_ms: attempted.duration_ms,
         journalled: false,
     })
-}
-
-/// The failure type a FAILED step recorded in its output.
-fn journalled_failure(step: &StepRow) -> Option<FailureType> {
-    let output: serde_json::Value = serde_json::from_str(step.output.as_deref()?).ok()?;
-    FailureType::parse(output.get("failure_type")?.as_str()?)
-}
-
-/// Calls the model until it answers, a permanent failure occurs, or the tries run out.
-/// Returns the outcome and the number of tries made so far (journalled on the step).
-async fn call_with_retries(
-    svc: &Worker,
-    provider: &OpenAiClient,
-    fence: &Fence,
-    step: &StepRow,
-    request: &WireRequest,
-    lost: &CancellationToken,
-) -> Result<(Result<ChatResponse, LlmError>, i64), RunError> {
-    let llm = &svc.config.llm;
-    // Attempts are numbered across runs (the journal shows them all); the retry budget
-    // counts this run's tries, so a task an admin resumes gets a fresh budget.
-    let mut attempt = step.attempt;
-    let first_this_run = step.attempt + 1;
-    loop {
-        attempt += 1;
-        // The first try is fenced by `begin_step` and its count written with the result;
-        // retries are recorded as they start, so a long retry loop shows in the journal.
-        if attempt > first_this_run
-            && !svc
-                .store
-                .record_step_attempt(fence, step.id, attempt)
-                .await?
-        {
-            return Err(RunError::LostLease);
-        }
-        let result = tokio::select! {
-            r = provider.chat(request, &step.idempotency_key) => r,
-            _ = lost.cancelled() => return Err(RunError::LostLease),
-        };
-        match result {
-            Ok(answer) => return Ok((Ok(answer), attempt)),
-            Err(err) => {
-                let Some(policy) = llm
-                    .retry
-                    .policy(err.failure_type)
-                    .filter(|p| attempt - first_this_run + 1 < i64::from(p.max_attempts))
-                else {
-                    return Ok((Err(err), attempt));
-                };
-                let wait = backoff::delay(
-                    attempt as u32,
-                    policy.backoff_base_ms,
-                    policy.backoff_max_ms,
-                    err.retry_after,
-                    std::time::Duration::from_secs(llm.retry_after_max_secs),
-                );
-                tracing::warn!(
-                    attempt,
-                    failure_type = %err.failure_type,
-                    wait_ms = wait.as_millis() as u64,
-                    error = %err.message,
-                    "model call failed; retrying"
-                );
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = lost.cancelled() => return Err(RunError::LostLease),
-                }
-            }
-        }
-    }
 }
 
 /// Folds `older` turns into a summary with a journalled `summary` step (step 1); `None` when
 /// the summary could not be made (the older turns are then simply left out).
 async fn summarize_history(
     svc: &Worker,
-    fence: &Fence,
-    lost: &CancellationToken,
+    exec: &StepExec<'_>,
     provider: &OpenAiClient,
     model: &str,
     older: &[ChatMessage],
@@ -414,9 +341,9 @@ async fn summarize_history(
         tools: Vec::new(),
         tool_choice: None,
     };
-    let call = chat_step_call(svc, fence, lost, provider, STEP_NO, SUMMARY, &request).await?;
-    if !call.journalled && !svc.journal.complete_step(fence, &call.record()).await? {
-        return Err(RunError::LostLease);
+    let call = chat_step_call(svc, exec, provider, STEP_NO, SUMMARY, &request).await?;
+    if !call.journalled {
+        exec.complete(&call.record()).await?;
     }
     match call.outcome {
         Ok(answer) if !answer.content.trim().is_empty() => Ok(Some(answer.content)),

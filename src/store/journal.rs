@@ -9,23 +9,29 @@ use std::sync::Arc;
 use crate::config::WorkerConfig;
 use crate::domain::ReplyRow;
 use crate::domain::now_ms;
-use crate::domain::{Fence, NewStep, StepResult, StepRow, TaskOutcome};
+use crate::domain::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::store::group::GroupCommit;
+use crate::store::workflow::NewPendingAction;
 use crate::store::writes::{WriteOp, WriteOut};
 use crate::store::{Dialect, Store, StoreResult};
 
-pub enum Journal {
-    Direct(Store),
-    Grouped(GroupCommit<WriteOp, WriteOut>),
+pub struct Journal {
+    store: Store,
+    /// `None` when `worker.group_commit_max` is 1: every write is its own transaction.
+    grouped: Option<GroupCommit<WriteOp, WriteOut>>,
 }
 
 impl Journal {
     /// Starts the group-commit writers on the current runtime (unless `group_commit_max` is 1).
     pub fn start(store: Store, config: &WorkerConfig) -> Journal {
         if config.group_commit_max <= 1 {
-            return Journal::Direct(store);
+            return Journal {
+                store,
+                grouped: None,
+            };
         }
-        Journal::Grouped(GroupCommit::start(
+        let writer = store.clone();
+        let grouped = GroupCommit::start(
             "journal",
             // SQLite has one writer; PostgreSQL commits several batches at once.
             match store.dialect() {
@@ -34,19 +40,23 @@ impl Journal {
             },
             config.group_commit_max,
             Arc::new(move |ops: &[WriteOp]| {
-                let store = store.clone();
+                let store = writer.clone();
                 Box::pin(async move {
                     let out = store.apply_writes(ops, now_ms()).await?;
                     Ok(out.into_iter().map(Ok).collect())
                 })
             }),
-        ))
+        );
+        Journal {
+            store,
+            grouped: Some(grouped),
+        }
     }
 
     async fn write(&self, op: WriteOp) -> StoreResult<WriteOut> {
-        match self {
-            Journal::Direct(store) => store.apply_one(op, now_ms()).await,
-            Journal::Grouped(queue) => queue.submit(op).await,
+        match &self.grouped {
+            None => self.store.apply_one(op, now_ms()).await,
+            Some(queue) => queue.submit(op).await,
         }
     }
 
@@ -67,6 +77,62 @@ impl Journal {
             step: step.clone(),
         };
         Ok(self.write(op).await?.done())
+    }
+
+    /// Records that try `attempt` of a step starts (a retry); `false` when the worker no
+    /// longer owns the task. Retries are rare, so this is not batched.
+    pub async fn record_step_attempt(
+        &self,
+        fence: &Fence,
+        step_id: i64,
+        attempt: i64,
+    ) -> StoreResult<bool> {
+        self.store
+            .record_step_attempt(fence, step_id, attempt)
+            .await
+    }
+
+    /// Marks finished step `step_no` COMPENSATED (its undo succeeded).
+    pub async fn mark_step_compensated(&self, fence: &Fence, step_no: i64) -> StoreResult<bool> {
+        self.store
+            .mark_step_compensated(fence, step_no, now_ms())
+            .await
+    }
+
+    /// Keeps a workflow's rolling summary on its task.
+    pub async fn set_context_summary(&self, fence: &Fence, summary: &str) -> StoreResult<bool> {
+        self.store
+            .set_context_summary(fence, summary, now_ms())
+            .await
+    }
+
+    /// Journals an approval step and parks the task for it (pending action and card reply
+    /// in the same transaction).
+    pub async fn park_for_confirmation(
+        &self,
+        fence: &Fence,
+        step: &NewStep<'_>,
+        action: &NewPendingAction,
+        card: &NewReply,
+        now: i64,
+    ) -> StoreResult<bool> {
+        self.store
+            .park_for_confirmation(fence, step, action, card, now)
+            .await
+    }
+
+    /// Marks an interrupted non-idempotent step UNKNOWN and parks the task for a human.
+    pub async fn park_unknown_step(
+        &self,
+        fence: &Fence,
+        step_id: i64,
+        action: &NewPendingAction,
+        card: &NewReply,
+        now: i64,
+    ) -> StoreResult<bool> {
+        self.store
+            .park_unknown_step(fence, step_id, action, card, now)
+            .await
     }
 
     /// Extends a task's lease; `false` when the worker no longer owns the task.

@@ -6,12 +6,13 @@ use serde_json::{Value, json};
 
 use super::config::AgentNode;
 use crate::config::ToolKind;
-use crate::domain::{FailureType, PendingKind, StepType, now_ms, truncate};
+use crate::domain::{FailureType, PendingKind, StepType, truncate};
 use crate::engine::reply;
 use crate::engine::task::{RunError, model_of};
 use crate::llm::{self, ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice, ToolSpec};
 
-use super::runner::{CallErr, CallOk, Compensable, RetryPlan, Runner, StepDone, Stop, cut_middle};
+use super::runner::{CallOk, Compensable, Runner, StepDone, Stop, cut_middle};
+use crate::engine::step::{CallErr, RetryPlan};
 
 impl Runner<'_> {
     // long: the model/tool turn loop with its last-turn and cut-off rules reads best whole.
@@ -188,8 +189,8 @@ impl Runner<'_> {
         let text = self.summarize(previous, older).await?;
         if !self
             .svc
-            .store
-            .set_context_summary(self.fence, &text, now_ms())
+            .journal
+            .set_context_summary(self.fence, &text)
             .await?
         {
             return Err(Stop::Run(RunError::LostLease));

@@ -10,7 +10,8 @@ use crate::domain::{NewReply, TaskOutcome};
 use crate::engine::reply;
 use crate::engine::task::RunError;
 
-use super::runner::{CallErr, CallOk, ERROR_LIMIT, RetryPlan, Runner, StepDone, Stop};
+use super::runner::{CallOk, Runner, StepDone, Stop};
+use crate::engine::step::{CallErr, ERROR_LIMIT, RetryPlan};
 
 impl Runner<'_> {
     /// Undoes the finished compensable steps, newest first; each undo is a journalled step.
@@ -51,8 +52,8 @@ impl Runner<'_> {
             match outcome {
                 Ok(StepDone::Ok { .. }) => {
                     if !svc
-                        .store
-                        .mark_step_compensated(self.fence, done.step_no, now_ms())
+                        .journal
+                        .mark_step_compensated(self.fence, done.step_no)
                         .await?
                     {
                         return Err(RunError::LostLease);

@@ -55,7 +55,7 @@ impl Runner<'_> {
         let card = self.approval_card(&action);
         let parked = self
             .svc
-            .store
+            .journal
             .park_for_confirmation(
                 self.fence,
                 &NewStep {
@@ -141,7 +141,7 @@ impl Runner<'_> {
         tracing::warn!(step = row.step_no, tool = %row.tool_name, "interrupted non-idempotent step; waiting for a human");
         match self
             .svc
-            .store
+            .journal
             .park_unknown_step(self.fence, row.id, &action, &card, now)
             .await
         {

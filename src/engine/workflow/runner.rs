@@ -6,7 +6,6 @@
 //! not guessed at: it becomes UNKNOWN and the task waits for a human.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
@@ -19,9 +18,6 @@ use crate::engine::task::{RunError, TaskContext, load_context};
 use crate::engine::worker::Worker;
 use crate::llm::ChatMessage;
 use crate::store::StoreError;
-
-/// Longest error text kept on a step or task.
-pub(super) const ERROR_LIMIT: usize = 2000;
 
 /// Why the walk stopped short of a reply node.
 pub(super) enum Stop {
@@ -55,21 +51,6 @@ pub(super) struct CallOk {
     pub(super) output: Value,
     pub(super) tokens_in: Option<i64>,
     pub(super) tokens_out: Option<i64>,
-}
-
-/// A failed call and whether (and how) to try again.
-pub(super) struct CallErr {
-    pub(super) failure: FailureType,
-    pub(super) message: String,
-    pub(super) retry: Option<RetryPlan>,
-    pub(super) retry_after: Option<Duration>,
-}
-
-#[derive(Clone, Copy)]
-pub(super) struct RetryPlan {
-    pub(super) max_tries: u32,
-    pub(super) base_ms: u64,
-    pub(super) max_ms: u64,
 }
 
 /// How a journalled step came out.

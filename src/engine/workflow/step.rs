@@ -1,21 +1,20 @@
-//! The workflow's journalled step: begin, replay if it already succeeded, run with retries
-//! and backoff while the lease holds, complete, all fenced.
+//! A workflow's journalled step: replayed from the journal read at the start of the run, or
+//! run by the shared step executor (`engine::step`).
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::backoff;
-use crate::domain::{FailureType, StepStatus, StepType, step_key, truncate};
-use crate::domain::{NewStep, StepResult};
+use crate::domain::{FailureType, NewStep, StepStatus, StepType, step_key};
+use crate::engine::step::{self, CallErr, StepExec};
 use crate::engine::task::RunError;
 
-use super::runner::{CallErr, CallOk, ERROR_LIMIT, Runner, StepDone, Stop, parse_output};
+use super::runner::{CallOk, Runner, StepDone, Stop, parse_output};
 
 impl Runner<'_> {
-    // long: the journalled step's begin/replay/retry/complete state machine, kept in one place.
-    /// Runs `call` as the next step, or replays it from the journal.
+    /// Runs `call` as the next step, or replays it from the journal: a finished step gives
+    /// back its outcome; an interrupted non-idempotent one parks the task (UNKNOWN).
     pub(super) async fn journal<F, Fut>(
         &mut self,
         step_type: StepType,
@@ -62,105 +61,48 @@ impl Runner<'_> {
             return Err(Stop::Run(RunError::Parked));
         }
         let input_text = input.to_string();
-        let row = self
-            .svc
-            .journal
-            .begin_step(
-                self.fence,
-                &NewStep {
-                    step_no,
-                    step_type,
-                    tool_name: name,
-                    idempotency_key: &key,
-                    input: &input_text,
-                },
-            )
-            .await?
-            .ok_or(Stop::Run(RunError::LostLease))?;
-        let started = Instant::now();
-        let mut attempt = row.attempt;
-        let mut tries = 0u32;
-        let result = loop {
-            attempt += 1;
-            tries += 1;
-            // The first try is fenced by `begin_step` and counted with the result;
-            // retries are recorded as they start.
-            if tries > 1
-                && !self
-                    .svc
-                    .store
-                    .record_step_attempt(self.fence, row.id, attempt)
-                    .await?
-            {
-                return Err(Stop::Run(RunError::LostLease));
-            }
-            let outcome = tokio::select! {
-                r = call(key.clone()) => r,
-                _ = self.lost.cancelled() => return Err(Stop::Run(RunError::LostLease)),
-            };
-            match outcome {
-                Ok(ok) => break Ok(ok),
-                Err(err) => match err.retry.filter(|p| tries < p.max_tries) {
-                    Some(plan) => {
-                        let wait = backoff::delay(
-                            tries,
-                            plan.base_ms,
-                            plan.max_ms,
-                            err.retry_after,
-                            Duration::from_secs(self.svc.config.llm.retry_after_max_secs),
-                        );
-                        tracing::warn!(step = step_no, name, attempt, error = %err.message, "step failed; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(wait) => {}
-                            _ = self.lost.cancelled() => return Err(Stop::Run(RunError::LostLease)),
-                        }
-                    }
-                    None => break Err(err),
-                },
-            }
-        };
-        crate::metrics::STEP_SECONDS.observe(started.elapsed());
-        let duration_ms = started.elapsed().as_millis() as i64;
-        let (record, done) = match result {
+        let exec = self.exec();
+        let row = exec
+            .begin(&NewStep {
+                step_no,
+                step_type,
+                tool_name: name,
+                idempotency_key: &key,
+                input: &input_text,
+            })
+            .await?;
+        let attempted = exec.attempt(&row, call).await?;
+        let (attempts, duration_ms) = (attempted.attempts, attempted.duration_ms);
+        let (record, done) = match attempted.result {
             Ok(ok) => (
-                StepResult {
-                    step_id: row.id,
-                    attempts: attempt,
-                    status: StepStatus::Succeeded,
-                    output: Some(ok.output.to_string()),
-                    error: None,
-                    tokens_in: ok.tokens_in,
-                    tokens_out: ok.tokens_out,
+                step::record(
+                    &row,
+                    attempts,
                     duration_ms,
-                },
+                    Ok((ok.output.to_string(), ok.tokens_in, ok.tokens_out)),
+                ),
                 StepDone::Ok {
                     output: ok.output,
                     compensated: false,
                 },
             ),
             Err(err) => {
-                let message = truncate(&err.message, ERROR_LIMIT);
-                (
-                    StepResult {
-                        step_id: row.id,
-                        attempts: attempt,
-                        status: StepStatus::Failed,
-                        output: Some(
-                            json!({ "failure_type": err.failure.as_str(), "error": message })
-                                .to_string(),
-                        ),
-                        error: Some(message.clone()),
-                        tokens_in: None,
-                        tokens_out: None,
-                        duration_ms,
-                    },
-                    StepDone::Failed(err.failure, message),
-                )
+                let record = step::record(&row, attempts, duration_ms, Err(&err));
+                let message = record.error.clone().unwrap_or_default();
+                (record, StepDone::Failed(err.failure, message))
             }
         };
-        if !self.svc.journal.complete_step(self.fence, &record).await? {
-            return Err(Stop::Run(RunError::LostLease));
-        }
+        exec.complete(&record).await?;
         Ok(done)
+    }
+
+    /// The shared step executor, bound to this run.
+    pub(super) fn exec(&self) -> StepExec<'_> {
+        StepExec {
+            journal: &self.svc.journal,
+            fence: self.fence,
+            lost: self.lost,
+            retry_after_max: Duration::from_secs(self.svc.config.llm.retry_after_max_secs),
+        }
     }
 }
