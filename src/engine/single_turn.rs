@@ -25,14 +25,13 @@ const ERROR_LIMIT: usize = 2000;
 /// The retry of a chat the model refused as too long, with the question alone.
 const SHRUNK: &str = "chat_shrunk";
 
-// long: history, summary, the chat step, its shrunk retry and the outcome, in order; to be folded into the shared step executor (issue 18 item 2).
 pub async fn run(
     svc: &Worker,
     fence: &Fence,
     lost: &CancellationToken,
     ctx: &TaskContext,
 ) -> Result<(), RunError> {
-    let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
+    let agent = &ctx.agent;
     let (provider, model) = model_of(svc, agent)?;
     let exec = StepExec {
         journal: &svc.journal,
@@ -40,25 +39,7 @@ pub async fn run(
         lost,
         retry_after_max: std::time::Duration::from_secs(svc.config.llm.retry_after_max_secs),
     };
-    let history = svc
-        .store
-        .conversation_history(
-            &task.channel,
-            &task.conversation_id,
-            message.id,
-            i64::from(agent.history_messages) + 1,
-        )
-        .await?;
-    let mut turns = Vec::new();
-    for entry in &history {
-        turns.push(ChatMessage::user(entry.text.clone()));
-        if entry.message_id == message.id {
-            break;
-        }
-        if let Some(answer) = &entry.answer {
-            turns.push(ChatMessage::assistant(answer.clone()));
-        }
-    }
+    let turns = conversation_turns(svc, ctx).await?;
     let budget = history_budget(
         svc.config.context.history_token_budget,
         provider.context_window,
@@ -108,6 +89,46 @@ pub async fn run(
         );
         call = chat_step_call(svc, &exec, provider, chat_step + 1, SHRUNK, &shrunk).await?;
     }
+    let outcome = outcome_of(svc, ctx, call);
+    if !svc.journal.finish_task(fence, &outcome).await? {
+        return Err(RunError::LostLease);
+    }
+    tracing::info!(status = %outcome.status, "task finished");
+    svc.wake.replies.notify_one();
+    Ok(())
+}
+
+/// The conversation's recent turns up to and including the question: the user's messages
+/// and, where answered, the answers.
+async fn conversation_turns(svc: &Worker, ctx: &TaskContext) -> Result<Vec<ChatMessage>, RunError> {
+    let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
+    let history = svc
+        .store
+        .conversation_history(
+            &task.channel,
+            &task.conversation_id,
+            message.id,
+            i64::from(agent.history_messages) + 1,
+        )
+        .await?;
+    let mut turns = Vec::new();
+    for entry in &history {
+        turns.push(ChatMessage::user(entry.text.clone()));
+        if entry.message_id == message.id {
+            break;
+        }
+        if let Some(answer) = &entry.answer {
+            turns.push(ChatMessage::assistant(answer.clone()));
+        }
+    }
+    Ok(turns)
+}
+
+/// The task's terminal outcome from its chat call: the answer (or the agent's fallback for an
+/// empty one) as the reply, or the failure notice.
+fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
+    let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
+
     // Retries made by this run; earlier runs' retries are already counted on the task.
     let retries = (call.attempts - call.step.attempt - 1).max(0);
     let step = Some(call.record());
@@ -122,7 +143,7 @@ pub async fn run(
             }
         })
     });
-    let outcome = match answered {
+    match answered {
         Ok(text) => {
             let (reply_type, content) = reply::compose_answer(&text);
             TaskOutcome {
@@ -153,7 +174,7 @@ pub async fn run(
             tracing::warn!(failure_type = %err.failure_type, error = %err.message, "task failed");
             let notice = reply::failure_notice(
                 &svc.config.replies.failure_notice,
-                fence.task_id,
+                task.id,
                 err.failure_type,
             );
             TaskOutcome {
@@ -180,13 +201,7 @@ pub async fn run(
                 ),
             }
         }
-    };
-    if !svc.journal.finish_task(fence, &outcome).await? {
-        return Err(RunError::LostLease);
     }
-    tracing::info!(status = %outcome.status, "task finished");
-    svc.wake.replies.notify_one();
-    Ok(())
 }
 
 /// A journalled chat step, run (or found finished) but not yet completed in the journal.

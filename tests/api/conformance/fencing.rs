@@ -1,0 +1,406 @@
+//! Fencing: a worker that lost its lease cannot write; group-committed writes fenced one by one, without deadlocks, a failing batch landing each good write once.
+
+use assistd::domain::{Fence, NewStep, StepResult};
+use assistd::domain::{StepStatus, StepType, TaskStatus, now_ms};
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_lost_its_lease_cannot_write() {
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let id = ingest(&store, "c", 1, now).await;
+    let first = store
+        .claim_tasks("old", 1, now + 1_000, now)
+        .await
+        .unwrap()
+        .remove(0);
+    let old = Fence {
+        task_id: id,
+        owner: "old".into(),
+        version: first.version,
+    };
+    // Not expired yet: nobody else can take it.
+    assert!(
+        store
+            .claim_tasks("new", 1, now + LEASE, now + 500)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Expired: another instance takes it over.
+    let later = now + 2_000;
+    let second = store
+        .claim_tasks("new", 1, later + LEASE, later)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(second.id, id);
+    assert_eq!(second.claim_count, 2);
+    let claims: Vec<String> = audits_of(&store, id, assistd::domain::AuditEvent::TaskRunning)
+        .await
+        .into_iter()
+        .map(|e| e.summary)
+        .collect();
+    assert_eq!(
+        claims,
+        ["claimed by old", "claimed by new (claim 2, resumed)"],
+        "each claim audited, a takeover as a resume"
+    );
+    let new = Fence {
+        task_id: id,
+        owner: "new".into(),
+        version: second.version,
+    };
+
+    assert!(!store.renew_lease(&old, later + LEASE, later).await.unwrap());
+    let key = format!("{id}:1:chat");
+    let step = NewStep {
+        step_no: 1,
+        step_type: StepType::Llm,
+        tool_name: "chat",
+        idempotency_key: &key,
+        input: "{}",
+    };
+    assert!(
+        store
+            .begin_step(&old, &step, later)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let row = store.begin_step(&new, &step, later).await.unwrap().unwrap();
+    assert_eq!(row.status, StepStatus::Pending);
+    // The begin returns only the new row's id; the rest is built from what it wrote.
+    assert_eq!(
+        store.task_steps(id).await.unwrap(),
+        vec![row.clone()],
+        "the begun step is the journalled row"
+    );
+    assert!(!store.record_step_attempt(&old, row.id, 1).await.unwrap());
+
+    let mut done = outcome(id);
+    done.step = Some(StepResult {
+        step_id: row.id,
+        attempts: 1,
+        status: StepStatus::Succeeded,
+        output: Some("{}".into()),
+        error: None,
+        tokens_in: None,
+        tokens_out: None,
+        duration_ms: 1,
+    });
+    assert!(
+        !store.finish_task(&old, &done, later).await.unwrap(),
+        "the old owner's result is refused"
+    );
+    assert!(
+        store.task_reply(id).await.unwrap().is_none(),
+        "and wrote no reply"
+    );
+    assert!(store.finish_task(&new, &done, later).await.unwrap());
+    assert!(
+        !store.finish_task(&new, &done, later).await.unwrap(),
+        "finishing twice is refused"
+    );
+    let reply = store.task_reply(id).await.unwrap().unwrap();
+    assert_eq!(reply.idempotency_key, format!("agent-task-{id}"));
+    assert_eq!(
+        store.task_steps(id).await.unwrap()[0].status,
+        StepStatus::Succeeded
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// Several batches at once (PostgreSQL runs several journal writers, and two instances
+/// during a takeover) naming the same task rows in opposite orders: none deadlocks or fails,
+/// and every write lands. Each batch locks its task rows in id order before writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_batches_over_the_same_tasks_do_not_deadlock() {
+    use assistd::store::writes::{WriteOp, WriteOut};
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    ingest_conversations(&store, "dl", 24, now).await;
+    let claimed = store.claim_tasks("me", 24, now + LEASE, now).await.unwrap();
+    assert_eq!(claimed.len(), 24);
+    let fences: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "me")).collect();
+    let mut batches = tokio::task::JoinSet::new();
+    for b in 0..8usize {
+        let store = store.clone();
+        let mut order = fences.clone();
+        if b % 2 == 1 {
+            order.reverse();
+        }
+        batches.spawn(async move {
+            let mut ops = Vec::new();
+            for f in &order {
+                ops.push(WriteOp::RenewLease {
+                    fence: f.clone(),
+                    lease_until: now + LEASE + b as i64,
+                });
+                let key = format!("{}:{b}:dl", f.task_id);
+                ops.push(WriteOp::begin_step(
+                    f,
+                    &NewStep {
+                        step_no: 1 + b as i64,
+                        step_type: StepType::Tool,
+                        tool_name: "dl",
+                        idempotency_key: &key,
+                        input: "{}",
+                    },
+                ));
+            }
+            store.apply_writes(&ops, now).await
+        });
+    }
+    while let Some(out) = batches.join_next().await {
+        let out = out
+            .unwrap()
+            .expect("no batch fails (deadlock or otherwise)");
+        assert!(out.iter().all(|o| match o {
+            WriteOut::Done(landed) => *landed,
+            WriteOut::Step(row) => row.is_some(),
+        }));
+    }
+    for f in &fences {
+        assert_eq!(store.task_steps(f.task_id).await.unwrap().len(), 8);
+    }
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// Group commit of worker writes: one transaction carrying the writes of two tasks, one of
+/// them from a worker that lost its task. Each write is fenced on its own: the stale one is
+/// refused and writes nothing, the others land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
+    use assistd::store::writes::{WriteOp, WriteOut};
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let (a, b, fence) = claim_a_and_b(&store, now).await;
+    let stale = Fence {
+        version: fence(b).version - 1,
+        ..fence(b)
+    };
+    let step = |key: &'static str| NewStep {
+        step_no: 1,
+        step_type: StepType::Llm,
+        tool_name: "chat",
+        idempotency_key: key,
+        input: "{}",
+    };
+    let ops = [
+        WriteOp::begin_step(&fence(a), &step("a:1:chat")),
+        WriteOp::begin_step(&stale, &step("b:1:chat")),
+        WriteOp::FinishTask {
+            fence: stale.clone(),
+            outcome: Box::new(outcome(b)),
+        },
+        WriteOp::FinishTask {
+            fence: fence(a),
+            outcome: Box::new(outcome(a)),
+        },
+    ];
+    let out = store.apply_writes(&ops, now).await.unwrap();
+    assert!(matches!(&out[0], WriteOut::Step(Some(row)) if row.task_id == a));
+    assert!(matches!(out[1], WriteOut::Step(None)));
+    assert!(matches!(out[2], WriteOut::Done(false)));
+    assert!(matches!(out[3], WriteOut::Done(true)));
+    assert!(store.task_reply(a).await.unwrap().is_some());
+    assert!(
+        store.task_reply(b).await.unwrap().is_none(),
+        "the stale finish wrote nothing"
+    );
+    assert_eq!(
+        store.task(b).await.unwrap().unwrap().status,
+        TaskStatus::Running
+    );
+    assert_eq!(store.task_steps(b).await.unwrap().len(), 0);
+    assert_eq!(
+        store.task(a).await.unwrap().unwrap().status,
+        TaskStatus::Succeeded
+    );
+
+    // Completing a step: fenced in the same statement as the write.
+    let row = store
+        .begin_step(&fence(b), &step("b:1:chat"), now)
+        .await
+        .unwrap()
+        .unwrap();
+    let result = |status| StepResult {
+        step_id: row.id,
+        attempts: 1,
+        status,
+        output: Some("{}".into()),
+        error: None,
+        tokens_in: None,
+        tokens_out: None,
+        duration_ms: 1,
+    };
+    let out = store
+        .apply_writes(
+            &[
+                WriteOp::CompleteStep {
+                    fence: stale.clone(),
+                    step: result(StepStatus::Failed),
+                },
+                WriteOp::CompleteStep {
+                    fence: fence(b),
+                    step: result(StepStatus::Succeeded),
+                },
+            ],
+            now,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out[0], WriteOut::Done(false)));
+    assert!(matches!(out[1], WriteOut::Done(true)));
+    assert_eq!(
+        store.task_steps(b).await.unwrap()[0].status,
+        StepStatus::Succeeded
+    );
+
+    // A stale write and a current one naming the same row, stale first: each answer is its
+    // own (the batch applies them in separate rounds of the same statement).
+    let out = store
+        .apply_writes(
+            &[
+                WriteOp::begin_step(
+                    &stale,
+                    &NewStep {
+                        step_no: 2,
+                        ..step("b:2:chat")
+                    },
+                ),
+                WriteOp::RenewLease {
+                    fence: stale.clone(),
+                    lease_until: now + LEASE,
+                },
+                WriteOp::begin_step(
+                    &fence(b),
+                    &NewStep {
+                        step_no: 2,
+                        ..step("b:2:chat")
+                    },
+                ),
+                WriteOp::RenewLease {
+                    fence: fence(b),
+                    lease_until: now + 2 * LEASE,
+                },
+            ],
+            now,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out[0], WriteOut::Step(None)));
+    assert!(matches!(out[1], WriteOut::Done(false)));
+    assert!(matches!(&out[2], WriteOut::Step(Some(row)) if row.step_no == 2 && row.task_id == b));
+    assert!(matches!(out[3], WriteOut::Done(true)));
+    let task = store.task(b).await.unwrap().unwrap();
+    assert_eq!(task.lease_expire, Some(now + 2 * LEASE));
+    assert_eq!(task.current_step, 2);
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// Group commit over the real database: a batch that fails as a whole (here one step begin
+/// breaks the journal's unique step number) is rolled back entirely and each operation is
+/// applied again alone, so the bad one fails by itself and the others land exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
+    use std::sync::{Arc, Mutex};
+
+    use assistd::store::group::GroupCommit;
+    use assistd::store::writes::{WriteOp, WriteOut};
+    use assistd::store::{StoreError, StoreResult};
+
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let (a, b, fence) = claim_a_and_b(&store, now).await;
+
+    // Batches as applied, by size; the first is held so the rest queue up behind it.
+    let sizes = Arc::new(Mutex::new(Vec::<usize>::new()));
+    let queue: GroupCommit<WriteOp, WriteOut> = {
+        let (store, sizes) = (store.clone(), sizes.clone());
+        GroupCommit::start(
+            "test",
+            1,
+            64,
+            Arc::new(move |ops: &[WriteOp]| {
+                let (store, sizes) = (store.clone(), sizes.clone());
+                Box::pin(async move {
+                    let first = {
+                        let mut sizes = sizes.lock().unwrap();
+                        sizes.push(ops.len());
+                        sizes.len() == 1
+                    };
+                    if first {
+                        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    }
+                    let out = store.apply_writes(ops, now_ms()).await?;
+                    Ok(out.into_iter().map(Ok).collect())
+                })
+            }),
+        )
+    };
+    let queue = Arc::new(queue);
+    let step = |no: i64, key: &'static str| NewStep {
+        step_no: no,
+        step_type: StepType::Llm,
+        tool_name: "chat",
+        idempotency_key: key,
+        input: "{}",
+    };
+    let ops = [
+        // Held in its batch while the rest queue up.
+        WriteOp::RenewLease {
+            fence: fence(b),
+            lease_until: now + LEASE,
+        },
+        WriteOp::begin_step(&fence(a), &step(1, "a:1:chat")),
+        // Step 1 of task `a` again under another key: breaks the unique (task, step number).
+        WriteOp::begin_step(&fence(a), &step(1, "a:1:other")),
+        WriteOp::FinishTask {
+            fence: fence(b),
+            outcome: Box::new(outcome(b)),
+        },
+    ];
+    // Queued in this order: each submission is given a moment to enter the queue.
+    let mut handles = Vec::new();
+    for op in ops {
+        let queue = queue.clone();
+        handles.push(tokio::spawn(async move { queue.submit(op).await }));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut results: Vec<StoreResult<WriteOut>> = Vec::new();
+    for handle in handles {
+        results.push(handle.await.unwrap());
+    }
+    assert_eq!(
+        *sizes.lock().unwrap(),
+        vec![1, 3, 1, 1, 1],
+        "the three queued writes went as one batch, then one by one"
+    );
+    let mut results = results.into_iter();
+    assert!(results.next().unwrap().unwrap().done(), "lease renewed");
+    let begun = results.next().unwrap().unwrap().step().expect("good begin");
+    assert_eq!(begun.idempotency_key, "a:1:chat");
+    assert!(
+        matches!(results.next().unwrap(), Err(StoreError::UniqueViolation(_))),
+        "the bad begin fails alone"
+    );
+    assert!(results.next().unwrap().unwrap().done(), "finish landed");
+
+    let steps = store.task_steps(a).await.unwrap();
+    assert_eq!(steps, vec![begun], "one step 1 for task a, the good one");
+    assert_eq!(
+        store.task(b).await.unwrap().unwrap().status,
+        TaskStatus::Succeeded
+    );
+    assert!(store.task_reply(b).await.unwrap().is_some());
+    let finished = audits_of(&store, b, assistd::domain::AuditEvent::TaskSucceeded).await;
+    assert_eq!(finished.len(), 1, "the finish was audited once");
+    store.close().await;
+    db.drop_db().await;
+}

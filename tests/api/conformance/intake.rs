@@ -1,0 +1,136 @@
+//! Intake: duplicates refused by the database, a batch answering each message as if alone, concurrent ingest of one message.
+
+use assistd::domain::now_ms;
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_are_refused_by_the_database() {
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let first = store
+        .ingest_message(&msg("c", 1), "default", now)
+        .await
+        .unwrap();
+    assert!(!first.duplicate);
+    let again = store
+        .ingest_message(&msg("c", 1), "default", now)
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.task_id, first.task_id);
+    let mut same_event = msg("c", 2);
+    same_event.event_id = "e-c-1".into();
+    let dup = store
+        .ingest_message(&same_event, "default", now)
+        .await
+        .unwrap();
+    assert!(dup.duplicate);
+    assert_eq!(store.intake_row_counts().await.unwrap(), (1, 1, 1));
+    // Unknown agent: nothing written.
+    assert!(
+        store
+            .ingest_message(&msg("c", 9), "nobody", now)
+            .await
+            .is_err()
+    );
+    assert_eq!(store.intake_row_counts().await.unwrap(), (1, 1, 1));
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// Group commit: one batch holding new messages, a retry of one of them, the same message
+/// under another event id, a message stored before, and a message for an agent with no
+/// version. Each gets its own answer; only the last writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_each_message_as_if_it_came_alone() {
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let earlier = store
+        .ingest_message(&msg("old", 1), "default", now)
+        .await
+        .unwrap();
+    let a = msg("c", 1);
+    let b = msg("c", 2);
+    let retry_of_a = msg("c", 1);
+    let mut b_other_event = msg("c", 2);
+    b_other_event.event_id = "another-event-for-c-2".into();
+    let stored_before = msg("old", 1);
+    let orphan = msg("c", 3);
+    let d = msg("d", 1);
+    let batch = [
+        (&a, "default"),
+        (&b, "default"),
+        (&retry_of_a, "default"),
+        (&b_other_event, "default"),
+        (&stored_before, "default"),
+        (&orphan, "nobody"),
+        (&d, "default"),
+    ];
+    let results = store.ingest_batch(&batch, now).await.unwrap();
+    assert_eq!(results.len(), batch.len());
+    let ok = |i: usize| *results[i].as_ref().unwrap();
+    assert!(!ok(0).duplicate && !ok(1).duplicate && !ok(6).duplicate);
+    assert_ne!(ok(0).task_id, ok(1).task_id);
+    assert_eq!(
+        ok(2),
+        assistd::domain::Ingested {
+            task_id: ok(0).task_id,
+            duplicate: true
+        }
+    );
+    assert_eq!(
+        ok(3),
+        assistd::domain::Ingested {
+            task_id: ok(1).task_id,
+            duplicate: true
+        }
+    );
+    assert_eq!(
+        ok(4),
+        assistd::domain::Ingested {
+            task_id: earlier.task_id,
+            duplicate: true
+        }
+    );
+    assert!(matches!(
+        results[5],
+        Err(assistd::store::StoreError::NotFound)
+    ));
+    assert!(
+        ok(0).task_id < ok(1).task_id && ok(1).task_id < ok(6).task_id,
+        "arrival order kept"
+    );
+    // earlier + a, b, d: messages, tasks and TASK_CREATED rows.
+    assert_eq!(store.intake_row_counts().await.unwrap(), (4, 4, 4));
+    store.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_ingest_of_one_message_makes_one_task() {
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .ingest_message(&msg("c", 1), "default", now)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut fresh = 0;
+    let mut ids = Vec::new();
+    for h in handles {
+        let r = h.await.unwrap();
+        fresh += usize::from(!r.duplicate);
+        ids.push(r.task_id);
+    }
+    assert_eq!(fresh, 1);
+    assert!(ids.iter().all(|i| *i == ids[0]));
+    store.close().await;
+    db.drop_db().await;
+}

@@ -1,0 +1,158 @@
+//! Schema: agent versions, indexes used by the hot statements, upgrades of older databases.
+
+use crate::helpers::*;
+use assistd::domain::NewStep;
+use assistd::domain::{StepType, now_ms};
+use assistd::store::Store;
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_agent_definition_becomes_a_new_version() {
+    let (db, store) = fresh_store().await;
+    let mut cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    // Unchanged: still version 1.
+    publish(&store, &cfg).await;
+    assert_eq!(
+        store
+            .current_agent_version("default")
+            .await
+            .unwrap()
+            .unwrap()
+            .version_no,
+        1
+    );
+    let now = now_ms();
+    let t1 = ingest(&store, "c", 1, now).await;
+    cfg.agents.get_mut("default").unwrap().system_prompt = "You are terse.".into();
+    publish(&store, &cfg).await;
+    let v2 = store
+        .current_agent_version("default")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v2.version_no, 2);
+    assert!(v2.definition.contains("You are terse."));
+    let t2 = ingest(&store, "c", 2, now).await;
+    let task1 = store.task(t1).await.unwrap().unwrap();
+    let task2 = store.task(t2).await.unwrap().unwrap();
+    assert_ne!(task1.agent_version_id, task2.agent_version_id);
+    assert_eq!(task2.agent_version_id, v2.id);
+    // Version 1 is untouched.
+    let v1 = store
+        .agent_version(task1.agent_version_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!v1.definition.contains("You are terse."));
+    store.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_statements_use_indexes_on_sqlite() {
+    let (db, store) = fresh_store().await;
+    if db.is_postgres() {
+        // PostgreSQL plans depend on table statistics; the partial indexes exist in both.
+        store.close().await;
+        db.drop_db().await;
+        return;
+    }
+    let pick = assistd::store::tasks::claim_pick_sql(store.dialect());
+    let plan = store.explain(&pick).await.unwrap().join(" | ");
+    assert!(plan.contains("agent_task_pending"), "{plan}");
+    assert!(plan.contains("agent_task_running"), "{plan}");
+    assert!(plan.contains("agent_task_active_conversation"), "{plan}");
+    assert!(
+        plan.split(" | ")
+            .all(|step| !step.starts_with("SCAN") || step.contains("USING")),
+        "no full table scan: {plan}"
+    );
+    let plan = store
+        .explain(
+            "SELECT id FROM outbound_reply WHERE status = 'PENDING' AND next_attempt_at <= 1 \
+             ORDER BY next_attempt_at LIMIT 5",
+        )
+        .await
+        .unwrap()
+        .join(" | ");
+    assert!(plan.contains("outbound_reply_due"), "{plan}");
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// A database made by an earlier release (migrations up to 0002, a `current_step` column
+/// on the task) upgrades in place: 0003 drops the column, and the task's current step is
+/// then read from its journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() {
+    let db = TestDb::new().await;
+    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    let store = Store::connect(&cfg.database).await.unwrap();
+    // The schema as the release before 0003 left it: its migration files, applied alone.
+    let dialect = if db.is_postgres() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let older = tempfile::tempdir().unwrap();
+    for file in ["0001_initial.sql", "0002_platform_callbacks.sql"] {
+        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(dialect)
+            .join(file);
+        std::fs::copy(from, older.path().join(file)).unwrap();
+    }
+    let migrator = sqlx::migrate::Migrator::new(older.path()).await.unwrap();
+    match &store {
+        Store::Sqlite(pool, _) => migrator.run(pool).await.unwrap(),
+        Store::Postgres(pool) => migrator.run(pool).await.unwrap(),
+    }
+    publish(&store, &cfg).await;
+    let now = now_ms();
+    let id = ingest(&store, "upgrade", 1, now).await;
+    let claimed = store.claim_tasks("me", 1, now + LEASE, now).await.unwrap();
+    assert_eq!(claimed[0].id, id);
+    let fence = fence_of(&claimed[0], "me");
+    let set_stored = "UPDATE agent_task SET current_step = 9 WHERE id = $1";
+    match &store {
+        Store::Sqlite(pool, _) => {
+            sqlx::query(set_stored)
+                .bind(id)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        Store::Postgres(pool) => {
+            sqlx::query(set_stored)
+                .bind(id)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+    }
+
+    store.migrate().await.unwrap();
+    assert_eq!(store.task(id).await.unwrap().unwrap().current_step, 0);
+    let step = NewStep {
+        step_no: 3,
+        step_type: StepType::Tool,
+        tool_name: "t",
+        idempotency_key: "upgrade:3:t",
+        input: "{}",
+    };
+    assert!(
+        store
+            .apply_one(
+                assistd::store::writes::WriteOp::begin_step(&fence, &step),
+                now
+            )
+            .await
+            .unwrap()
+            .step()
+            .is_some()
+    );
+    assert_eq!(store.task(id).await.unwrap().unwrap().current_step, 3);
+    store.close().await;
+    db.drop_db().await;
+}
