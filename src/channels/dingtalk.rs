@@ -19,7 +19,6 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
-    no_route,
 };
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -310,22 +309,14 @@ impl DingTalkChannel {
 }
 
 impl Platform for DingTalkChannel {
-    fn name(&self) -> &'static str {
-        CHANNEL
-    }
-
-    fn agent(&self) -> &str {
-        &self.config.agent
-    }
+    super::platform::platform_basics!(DingTalkChannel);
 
     fn inbound<'a>(
         &'a self,
         request: &'a InboundRequest<'a>,
     ) -> BoxFuture<'a, Result<Parsed, Refused>> {
         Box::pin(async move {
-            if (request.method, request.rest) != ("POST", "") {
-                return Err(no_route());
-            }
+            request.route("POST", &[""])?;
             let (timestamp, sign) = (request.header("timestamp"), request.header("sign"));
             verify(
                 &self.config.app_secret,
@@ -354,10 +345,6 @@ impl Platform for DingTalkChannel {
             });
             Ok(parsed)
         })
-    }
-
-    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
-        Box::pin(DingTalkChannel::send(self, reply))
     }
 
     fn chat_interval_ms(&self) -> u64 {

@@ -12,7 +12,6 @@ use sha2::Sha256;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
-    no_route,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -268,24 +267,14 @@ impl GenericChannel {
 }
 
 impl Platform for GenericChannel {
-    fn name(&self) -> &'static str {
-        CHANNEL
-    }
-
-    fn agent(&self) -> &str {
-        &self.config.agent
-    }
+    super::platform::platform_basics!(GenericChannel);
 
     fn inbound<'a>(
         &'a self,
         request: &'a InboundRequest<'a>,
     ) -> BoxFuture<'a, Result<Parsed, Refused>> {
         Box::pin(async move {
-            let action = match (request.method, request.rest) {
-                ("POST", "") => false,
-                ("POST", "actions") => true,
-                _ => return Err(no_route()),
-            };
+            let action = request.route("POST", &["", "actions"])? == "actions";
             verify(
                 &self.config.secret,
                 request.header(TIMESTAMP_HEADER),
@@ -305,10 +294,6 @@ impl Platform for GenericChannel {
                 Inbound::Message(parse(request.body).map_err(Refused::BadRequest)?)
             }))
         })
-    }
-
-    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
-        Box::pin(GenericChannel::send(self, reply))
     }
 }
 

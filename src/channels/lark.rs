@@ -15,7 +15,6 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
-    no_route,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -369,24 +368,14 @@ impl LarkChannel {
 }
 
 impl Platform for LarkChannel {
-    fn name(&self) -> &'static str {
-        CHANNEL
-    }
-
-    fn agent(&self) -> &str {
-        &self.config.agent
-    }
+    super::platform::platform_basics!(LarkChannel);
 
     fn inbound<'a>(
         &'a self,
         request: &'a InboundRequest<'a>,
     ) -> BoxFuture<'a, Result<Parsed, Refused>> {
         Box::pin(async move {
-            let card = match (request.method, request.rest) {
-                ("POST", "") => false,
-                ("POST", "card") => true,
-                _ => return Err(no_route()),
-            };
+            let card = request.route("POST", &["", "card"])? == "card";
             let parts = (
                 request.header(TIMESTAMP_HEADER),
                 request.header(NONCE_HEADER),
@@ -399,10 +388,6 @@ impl Platform for LarkChannel {
                 parse_event(&self.config, parts, request.body, now)?
             }))
         })
-    }
-
-    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
-        Box::pin(LarkChannel::send(self, reply))
     }
 
     fn chat_interval_ms(&self) -> u64 {

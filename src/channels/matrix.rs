@@ -268,13 +268,7 @@ impl MatrixChannel {
 }
 
 impl Platform for MatrixChannel {
-    fn name(&self) -> &'static str {
-        CHANNEL
-    }
-
-    fn agent(&self) -> &str {
-        &self.config.agent
-    }
+    super::platform::platform_basics!(MatrixChannel);
 
     /// A transaction (`PUT .../transactions/{txn}`, with or without the
     /// `_matrix/app/v1/` prefix): every event is handled; a repeated transaction repeats
@@ -349,10 +343,6 @@ impl Platform for MatrixChannel {
                 refused: None,
             })
         })
-    }
-
-    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
-        Box::pin(MatrixChannel::send(self, reply))
     }
 
     fn accept_invite<'a>(&'a self, room: &'a str) -> BoxFuture<'a, ()> {

@@ -28,6 +28,16 @@ pub struct InboundRequest<'a> {
 }
 
 impl InboundRequest<'_> {
+    /// The path this request took among the platform's `paths` (each a `rest`), when its
+    /// method is `method`; otherwise the 404 of a path the platform does not serve.
+    pub fn route(&self, method: &str, paths: &[&'static str]) -> Result<&'static str, Refused> {
+        paths
+            .iter()
+            .find(|p| self.method == method && **p == self.rest)
+            .copied()
+            .ok_or_else(no_route)
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
@@ -239,6 +249,28 @@ impl DeliveryError {
         }
     }
 }
+
+/// The methods every platform implements alike: its channel name (`CHANNEL` of its file),
+/// its agent (`self.config.agent`) and `send` (its inherent `send`).
+macro_rules! platform_basics {
+    ($ty:ty) => {
+        fn name(&self) -> &'static str {
+            CHANNEL
+        }
+
+        fn agent(&self) -> &str {
+            &self.config.agent
+        }
+
+        fn send<'a>(
+            &'a self,
+            reply: &'a ReplyRow,
+        ) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+            Box::pin(<$ty>::send(self, reply))
+        }
+    };
+}
+pub(crate) use platform_basics;
 
 /// A chat platform: its inbound checks, its sender, and its delivery properties. The
 /// registry (`Channels`) maps the channel name on messages and replies to one of these.

@@ -13,7 +13,6 @@ use sha2::Sha256;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
-    no_route,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -330,24 +329,14 @@ impl SlackChannel {
 }
 
 impl Platform for SlackChannel {
-    fn name(&self) -> &'static str {
-        CHANNEL
-    }
-
-    fn agent(&self) -> &str {
-        &self.config.agent
-    }
+    super::platform::platform_basics!(SlackChannel);
 
     fn inbound<'a>(
         &'a self,
         request: &'a InboundRequest<'a>,
     ) -> BoxFuture<'a, Result<Parsed, Refused>> {
         Box::pin(async move {
-            let action = match (request.method, request.rest) {
-                ("POST", "") => false,
-                ("POST", "actions") => true,
-                _ => return Err(no_route()),
-            };
+            let action = request.route("POST", &["", "actions"])? == "actions";
             verify(
                 &self.config.signing_secret,
                 request.header(TIMESTAMP_HEADER),
@@ -362,10 +351,6 @@ impl Platform for SlackChannel {
                 parse_event(request.body, &self.config.bot_user_id)?
             }))
         })
-    }
-
-    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
-        Box::pin(SlackChannel::send(self, reply))
     }
 
     fn chat_interval_ms(&self) -> u64 {

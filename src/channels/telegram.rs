@@ -11,7 +11,6 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
-    no_route,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -227,29 +226,17 @@ impl TelegramChannel {
 }
 
 impl Platform for TelegramChannel {
-    fn name(&self) -> &'static str {
-        CHANNEL
-    }
-
-    fn agent(&self) -> &str {
-        &self.config.agent
-    }
+    super::platform::platform_basics!(TelegramChannel);
 
     fn inbound<'a>(
         &'a self,
         request: &'a InboundRequest<'a>,
     ) -> BoxFuture<'a, Result<Parsed, Refused>> {
         Box::pin(async move {
-            if (request.method, request.rest) != ("POST", "") {
-                return Err(no_route());
-            }
+            request.route("POST", &[""])?;
             verify(&self.config.secret_token, request.header(SECRET_HEADER))?;
             Ok(Parsed::one(parse(request.body, &self.config.bot_username)?))
         })
-    }
-
-    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
-        Box::pin(TelegramChannel::send(self, reply))
     }
 
     fn acknowledge<'a>(&'a self, ack: &'a str, outcome: &'a str) -> BoxFuture<'a, ()> {

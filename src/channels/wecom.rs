@@ -445,13 +445,7 @@ impl WeComChannel {
 }
 
 impl Platform for WeComChannel {
-    fn name(&self) -> &'static str {
-        CHANNEL
-    }
-
-    fn agent(&self) -> &str {
-        &self.config.agent
-    }
+    super::platform::platform_basics!(WeComChannel);
 
     fn inbound<'a>(
         &'a self,
@@ -491,10 +485,6 @@ impl Platform for WeComChannel {
                 _ => Err(no_route()),
             }
         })
-    }
-
-    fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
-        Box::pin(WeComChannel::send(self, reply))
     }
 
     fn chat_interval_ms(&self) -> u64 {
