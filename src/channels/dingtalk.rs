@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
+    SettingProblem, require_settings,
 };
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -43,6 +44,20 @@ pub struct DingTalkChannelConfig {
     pub timestamp_tolerance_secs: u64,
     /// Origins (`https://oapi.dingtalk.com`) a message's `sessionWebhook` may point to.
     pub session_webhook_origins: Vec<String>,
+}
+
+impl DingTalkChannelConfig {
+    /// What is wrong with these settings when the channel is enabled, if anything.
+    pub fn check(&self) -> Result<(), SettingProblem> {
+        require_settings(
+            &[
+                ("app_key", &self.app_key),
+                ("app_secret", &self.app_secret),
+                ("robot_code", &self.robot_code),
+            ],
+            ("api_base_url", &self.api_base_url),
+        )
+    }
 }
 
 /// base64 HMAC-SHA256(secret, "<timestamp>\n<secret>").

@@ -15,6 +15,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    SettingProblem, require_settings,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -41,6 +42,20 @@ pub struct LarkChannelConfig {
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
     pub timestamp_tolerance_secs: u64,
+}
+
+impl LarkChannelConfig {
+    /// What is wrong with these settings when the channel is enabled, if anything.
+    pub fn check(&self) -> Result<(), SettingProblem> {
+        require_settings(
+            &[
+                ("app_id", &self.app_id),
+                ("app_secret", &self.app_secret),
+                ("verification_token", &self.verification_token),
+            ],
+            ("api_base_url", &self.api_base_url),
+        )
+    }
 }
 
 type Aes256CbcDec = cbc::Decryptor<aes::Aes256>;

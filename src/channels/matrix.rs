@@ -14,7 +14,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Once, Parsed, Platform,
-    Refused, no_route,
+    Refused, SettingProblem, no_route, require_settings,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -36,6 +36,20 @@ pub struct MatrixChannelConfig {
     pub agent: String,
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
+}
+
+impl MatrixChannelConfig {
+    /// What is wrong with these settings when the channel is enabled, if anything.
+    pub fn check(&self) -> Result<(), SettingProblem> {
+        require_settings(
+            &[
+                ("as_token", &self.as_token),
+                ("hs_token", &self.hs_token),
+                ("bot_user_id", &self.bot_user_id),
+            ],
+            ("homeserver_url", &self.homeserver_url),
+        )
+    }
 }
 
 /// Why a transaction was refused, with the Matrix error code to answer.

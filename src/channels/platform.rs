@@ -317,6 +317,24 @@ pub trait Platform: Send + Sync {
     }
 }
 
+/// What is wrong with an enabled platform's settings: the key under `channels.<platform>.`
+/// and why.
+pub type SettingProblem = (&'static str, String);
+
+/// An enabled platform needs its secrets (`required`, by key) and an http(s) API URL.
+pub fn require_settings(
+    required: &[(&'static str, &str)],
+    api: (&'static str, &str),
+) -> Result<(), SettingProblem> {
+    if let Some((key, _)) = required.iter().find(|(_, value)| value.is_empty()) {
+        return Err((key, "must be set when the channel is enabled".into()));
+    }
+    match url::Url::parse(api.1) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(()),
+        _ => Err((api.0, format!("`{}` is not an http(s) URL", api.1))),
+    }
+}
+
 /// The refusal of a path or method the platform does not serve (404).
 pub fn no_route() -> Refused {
     Refused::Answer(Fixed {

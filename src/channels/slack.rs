@@ -13,6 +13,7 @@ use sha2::Sha256;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    SettingProblem, require_settings,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -37,6 +38,19 @@ pub struct SlackChannelConfig {
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
     pub timestamp_tolerance_secs: u64,
+}
+
+impl SlackChannelConfig {
+    /// What is wrong with these settings when the channel is enabled, if anything.
+    pub fn check(&self) -> Result<(), SettingProblem> {
+        require_settings(
+            &[
+                ("signing_secret", &self.signing_secret),
+                ("bot_token", &self.bot_token),
+            ],
+            ("api_base_url", &self.api_base_url),
+        )
+    }
 }
 
 type HmacSha256 = Hmac<Sha256>;

@@ -11,6 +11,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    SettingProblem, require_settings,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -31,6 +32,19 @@ pub struct TelegramChannelConfig {
     pub agent: String,
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
+}
+
+impl TelegramChannelConfig {
+    /// What is wrong with these settings when the channel is enabled, if anything.
+    pub fn check(&self) -> Result<(), SettingProblem> {
+        require_settings(
+            &[
+                ("bot_token", &self.bot_token),
+                ("secret_token", &self.secret_token),
+            ],
+            ("api_base_url", &self.api_base_url),
+        )
+    }
 }
 
 /// Checks the secret token header in constant time.

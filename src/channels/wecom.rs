@@ -17,7 +17,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
-    no_route,
+    SettingProblem, no_route, require_settings,
 };
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -44,6 +44,28 @@ pub struct WeComChannelConfig {
     pub per_chat_interval_ms: u64,
     /// Accepted age of a callback's `timestamp`, in seconds.
     pub timestamp_tolerance_secs: u64,
+}
+
+impl WeComChannelConfig {
+    /// What is wrong with these settings when the channel is enabled, if anything.
+    pub fn check(&self) -> Result<(), SettingProblem> {
+        require_settings(
+            &[
+                ("corp_id", &self.corp_id),
+                ("agent_id", &self.agent_id),
+                ("secret", &self.secret),
+                ("token", &self.token),
+            ],
+            ("api_base_url", &self.api_base_url),
+        )?;
+        if self.encoding_aes_key.len() != 43 {
+            return Err((
+                "encoding_aes_key",
+                "must be the 43-character EncodingAESKey".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The EncodingAESKey's last character carries spare bits that WeCom does not zero, so the

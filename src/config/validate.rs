@@ -198,77 +198,45 @@ impl Config {
                 format!("no agent named `{}`", c.console.agent),
             ));
         }
-        self.check_channel(
-            "slack",
-            c.slack.enabled,
-            &[
-                ("signing_secret", &c.slack.signing_secret),
-                ("bot_token", &c.slack.bot_token),
-            ],
-            ("api_base_url", &c.slack.api_base_url),
-            &c.slack.agent,
-        )?;
-        self.check_channel(
-            "telegram",
-            c.telegram.enabled,
-            &[
-                ("bot_token", &c.telegram.bot_token),
-                ("secret_token", &c.telegram.secret_token),
-            ],
-            ("api_base_url", &c.telegram.api_base_url),
-            &c.telegram.agent,
-        )?;
-        self.check_channel(
-            "wecom",
-            c.wecom.enabled,
-            &[
-                ("corp_id", &c.wecom.corp_id),
-                ("agent_id", &c.wecom.agent_id),
-                ("secret", &c.wecom.secret),
-                ("token", &c.wecom.token),
-            ],
-            ("api_base_url", &c.wecom.api_base_url),
-            &c.wecom.agent,
-        )?;
-        if c.wecom.enabled && c.wecom.encoding_aes_key.len() != 43 {
-            return Err(invalid(
-                "channels.wecom.encoding_aes_key",
-                "must be the 43-character EncodingAESKey",
-            ));
+        let platforms = [
+            ("slack", c.slack.enabled, &c.slack.agent, c.slack.check()),
+            (
+                "telegram",
+                c.telegram.enabled,
+                &c.telegram.agent,
+                c.telegram.check(),
+            ),
+            ("wecom", c.wecom.enabled, &c.wecom.agent, c.wecom.check()),
+            (
+                "dingtalk",
+                c.dingtalk.enabled,
+                &c.dingtalk.agent,
+                c.dingtalk.check(),
+            ),
+            ("lark", c.lark.enabled, &c.lark.agent, c.lark.check()),
+            (
+                "matrix",
+                c.matrix.enabled,
+                &c.matrix.agent,
+                c.matrix.check(),
+            ),
+        ];
+        // Each platform checks its own settings (`channels/<platform>.rs`); an enabled one
+        // also needs an agent that exists.
+        for (platform, enabled, agent, checked) in platforms {
+            if !enabled {
+                continue;
+            }
+            if let Err((key, message)) = checked {
+                return Err(invalid(&format!("channels.{platform}.{key}"), message));
+            }
+            if !self.agents.contains_key(agent.as_str()) {
+                return Err(invalid(
+                    &format!("channels.{platform}.agent"),
+                    format!("no agent named `{agent}`"),
+                ));
+            }
         }
-        self.check_channel(
-            "dingtalk",
-            c.dingtalk.enabled,
-            &[
-                ("app_key", &c.dingtalk.app_key),
-                ("app_secret", &c.dingtalk.app_secret),
-                ("robot_code", &c.dingtalk.robot_code),
-            ],
-            ("api_base_url", &c.dingtalk.api_base_url),
-            &c.dingtalk.agent,
-        )?;
-        self.check_channel(
-            "lark",
-            c.lark.enabled,
-            &[
-                ("app_id", &c.lark.app_id),
-                ("app_secret", &c.lark.app_secret),
-                ("verification_token", &c.lark.verification_token),
-            ],
-            ("api_base_url", &c.lark.api_base_url),
-            &c.lark.agent,
-        )?;
-        self.check_channel(
-            "matrix",
-            c.matrix.enabled,
-            &[
-                ("as_token", &c.matrix.as_token),
-                ("hs_token", &c.matrix.hs_token),
-                ("bot_user_id", &c.matrix.bot_user_id),
-            ],
-            ("homeserver_url", &c.matrix.homeserver_url),
-            &c.matrix.agent,
-        )?;
         Ok(())
     }
 
@@ -296,36 +264,6 @@ impl Config {
                     "workflow agents need a workflow_file",
                 ));
             }
-        }
-        Ok(())
-    }
-
-    /// An enabled platform needs its secrets, an http(s) API URL and an agent that exists.
-    fn check_channel(
-        &self,
-        platform: &str,
-        enabled: bool,
-        required: &[(&str, &String)],
-        api: (&str, &String),
-        agent: &str,
-    ) -> Result<(), ConfigError> {
-        if !enabled {
-            return Ok(());
-        }
-        for (key, value) in required {
-            if value.is_empty() {
-                return Err(invalid(
-                    &format!("channels.{platform}.{key}"),
-                    "must be set when the channel is enabled",
-                ));
-            }
-        }
-        http_url(&format!("channels.{platform}.{}", api.0), api.1)?;
-        if !self.agents.contains_key(agent) {
-            return Err(invalid(
-                &format!("channels.{platform}.agent"),
-                format!("no agent named `{agent}`"),
-            ));
         }
         Ok(())
     }
