@@ -36,7 +36,6 @@ pub struct App {
 }
 
 impl App {
-    // long: one straight list: connect, migrate, publish, then each part's context.
     pub async fn build(config: Config) -> anyhow::Result<App> {
         // Validated with the config, so this cannot fail here.
         if let Ok(redactor) = crate::redaction::Redactor::new(&config.redaction.extra_patterns) {
@@ -85,7 +84,27 @@ impl App {
                     config.server.listen
                 )
             })?;
-        let config = Arc::new(config);
+        App::assemble(
+            Arc::new(config),
+            store,
+            llm,
+            tools,
+            instance_id,
+            admin_token,
+            listener,
+        )
+    }
+
+    /// Builds each part's context from the shared pieces.
+    fn assemble(
+        config: Arc<Config>,
+        store: Store,
+        llm: ModelClients,
+        tools: crate::tools::ToolRegistry,
+        instance_id: String,
+        admin_token: String,
+        listener: TcpListener,
+    ) -> anyhow::Result<App> {
         let wake = Arc::new(Wake::default());
         let running = Arc::new(RunningTasks::default());
         let channels = Arc::new(Channels::from_config(&config)?);

@@ -19,7 +19,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
-    SettingProblem, require_settings,
+    SettingProblem, TokenAnswer, require_settings,
 };
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -204,36 +204,15 @@ impl DingTalkChannel {
     }
 
     async fn access_token(&self) -> Result<String, DeliveryError> {
+        let url = format!("{}/v1.0/oauth2/accessToken", self.api);
+        let body = json!({ "appKey": self.app_key, "appSecret": self.app_secret });
+        let answer = TokenAnswer {
+            token: "accessToken",
+            expires_in: "expireIn",
+            ok: |_| true,
+        };
         self.token
-            .get(|| async {
-                let answer: Value = self
-                    .http
-                    .post(format!("{}/v1.0/oauth2/accessToken", self.api))
-                    .json(&json!({ "appKey": self.app_key, "appSecret": self.app_secret }))
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        DeliveryError::retry(format!(
-                            "accessToken failed: {}",
-                            crate::redaction::http_error(e)
-                        ))
-                    })?
-                    .json()
-                    .await
-                    .map_err(|e| {
-                        DeliveryError::retry(format!(
-                            "accessToken unreadable: {}",
-                            crate::redaction::http_error(e)
-                        ))
-                    })?;
-                let token = answer["accessToken"].as_str().ok_or_else(|| {
-                    DeliveryError::retry(format!("accessToken refused: {answer}"))
-                })?;
-                Ok((
-                    token.to_string(),
-                    answer["expireIn"].as_u64().unwrap_or(7200),
-                ))
-            })
+            .fetch_json("accessToken", || self.http.post(url).json(&body), answer)
             .await
     }
 

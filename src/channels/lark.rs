@@ -15,7 +15,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
-    SettingProblem, require_settings,
+    SettingProblem, TokenAnswer, require_settings,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -289,39 +289,22 @@ impl LarkChannel {
 
     /// The tenant access token, fetched when missing or within a minute of expiry.
     async fn tenant_token(&self) -> Result<String, DeliveryError> {
+        let url = format!(
+            "{}/open-apis/auth/v3/tenant_access_token/internal",
+            self.api
+        );
+        let body = json!({ "app_id": self.app_id, "app_secret": self.app_secret });
+        let answer = TokenAnswer {
+            token: "tenant_access_token",
+            expires_in: "expire",
+            ok: |a| a["code"].as_i64() == Some(0),
+        };
         self.token
-            .get(|| async {
-                let answer: Value = self
-                    .http
-                    .post(format!(
-                        "{}/open-apis/auth/v3/tenant_access_token/internal",
-                        self.api
-                    ))
-                    .json(&json!({ "app_id": self.app_id, "app_secret": self.app_secret }))
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        DeliveryError::retry(format!(
-                            "tenant_access_token failed: {}",
-                            crate::redaction::http_error(e)
-                        ))
-                    })?
-                    .json()
-                    .await
-                    .map_err(|e| {
-                        DeliveryError::retry(format!(
-                            "tenant_access_token unreadable: {}",
-                            crate::redaction::http_error(e)
-                        ))
-                    })?;
-                let token = answer["tenant_access_token"]
-                    .as_str()
-                    .filter(|_| answer["code"].as_i64() == Some(0))
-                    .ok_or_else(|| {
-                        DeliveryError::retry(format!("tenant_access_token refused: {answer}"))
-                    })?;
-                Ok((token.to_string(), answer["expire"].as_u64().unwrap_or(7200)))
-            })
+            .fetch_json(
+                "tenant_access_token",
+                || self.http.post(url).json(&body),
+                answer,
+            )
             .await
     }
 

@@ -216,10 +216,53 @@ impl TokenCache {
         Ok(token)
     }
 
+    /// The cached token, or one fetched with `request` (`what` names the endpoint in
+    /// errors): the JSON answer's `answer.token` field, valid for its `answer.expires_in`
+    /// seconds (two hours when absent), unless `answer.ok` calls the answer a refusal.
+    pub async fn fetch_json(
+        &self,
+        what: &str,
+        request: impl FnOnce() -> reqwest::RequestBuilder,
+        answer: TokenAnswer,
+    ) -> Result<String, DeliveryError> {
+        let http_error = |stage: &str, e: reqwest::Error| {
+            DeliveryError::retry(format!(
+                "{what} {stage}: {}",
+                crate::redaction::http_error(e)
+            ))
+        };
+        self.get(|| async {
+            let body: serde_json::Value = request()
+                .send()
+                .await
+                .map_err(|e| http_error("failed", e))?
+                .json()
+                .await
+                .map_err(|e| http_error("unreadable", e))?;
+            let token = body[answer.token]
+                .as_str()
+                .filter(|_| (answer.ok)(&body))
+                .ok_or_else(|| DeliveryError::retry(format!("{what} refused: {body}")))?;
+            Ok((
+                token.to_string(),
+                body[answer.expires_in].as_u64().unwrap_or(7200),
+            ))
+        })
+        .await
+    }
+
     /// Drops the token (the platform said it is no longer valid).
     pub fn forget(&self) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
+}
+
+/// Where a platform's token endpoint puts the token and its lifetime, and which answers
+/// are refusals.
+pub struct TokenAnswer {
+    pub token: &'static str,
+    pub expires_in: &'static str,
+    pub ok: fn(&serde_json::Value) -> bool,
 }
 
 /// A reply the platform accepted.

@@ -17,7 +17,7 @@ use subtle::ConstantTimeEq;
 
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
-    SettingProblem, no_route, require_settings,
+    SettingProblem, TokenAnswer, no_route, require_settings,
 };
 use crate::domain::NewMessage;
 use crate::domain::ReplyRow;
@@ -368,37 +368,15 @@ impl WeComChannel {
     }
 
     async fn access_token(&self) -> Result<String, DeliveryError> {
+        let url = format!("{}/cgi-bin/gettoken", self.api);
+        let query = [("corpid", &self.corp_id), ("corpsecret", &self.secret)];
+        let answer = TokenAnswer {
+            token: "access_token",
+            expires_in: "expires_in",
+            ok: |a| a["errcode"].as_i64().unwrap_or(0) == 0,
+        };
         self.token
-            .get(|| async {
-                let answer: Value = self
-                    .http
-                    .get(format!("{}/cgi-bin/gettoken", self.api))
-                    .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        DeliveryError::retry(format!(
-                            "gettoken failed: {}",
-                            crate::redaction::http_error(e)
-                        ))
-                    })?
-                    .json()
-                    .await
-                    .map_err(|e| {
-                        DeliveryError::retry(format!(
-                            "gettoken unreadable: {}",
-                            crate::redaction::http_error(e)
-                        ))
-                    })?;
-                let token = answer["access_token"]
-                    .as_str()
-                    .filter(|_| answer["errcode"].as_i64().unwrap_or(0) == 0)
-                    .ok_or_else(|| DeliveryError::retry(format!("gettoken refused: {answer}")))?;
-                Ok((
-                    token.to_string(),
-                    answer["expires_in"].as_u64().unwrap_or(7200),
-                ))
-            })
+            .fetch_json("gettoken", || self.http.get(url).query(&query), answer)
             .await
     }
 

@@ -15,7 +15,6 @@ use super::runner::{CallOk, Compensable, Runner, StepDone, Stop, cut_middle};
 use crate::engine::step::{CallErr, RetryPlan};
 
 impl Runner<'_> {
-    // long: the model/tool turn loop with its last-turn and cut-off rules reads best whole.
     /// A model-driven tool loop: the model answers or asks for tools; each model call and
     /// each tool call (several in one answer too) is a step of its own; tool errors of
     /// read-only tools go back to the model. When `max_steps` model turns all asked for tools,
@@ -37,15 +36,6 @@ impl Runner<'_> {
         let mut summary: Option<String> = None;
         let mut since_summary = 0usize;
         let first_choice = node.tool_choice.as_deref().map(ToolChoice::parse);
-        let with_summary = |head: &[ChatMessage], summary: &Option<String>| {
-            let mut messages = head.to_vec();
-            if let Some(s) = summary {
-                messages.push(ChatMessage::user(format!(
-                    "Summary of the work so far:\n{s}"
-                )));
-            }
-            messages
-        };
         for turn in 0..=node.max_steps {
             let window_tokens: usize = window.iter().map(llm::message_tokens).sum();
             if since_summary >= every || window_tokens > budget {
@@ -116,35 +106,49 @@ impl Runner<'_> {
                 answer.content.clone(),
                 answer.tool_calls.clone(),
             ));
-            for call in &answer.tool_calls {
-                let name = call.function.name.clone();
-                let outcome = if !node.tools.contains(&name) {
-                    Err(format!("tool `{name}` is not available here"))
-                } else if answer.truncated() {
-                    Err("the call was cut off at max_tokens; make it shorter".to_string())
-                } else {
-                    match serde_json::from_str::<Value>(
-                        if call.function.arguments.trim().is_empty() {
-                            "{}"
-                        } else {
-                            &call.function.arguments
-                        },
-                    ) {
-                        Err(e) => Err(format!("arguments are not JSON: {e}")),
-                        Ok(args) => {
-                            since_summary += 1;
-                            self.tool_call(&name, args).await?
-                        }
-                    }
-                };
-                let content = match outcome {
-                    Ok(output) => output.to_string(),
-                    Err(error) => json!({ "error": error }).to_string(),
-                };
-                window.push(ChatMessage::tool_result(call.id.clone(), content));
-            }
+            let (results, ran) = self.run_calls(node, &answer).await?;
+            since_summary += ran;
+            window.extend(results);
         }
         unreachable!("the last turn returns")
+    }
+
+    /// Runs the tool calls of one model answer in order, each a step of its own: one `tool`
+    /// message per call (an error the model can act on where a call was refused or failed),
+    /// and how many calls ran.
+    pub(super) async fn run_calls(
+        &mut self,
+        node: &AgentNode,
+        answer: &ChatResponse,
+    ) -> Result<(Vec<ChatMessage>, usize), Stop> {
+        let mut results = Vec::with_capacity(answer.tool_calls.len());
+        let mut ran = 0;
+        for call in &answer.tool_calls {
+            let name = call.function.name.clone();
+            let outcome = if !node.tools.contains(&name) {
+                Err(format!("tool `{name}` is not available here"))
+            } else if answer.truncated() {
+                Err("the call was cut off at max_tokens; make it shorter".to_string())
+            } else {
+                match serde_json::from_str::<Value>(if call.function.arguments.trim().is_empty() {
+                    "{}"
+                } else {
+                    &call.function.arguments
+                }) {
+                    Err(e) => Err(format!("arguments are not JSON: {e}")),
+                    Ok(args) => {
+                        ran += 1;
+                        self.tool_call(&name, args).await?
+                    }
+                }
+            };
+            let content = match outcome {
+                Ok(output) => output.to_string(),
+                Err(error) => json!({ "error": error }).to_string(),
+            };
+            results.push(ChatMessage::tool_result(call.id.clone(), content));
+        }
+        Ok((results, ran))
     }
 
     /// The agent's history budget (`context.history_token_budget`, less where the provider's
@@ -383,4 +387,15 @@ impl Runner<'_> {
             StepDone::Failed(failure, message) => Err(Stop::Failed(failure, message)),
         }
     }
+}
+
+/// The node's head (system prompt and prompt) and, when there is one, the summary so far.
+fn with_summary(head: &[ChatMessage], summary: &Option<String>) -> Vec<ChatMessage> {
+    let mut messages = head.to_vec();
+    if let Some(s) = summary {
+        messages.push(ChatMessage::user(format!(
+            "Summary of the work so far:\n{s}"
+        )));
+    }
+    messages
 }
