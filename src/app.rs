@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -19,8 +18,8 @@ use crate::intake::{Intake, IntakeQueue};
 use crate::llm::ModelClients;
 use crate::outbox::Sender;
 use crate::scheduler::Jobs;
+use crate::store::Store;
 use crate::store::journal::Journal;
-use crate::store::{Store, TASK_NOTIFY_CHANNEL};
 use crate::wake::Wake;
 
 /// The assembled instance: each part gets its own context, holding only what it uses.
@@ -222,7 +221,11 @@ impl App {
                 background.spawn(crate::scheduler::run_scheduler(jobs, shutdown.clone()));
             }
             if let Store::Postgres(pool) = &store {
-                background.spawn(listen_for_tasks(wake, pool.clone(), shutdown.clone()));
+                background.spawn(crate::store::notify::listen_for_tasks(
+                    pool.clone(),
+                    wake,
+                    shutdown.clone(),
+                ));
             }
         }
         let router = if role == crate::config::Role::Worker {
@@ -274,45 +277,6 @@ fn admin_token(config: &Config) -> anyhow::Result<String> {
     } else {
         config.admin.token.clone()
     })
-}
-
-/// Wakes the workers on PostgreSQL `NOTIFY` from any instance's intake. Polling remains the
-/// fallback, so a dropped listener connection only delays work.
-async fn listen_for_tasks(wake: Arc<Wake>, pool: sqlx::PgPool, shutdown: CancellationToken) {
-    loop {
-        let listener = async {
-            let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            l.listen(TASK_NOTIFY_CHANNEL).await?;
-            Ok::<_, sqlx::Error>(l)
-        };
-        let mut listener = tokio::select! {
-            l = listener => match l {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "LISTEN failed; polling until it works");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
-                        _ = shutdown.cancelled() => return,
-                    }
-                }
-            },
-            _ = shutdown.cancelled() => return,
-        };
-        loop {
-            tokio::select! {
-                n = listener.try_recv() => match n {
-                    Ok(Some(_)) => wake.tasks.notify_one(),
-                    // Connection lost and re-established: notifications may have been missed.
-                    Ok(None) => wake.tasks.notify_one(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "LISTEN connection failed");
-                        break;
-                    }
-                },
-                _ = shutdown.cancelled() => return,
-            }
-        }
-    }
 }
 
 /// A TCP listener on `addr` (an `ip:port`) whose accept queue holds `backlog` connections.

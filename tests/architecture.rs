@@ -349,3 +349,24 @@ fn the_checker_finds_a_planted_circle() {
         ]
     );
 }
+
+/// The layers: SQL only in `store/`, the web framework only in `http/` (and in the bench's
+/// own mock servers), so domain code is testable without either.
+#[test]
+fn sql_stays_in_the_store_and_axum_in_http() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut problems = Vec::new();
+    for (_, file) in modules() {
+        let code = code_of(&std::fs::read_to_string(root.join(&file)).unwrap());
+        let name = file.display().to_string();
+        let in_store = name.starts_with("store/");
+        let in_http = name.starts_with("http/") || name == "app.rs";
+        if !in_store && (code.contains("sqlx::query") || code.contains("sqlx::Pg")) {
+            problems.push(format!("{name} runs SQL"));
+        }
+        if !in_http && code.contains("axum") {
+            problems.push(format!("{name} uses axum"));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:?}");
+}

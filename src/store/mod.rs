@@ -18,6 +18,7 @@ pub mod group;
 pub mod intake;
 pub mod jobs;
 pub mod journal;
+pub mod notify;
 pub mod outbox;
 mod sql;
 pub mod summary;
