@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use super::writes::{audit_row, insert_audits_sql, json_rows};
+use super::sql::{audit_row, insert_audits_sql, json_rows};
 use super::{Dialect, PerDialect, Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
 use crate::domain::{AuditEvent, Ingested, NewMessage, TaskStatus, TaskType};
 

@@ -3,7 +3,7 @@
 //! its lease cannot overwrite the work of the instance that took the task over.
 
 use super::sql::{STEP_COLUMNS, current_step_sql, insert_audit, insert_reply};
-use super::writes::{audit_row, insert_audits_sql, json_ids};
+use super::sql::{audit_row, insert_audits_sql, json_ids};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{
     AuditEvent, FailureType, Fence, MessageRow, NewReply, StepRow, StepStatus, TaskRow, TaskStatus,

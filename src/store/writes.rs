@@ -3,15 +3,14 @@
 //! `store::journal`). Each operation is fenced on its own: it lands only while its worker
 //! still owns its task (or its sender the reply's lease), and a fence that fails affects
 //! that operation alone.
-// long file: the batched fenced writes and their statement text belong together (one transaction shape).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
 use serde_json::{Value, json};
 
-use super::sql::STEP_COLUMNS;
-use super::{Dialect, PerDialect, Store, StoreResult, write_tx};
+use super::sql::{BatchSql, audit_row};
+use super::{Dialect, Store, StoreResult, write_tx};
 use crate::domain::ReplyRow;
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
 use crate::domain::{Fence, StepResult, StepRow, TaskOutcome};
@@ -474,193 +473,6 @@ impl WriteOp {
     }
 }
 
-/// The batched statements of [`Store::apply_writes`], per dialect. Each takes its rows as a
-/// JSON array of objects (`$1`, see [`rows_json`]) and the time (`$2`); fenced rows carry
-/// their task's `task_id`, `owner` and `version`.
-struct BatchSql {
-    lock_tasks: String,
-    renew: String,
-    begin: String,
-    existing_step: String,
-    complete: String,
-    finish: String,
-    insert_replies: String,
-    mark_sent: String,
-    insert_audits: String,
-}
-
-const FENCE: [(&str, &str); 3] = [
-    ("task_id", "bigint"),
-    ("owner", "text"),
-    ("version", "bigint"),
-];
-
-impl BatchSql {
-    fn get(dialect: Dialect) -> &'static BatchSql {
-        static SQL: PerDialect<BatchSql> = PerDialect::new();
-        SQL.get(dialect, BatchSql::new)
-    }
-
-    // long: the statement text of every batched write, per dialect, built once.
-    fn new(sqlite: bool) -> BatchSql {
-        let rows = |cols: &[(&str, &str)]| json_rows(sqlite, cols);
-        let fenced_rows = |cols: &[(&str, &str)]| {
-            let all: Vec<(&str, &str)> = FENCE.iter().chain(cols).copied().collect();
-            json_rows(sqlite, &all)
-        };
-        let fence = |task: &str| {
-            format!(
-                "{task}.id = v.task_id AND {task}.owner = v.owner AND {task}.version = v.version \
-                 AND {task}.status = 'RUNNING'"
-            )
-        };
-        let owned = format!("EXISTS (SELECT 1 FROM agent_task t WHERE {})", fence("t"));
-        let lock_tasks = format!(
-            "SELECT id FROM agent_task WHERE id IN ({}) ORDER BY id FOR UPDATE",
-            json_ids(Dialect::Postgres)
-        );
-        let renew = format!(
-            "UPDATE agent_task SET lease_expire = v.lease_until, updated_at = $2 \
-             FROM {} WHERE {} RETURNING agent_task.id",
-            fenced_rows(&[("lease_until", "bigint")]),
-            fence("agent_task")
-        );
-        // The PENDING step, inserted only where its task's fence holds. The task row is not
-        // touched: its current step is read from the journal (`TASK_COLUMNS`), so a step
-        // costs one row write to begin and one to complete.
-        let begin = format!(
-            "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
-             input, status, attempt, created_at) \
-             SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
-             $3, 0, $2 FROM {} WHERE {owned} \
-             ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key",
-            fenced_rows(&[
-                ("step_no", "bigint"),
-                ("step_type", "text"),
-                ("tool_name", "text"),
-                ("idempotency_key", "text"),
-                ("input", "text"),
-            ])
-        );
-        let existing_step = format!(
-            "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
-             AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \
-             AND t.version = $4 AND t.status = 'RUNNING')"
-        );
-        let complete = format!(
-            "UPDATE agent_step SET status = v.status, output = v.output, error = v.error, \
-             tokens_in = v.tokens_in, tokens_out = v.tokens_out, duration_ms = v.duration_ms, \
-             finished_at = $2, attempt = v.attempts FROM {} \
-             WHERE agent_step.id = v.step_id AND {owned} RETURNING agent_step.id",
-            fenced_rows(&[
-                ("step_id", "bigint"),
-                ("status", "text"),
-                ("output", "text"),
-                ("error", "text"),
-                ("tokens_in", "bigint"),
-                ("tokens_out", "bigint"),
-                ("duration_ms", "bigint"),
-                ("attempts", "bigint"),
-            ])
-        );
-        let finish = format!(
-            "UPDATE agent_task SET status = v.status, result = v.result, \
-             failure_type = v.failure_type, error_msg = v.error, \
-             retry_count = agent_task.retry_count + v.retries, \
-             version = agent_task.version + 1, lease_expire = NULL, finished_at = $2, \
-             updated_at = $2, trace = v.trace FROM {} WHERE {} RETURNING agent_task.id",
-            fenced_rows(&[
-                ("status", "text"),
-                ("result", "text"),
-                ("failure_type", "text"),
-                ("error", "text"),
-                ("retries", "bigint"),
-                ("trace", "text"),
-            ]),
-            fence("agent_task")
-        );
-        // One reply per task and key: a second insert under the same key is a no-op.
-        let insert_replies = format!(
-            "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
-             in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
-             SELECT v.task_id, v.idempotency_key, v.channel, v.conversation_id, v.in_reply_to, \
-             v.reply_type, v.content, $3, 0, $2, $2 FROM {} WHERE true \
-             ON CONFLICT (idempotency_key) DO NOTHING",
-            rows(&[
-                ("task_id", "bigint"),
-                ("idempotency_key", "text"),
-                ("channel", "text"),
-                ("conversation_id", "text"),
-                ("in_reply_to", "text"),
-                ("reply_type", "text"),
-                ("content", "text"),
-            ])
-        );
-        let mark_sent = format!(
-            "UPDATE outbound_reply SET status = $3, platform_message_id = v.platform_message_id, \
-             sent_at = $2, locked_by = NULL, locked_until = NULL, last_error = NULL FROM {} \
-             WHERE outbound_reply.id = v.reply_id AND outbound_reply.locked_by = v.owner \
-             AND outbound_reply.status = 'PENDING' RETURNING outbound_reply.id",
-            rows(&[
-                ("reply_id", "bigint"),
-                ("owner", "text"),
-                ("platform_message_id", "text"),
-            ])
-        );
-        let insert_audits = format!(
-            "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at) \
-             SELECT v.task_id, v.event, v.actor, v.summary, v.risk_flag, $2 FROM {}",
-            rows(&[
-                ("task_id", "bigint"),
-                ("event", "text"),
-                ("actor", "text"),
-                ("summary", "text"),
-                ("risk_flag", "boolean"),
-            ])
-        );
-        BatchSql {
-            lock_tasks,
-            renew,
-            begin,
-            existing_step,
-            complete,
-            finish,
-            insert_replies,
-            mark_sent,
-            insert_audits,
-        }
-    }
-}
-
-/// A table `v` of the objects in the JSON array bound as `$1`, with columns `cols` (name,
-/// PostgreSQL type).
-pub(super) fn json_rows(sqlite: bool, cols: &[(&str, &str)]) -> String {
-    if sqlite {
-        let fields: Vec<String> = cols
-            .iter()
-            .map(|(name, _)| format!("value ->> '{name}' AS {name}"))
-            .collect();
-        format!("(SELECT {} FROM json_each($1)) AS v", fields.join(", "))
-    } else {
-        let fields: Vec<String> = cols
-            .iter()
-            .map(|(name, ty)| format!("{name} {ty}"))
-            .collect();
-        format!(
-            "json_to_recordset($1::text::json) AS v({})",
-            fields.join(", ")
-        )
-    }
-}
-
-/// The ids of the JSON array bound as `$1`, as a subquery: `… WHERE id IN (<this>)`.
-pub(super) fn json_ids(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Sqlite => "SELECT value FROM json_each($1)",
-        Dialect::Postgres => "SELECT value::bigint FROM json_array_elements_text($1::text::json)",
-    }
-}
-
 /// One statement's share of a batch: the operations it carries (indices into the batch) and
 /// their rows, as the JSON array bound as `$1`.
 struct Round {
@@ -706,21 +518,4 @@ fn fenced_row(fence: &Fence, mut fields: Value) -> Value {
         map.insert("version".into(), fence.version.into());
     }
     fields
-}
-
-/// The statement that inserts the audit rows (see [`audit_row`]) of the JSON array bound as
-/// `$1`, at time `$2`, in one round trip.
-pub(super) fn insert_audits_sql(dialect: Dialect) -> &'static str {
-    &BatchSql::get(dialect).insert_audits
-}
-
-/// An audit row for `insert_audits` (summary truncated and redacted as `insert_audit!` does).
-pub(super) fn audit_row(task_id: i64, event: AuditEvent, actor: &str, summary: &str) -> Value {
-    json!({
-        "task_id": task_id,
-        "event": event.as_str(),
-        "actor": actor,
-        "summary": crate::redaction::redact(&crate::domain::truncate(summary, 2000)),
-        "risk_flag": false,
-    })
 }

@@ -1,0 +1,94 @@
+//! Benchmarks: the real server in-process, driven over HTTP with signed webhooks, a built-in
+//! mock model with configurable latency and a mock reply receiver. Prints one line of
+//! figures per scenario; asserts nothing about speed.
+//!
+//! ```text
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|all> \
+//!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS]
+//! ```
+//! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
+//! ASSISTD_TEST_POSTGRES_URL).
+
+use clap::{Parser, ValueEnum};
+
+mod harness;
+mod scenarios;
+
+use scenarios::*;
+
+pub(crate) const SECRET: &str = "bench-secret";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Scenario {
+    Ingest,
+    EndToEnd,
+    InFlight,
+    /// Tasks in flight in a child `assistd`, killed (SIGKILL, then SIGTERM) and restarted.
+    Recovery,
+    /// A workflow of 20 instant tool steps per task: journalled steps per second.
+    Steps,
+    /// Resume of a 150-step task: time to rebuild its context from the journal.
+    Context,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Db {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "assistd-bench", about = "Measure assistd on this machine")]
+pub(crate) struct Args {
+    pub(crate) scenario: Scenario,
+    #[arg(long, value_enum, default_value = "sqlite")]
+    pub(crate) db: Db,
+    /// Messages per scenario (in-flight: conversations in flight at once).
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) n: usize,
+    /// Concurrent HTTP clients sending webhooks.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) concurrency: usize,
+    /// Latency of the mock model for the in-flight scenario, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) model_latency_ms: u64,
+}
+
+pub(crate) fn db_name(db: Db) -> &'static str {
+    match db {
+        Db::Sqlite => "sqlite",
+        Db::Postgres => "postgres",
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // Logs only when asked for (RUST_LOG=…), to stderr: e.g. RUST_LOG=sqlx::query=debug
+    // shows every statement a scenario runs.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        match args.scenario {
+            Scenario::Ingest => ingest(&args).await,
+            Scenario::EndToEnd => end_to_end(&args).await,
+            Scenario::InFlight => in_flight(&args).await,
+            Scenario::Recovery => recovery(&args).await,
+            Scenario::Steps => steps(&args).await,
+            Scenario::Context => context(&args).await,
+            Scenario::All => {
+                ingest(&args).await?;
+                end_to_end(&args).await?;
+                in_flight(&args).await?;
+                steps(&args).await?;
+                context(&args).await?;
+                recovery(&args).await
+            }
+        }
+    })
+}
