@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::domain::NewReply;
-use crate::domain::{AuditEvent, ReplyType, TaskStatus, now_ms, reply_key};
+use crate::domain::{AuditEvent, ReplyType, TaskRow, TaskStatus, now_ms, reply_key};
 use crate::engine::RunningTasks;
 use crate::store::Store;
 use crate::store::StoreResult;
@@ -32,25 +32,12 @@ pub async fn cancel_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreR
     if task.status.is_terminal() {
         return Ok(Control::Conflict(task.status));
     }
-    let in_reply_to = svc
-        .store
-        .message(task.message_id)
-        .await?
-        .map(|m| m.external_message_id)
-        .unwrap_or_default();
     let text = svc
         .config
         .replies
         .cancelled_notice
         .replace("{task_id}", &task_id.to_string());
-    let notice = NewReply {
-        idempotency_key: reply_key(task.id, task.resume_count),
-        channel: task.channel.clone(),
-        conversation_id: task.conversation_id.clone(),
-        in_reply_to,
-        reply_type: ReplyType::Text,
-        content: serde_json::json!({ "text": text }).to_string(),
-    };
+    let notice = notice(svc, &task, &text).await?;
     let control = svc
         .store
         .cancel_task(task_id, actor, &notice, now_ms())
@@ -65,6 +52,25 @@ pub async fn cancel_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreR
         svc.wake.tasks.notify_one();
     }
     Ok(control)
+}
+
+/// The one notice a task owes its chat when an admin or approver ends it: `text`, in reply
+/// to the task's message, under the task's reply key.
+async fn notice(svc: &TaskControl, task: &TaskRow, text: &str) -> StoreResult<NewReply> {
+    let in_reply_to = svc
+        .store
+        .message(task.message_id)
+        .await?
+        .map(|m| m.external_message_id)
+        .unwrap_or_default();
+    Ok(NewReply {
+        idempotency_key: reply_key(task.id, task.resume_count),
+        channel: task.channel.clone(),
+        conversation_id: task.conversation_id.clone(),
+        in_reply_to,
+        reply_type: ReplyType::Text,
+        content: serde_json::json!({ "text": text }).to_string(),
+    })
 }
 
 /// Resumes a FAILED task (or one cancelled by an error) from its last finished step.
@@ -126,26 +132,13 @@ pub async fn decide(
             .await?;
         return Ok(DecisionResult::Forbidden);
     }
-    let in_reply_to = svc
-        .store
-        .message(task.message_id)
-        .await?
-        .map(|m| m.external_message_id)
-        .unwrap_or_default();
     let text = svc
         .config
         .replies
         .rejected_notice
         .replace("{task_id}", &task_id.to_string())
         .replace("{approver}", approver);
-    let notice = NewReply {
-        idempotency_key: reply_key(task.id, task.resume_count),
-        channel: task.channel.clone(),
-        conversation_id: task.conversation_id.clone(),
-        in_reply_to,
-        reply_type: ReplyType::Text,
-        content: serde_json::json!({ "text": text }).to_string(),
-    };
+    let notice = notice(svc, &task, &text).await?;
     let decided = svc
         .store
         .decide_pending_action(&action, approve, approver, &notice, now_ms())

@@ -11,7 +11,7 @@ use crate::engine::reply;
 use crate::engine::task::{RunError, model_of};
 use crate::llm::{self, ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice, ToolSpec};
 
-use super::runner::{CallOk, Compensable, Runner, StepDone, Stop, cut_middle};
+use super::runner::{CallOk, Compensable, Runner, StepDone, Stop, cut_middle, tool_outcome};
 use crate::engine::step::{CallErr, RetryPlan};
 
 impl Runner<'_> {
@@ -352,19 +352,7 @@ impl Runner<'_> {
                 &args,
                 tool.is_idempotent(),
                 move |key| async move {
-                    match svc.tools.call(name, args_ref, &key).await {
-                        Ok(output) => Ok(CallOk {
-                            output,
-                            tokens_in: None,
-                            tokens_out: None,
-                        }),
-                        Err(e) => Err(CallErr {
-                            failure: FailureType::ToolFailed,
-                            retry: e.retryable.then_some(plan),
-                            message: e.message,
-                            retry_after: None,
-                        }),
-                    }
+                    tool_outcome(svc.tools.call(name, args_ref, &key).await, plan)
                 },
             )
             .await?;

@@ -10,8 +10,8 @@ use crate::domain::{NewReply, TaskOutcome};
 use crate::engine::reply;
 use crate::engine::task::RunError;
 
-use super::runner::{CallOk, Runner, StepDone, Stop};
-use crate::engine::step::{CallErr, ERROR_LIMIT, RetryPlan};
+use super::runner::{Runner, StepDone, Stop, tool_outcome};
+use crate::engine::step::{ERROR_LIMIT, RetryPlan};
 
 impl Runner<'_> {
     /// Undoes the finished compensable steps, newest first; each undo is a journalled step.
@@ -33,19 +33,7 @@ impl Runner<'_> {
                     &input,
                     true,
                     move |key| async move {
-                        match svc.tools.undo(tool, args, result, &key).await {
-                            Ok(output) => Ok(CallOk {
-                                output,
-                                tokens_in: None,
-                                tokens_out: None,
-                            }),
-                            Err(e) => Err(CallErr {
-                                failure: FailureType::ToolFailed,
-                                retry: e.retryable.then_some(plan),
-                                message: e.message,
-                                retry_after: None,
-                            }),
-                        }
+                        tool_outcome(svc.tools.undo(tool, args, result, &key).await, plan)
                     },
                 )
                 .await;

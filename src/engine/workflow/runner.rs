@@ -371,6 +371,27 @@ pub(super) fn node_type(kind: &NodeKind) -> &'static str {
     }
 }
 
+/// A tool call's result as a step outcome: a failure retried per `plan` when the tool says
+/// another try may help.
+pub(super) fn tool_outcome(
+    result: Result<Value, crate::tools::ToolError>,
+    plan: crate::engine::step::RetryPlan,
+) -> Result<CallOk, crate::engine::step::CallErr> {
+    match result {
+        Ok(output) => Ok(CallOk {
+            output,
+            tokens_in: None,
+            tokens_out: None,
+        }),
+        Err(e) => Err(crate::engine::step::CallErr {
+            failure: FailureType::ToolFailed,
+            retry: e.retryable.then_some(plan),
+            message: e.message,
+            retry_after: None,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::cut_middle;
