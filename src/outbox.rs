@@ -55,7 +55,8 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             break;
         }
         while let Some(done) = sends.try_join_next() {
-            note_deferral(&mut deferred, done);
+            // A reply that went (or was given up) may let its conversation's next one go.
+            pending |= note_deferral(&mut deferred, done);
             finished = true;
         }
         let free = cfg.batch.saturating_sub(sends.len());
@@ -92,7 +93,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
         });
         tokio::select! {
             Some(done) = sends.join_next(), if !sends.is_empty() => {
-                note_deferral(&mut deferred, done);
+                pending |= note_deferral(&mut deferred, done);
                 finished = true;
             }
             _ = svc.wake.replies.notified() => pending = true,
@@ -106,10 +107,18 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     while sends.join_next().await.is_some() {}
 }
 
-/// Keeps the earliest time a delivery was deferred to by its chat's pace.
-fn note_deferral(deferred: &mut Option<i64>, done: Result<Option<i64>, tokio::task::JoinError>) {
-    if let Ok(Some(at)) = done {
-        *deferred = Some(deferred.map_or(at, |d| d.min(at)));
+/// Keeps the earliest time a delivery was deferred to by its chat's pace; `true` when the
+/// delivery was not deferred (it went, failed, or was given up).
+fn note_deferral(
+    deferred: &mut Option<i64>,
+    done: Result<Option<i64>, tokio::task::JoinError>,
+) -> bool {
+    match done {
+        Ok(Some(at)) => {
+            *deferred = Some(deferred.map_or(at, |d| d.min(at)));
+            false
+        }
+        _ => true,
     }
 }
 

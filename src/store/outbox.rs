@@ -3,16 +3,38 @@
 //! time, and every send carries the row's one idempotency key.
 
 use super::sql::insert_audit;
-use super::{Store, StoreResult, on_pool, write_tx};
+use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 
 const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
      reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \
      created_at, sent_at";
 
+/// The claim's choice of due replies (parameters: `$3` now, `$4` limit): PENDING, due, not
+/// leased, and the oldest PENDING reply of its conversation (by task, then by queue order),
+/// so a conversation's replies go in task order. PostgreSQL locks what it picks and skips
+/// rows another instance is claiming.
+pub fn reply_pick_sql(dialect: Dialect) -> String {
+    let lock = match dialect {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+    };
+    format!(
+        "SELECT r.id FROM outbound_reply r WHERE r.status = 'PENDING' \
+         AND r.next_attempt_at <= $3 AND (r.locked_until IS NULL OR r.locked_until < $3) \
+         AND NOT EXISTS (SELECT 1 FROM outbound_reply o WHERE o.status = 'PENDING' \
+             AND o.channel = r.channel AND o.conversation_id = r.conversation_id \
+             AND (o.task_id < r.task_id OR (o.task_id = r.task_id AND o.id < r.id))) \
+         ORDER BY r.next_attempt_at LIMIT $4{lock}"
+    )
+}
+
 impl Store {
     /// Takes up to `limit` due PENDING replies for `owner` until `lease_until`, counting the
-    /// attempt. A reply whose lease lapsed (its sender died) is due again.
+    /// attempt. A reply whose lease lapsed (its sender died) is due again. A conversation's
+    /// replies go in task order (a task's own replies in the order they were queued): a reply
+    /// is not taken while an older one of its conversation is still PENDING, even one
+    /// claimed by an instance that died; it goes once that one is SENT or given up.
     pub async fn claim_due_replies(
         &self,
         owner: &str,
@@ -20,16 +42,10 @@ impl Store {
         lease_until: i64,
         now: i64,
     ) -> StoreResult<Vec<ReplyRow>> {
-        let lock = match self {
-            Store::Sqlite(..) => "",
-            Store::Postgres(_) => " FOR UPDATE SKIP LOCKED",
-        };
+        let pick = reply_pick_sql(self.dialect());
         let sql = format!(
             "UPDATE outbound_reply SET locked_by = $1, locked_until = $2, attempts = attempts + 1 \
-             WHERE id IN (SELECT id FROM outbound_reply WHERE status = 'PENDING' \
-                 AND next_attempt_at <= $3 AND (locked_until IS NULL OR locked_until < $3) \
-                 ORDER BY next_attempt_at LIMIT $4{lock}) \
-             RETURNING {REPLY_COLUMNS}"
+             WHERE id IN ({pick}) RETURNING {REPLY_COLUMNS}"
         );
         let mut rows = write_tx!(self, tx => {
             sqlx::query_as::<_, ReplyRow>(&sql)

@@ -32,7 +32,58 @@ impl ModelScript for RecordingModel {
     }
 }
 
+/// The reply receiver of the crash tests: it records, in order, which message each
+/// accepted reply answered (what the chat shows); when `flaky`, it refuses the first try of
+/// about one reply in four (503), chosen by key, so replies are retried while later ones of
+/// their conversations are ready.
+#[derive(Clone)]
+struct ChatReceiver {
+    flaky: bool,
+    refused: Arc<Mutex<HashSet<String>>>,
+    accepted: Arc<Mutex<Vec<String>>>,
+}
+
+impl wiremock::Respond for ChatReceiver {
+    fn respond(&self, request: &Request) -> wiremock::ResponseTemplate {
+        let key = request
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let hash = key
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b.into()));
+        if self.flaky && hash % 4 == 0 && self.refused.lock().unwrap().insert(key) {
+            return wiremock::ResponseTemplate::new(503);
+        }
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let answered = body["in_reply_to"].as_str().unwrap_or("").to_string();
+        self.accepted.lock().unwrap().push(answered);
+        wiremock::ResponseTemplate::new(200)
+    }
+}
+
+impl ChatReceiver {
+    async fn start(flaky: bool) -> (MockServer, Arc<Mutex<Vec<String>>>) {
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let receiver = MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .and(wiremock::matchers::path("/reply"))
+            .respond_with(ChatReceiver {
+                flaky,
+                refused: Arc::default(),
+                accepted: accepted.clone(),
+            })
+            .mount(&receiver)
+            .await;
+        (receiver, accepted)
+    }
+}
+
 struct Rig {
+    /// The messages answered by the replies the receiver accepted, in arrival order.
+    accepted: Arc<Mutex<Vec<String>>>,
     db: TestDb,
     model: MockServer,
     calls: Arc<Mutex<Vec<(String, i64)>>>,
@@ -42,6 +93,11 @@ struct Rig {
 
 impl Rig {
     async fn new(model_delay: Duration) -> Rig {
+        Self::with_receiver(model_delay, false).await
+    }
+
+    async fn with_receiver(model_delay: Duration, flaky: bool) -> Rig {
+        let (receiver, accepted) = ChatReceiver::start(flaky).await;
         let calls = Arc::new(Mutex::new(Vec::new()));
         let model = MockServer::start().await;
         model_mock(RecordingModel {
@@ -51,10 +107,11 @@ impl Rig {
         .mount(&model)
         .await;
         Rig {
+            accepted,
             db: TestDb::new().await,
             model,
             calls,
-            receiver: accepting_receiver().await,
+            receiver,
             workdir: tempfile::tempdir().unwrap(),
         }
     }
@@ -100,11 +157,7 @@ impl Rig {
     async fn wait_all_replied(&self, messages: usize, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            let answered: HashSet<String> = received_replies(&self.receiver)
-                .await
-                .into_iter()
-                .filter_map(|(_, b)| b["in_reply_to"].as_str().map(str::to_string))
-                .collect();
+            let answered: HashSet<String> = self.accepted.lock().unwrap().iter().cloned().collect();
             if answered.len() >= messages {
                 return;
             }
@@ -177,6 +230,29 @@ impl Rig {
                 );
             }
         }
+        // Replies reached the chat in task order: per conversation, the first accepted
+        // arrival of each task's reply (a re-send after a crash repeats the same key later)
+        // comes after the first accepted arrival of every older task's reply.
+        let mut first_arrival: HashMap<String, usize> = HashMap::new();
+        for (i, msg) in self.accepted.lock().unwrap().iter().enumerate() {
+            first_arrival.entry(msg.clone()).or_insert(i);
+        }
+        for tasks in by_conversation.values() {
+            let mut arrived = Vec::new();
+            for t in tasks {
+                let msg = store.message(t.message_id).await.unwrap().unwrap();
+                arrived.push((t.id, first_arrival[&msg.external_message_id]));
+            }
+            for pair in arrived.windows(2) {
+                assert!(
+                    pair[0].1 < pair[1].1,
+                    "the reply to task {} reached the chat before the reply to task {} of its \
+                     conversation",
+                    pair[1].0,
+                    pair[0].0
+                );
+            }
+        }
         // A model call for a step that had already SUCCEEDED would be a re-executed step.
         let mut finished: HashMap<String, i64> = HashMap::new();
         for t in by_conversation.values().flatten() {
@@ -238,9 +314,19 @@ async fn deliver(http: &reqwest::Client, addr_port: u16, body: &Value) {
 async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     const CONVERSATIONS: u32 = 20;
     const PER_CONVERSATION: u32 = 10;
-    let rig = Rig::new(Duration::from_millis(300)).await;
+    // The receiver also refuses some first tries, so replies are retried while later ones
+    // of their conversations are ready: they must still reach the chat in order.
+    // A refused reply is tried again after about a second, longer than the next task of its
+    // conversation takes.
+    let rig = Rig::with_receiver(Duration::from_millis(300), true).await;
     let port = free_port();
-    let env = rig.env("crash-instance", &[]);
+    let env = rig.env(
+        "crash-instance",
+        &[
+            ("ASSISTD_OUTBOX__BACKOFF_BASE_MS", "1000"),
+            ("ASSISTD_OUTBOX__BACKOFF_MAX_MS", "2000"),
+        ],
+    );
     let mut server = RealServer::start_on(port, &env, rig.workdir.path()).await;
 
     // The IM keeps delivering while the process is killed and restarted underneath it.

@@ -162,3 +162,95 @@ async fn a_delivery_in_flight_at_shutdown_is_finished_and_not_sent_again() {
     assert_eq!(again.receiver.received_requests().await.unwrap().len(), 1);
     again.stop().await;
 }
+
+/// A receiver that refuses the replies to `refused_message` with 503 (`times` times, or
+/// always) and accepts every other reply; requests are kept in arrival order.
+async fn receiver_refusing(refused_message: &str, times: Option<u64>) -> MockServer {
+    use wiremock::matchers::body_partial_json;
+    let receiver = MockServer::start().await;
+    let refuse = Mock::given(method("POST"))
+        .and(path("/reply"))
+        .and(body_partial_json(
+            serde_json::json!({ "in_reply_to": refused_message }),
+        ))
+        .respond_with(ResponseTemplate::new(503))
+        .with_priority(1);
+    match times {
+        Some(n) => refuse.up_to_n_times(n).mount(&receiver).await,
+        None => refuse.mount(&receiver).await,
+    }
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200))
+        .with_priority(2)
+        .mount(&receiver)
+        .await;
+    receiver
+}
+
+/// Where in the receiver's arrivals the replies to `message_id` came (every try).
+async fn arrivals_of(receiver: &MockServer, message_id: &str) -> Vec<usize> {
+    received_replies(receiver)
+        .await
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, body))| body["in_reply_to"] == message_id)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Issue 19, item 1: a conversation's replies reach the chat in task order. The reply to
+/// the first message is refused three times (and retried with backoff) while the second
+/// message's task finishes; its reply waits for the first instead of overtaking it. A reply
+/// in another conversation is not held up. Fails without the order check in the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversations_replies_arrive_in_task_order_while_an_older_one_is_retried() {
+    let receiver = receiver_refusing("msg-c-order-1", Some(3)).await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |_| {}).await;
+    let first = task_id_of(app.post_message(&message("c-order", 1, "one")).await).await;
+    let second = task_id_of(app.post_message(&message("c-order", 2, "two")).await).await;
+    let other = task_id_of(app.post_message(&message("c-other", 1, "elsewhere")).await).await;
+    for id in [first, second, other] {
+        app.wait_replied(id, WAIT).await;
+    }
+    let one = arrivals_of(&app.receiver, "msg-c-order-1").await;
+    let two = arrivals_of(&app.receiver, "msg-c-order-2").await;
+    let elsewhere = arrivals_of(&app.receiver, "msg-c-other-1").await;
+    assert_eq!(one.len(), 4, "three refused tries and one accepted");
+    assert_eq!(two.len(), 1);
+    assert!(
+        two[0] > *one.last().unwrap(),
+        "the second reply arrived at {} before the first was accepted at {}",
+        two[0],
+        one.last().unwrap()
+    );
+    assert!(
+        elsewhere[0] < *one.last().unwrap(),
+        "another conversation waited for this one"
+    );
+    app.stop().await;
+}
+
+/// A reply given up after its last attempt does not hold its conversation forever: the
+/// next reply goes once the older one is FAILED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_given_up_lets_its_conversations_next_reply_go() {
+    let receiver = receiver_refusing("msg-c-given-up-1", None).await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
+        c.outbox.max_attempts = 2;
+    })
+    .await;
+    let first = task_id_of(app.post_message(&message("c-given-up", 1, "one")).await).await;
+    let second = task_id_of(app.post_message(&message("c-given-up", 2, "two")).await).await;
+    let task = app.wait_replied(second, WAIT).await;
+    assert_eq!(task["reply"]["status"], "SENT");
+    let task = app
+        .wait_task(first, WAIT, |t| t["reply"]["status"] == "FAILED")
+        .await;
+    assert_eq!(task["reply"]["attempts"], 2);
+    let one = arrivals_of(&app.receiver, "msg-c-given-up-1").await;
+    let two = arrivals_of(&app.receiver, "msg-c-given-up-2").await;
+    assert_eq!(one.len(), 2);
+    assert!(two[0] > one[1], "the next reply went before the last try");
+    app.stop().await;
+}
