@@ -69,7 +69,13 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             deferred = deferred.filter(|&at| at > now);
             let due = match svc
                 .store
-                .claim_due_replies(&svc.instance_id, free, lease_until, now)
+                .claim_due_replies(
+                    &svc.instance_id,
+                    free,
+                    lease_until,
+                    now,
+                    (cfg.order_wait_secs as i64).saturating_mul(1000),
+                )
                 .await
             {
                 Ok(due) => due,

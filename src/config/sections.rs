@@ -402,6 +402,9 @@ pub struct OutboxConfig {
     pub lease_secs: u64,
     pub batch: usize,
     pub poll_interval_ms: u64,
+    /// Longest a reply waits for an older reply of its conversation that is still being
+    /// retried, in seconds (0 = no limit: order over progress).
+    pub order_wait_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -10,10 +10,11 @@ const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation
      reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \
      created_at, sent_at";
 
-/// The claim's choice of due replies (parameters: `$3` now, `$4` limit): PENDING, due, not
-/// leased, and the oldest PENDING reply of its conversation (by task, then by queue order),
-/// so a conversation's replies go in task order. PostgreSQL locks what it picks and skips
-/// rows another instance is claiming.
+/// The claim's choice of due replies (parameters: `$3` now, `$4` limit, `$5` the creation
+/// time before which a reply stops waiting for older ones): PENDING, due, not leased, and
+/// the oldest PENDING reply of its conversation (by task, then by queue order) unless it has
+/// waited since before `$5`, so a conversation's replies go in task order. PostgreSQL locks
+/// what it picks and skips rows another instance is claiming.
 pub fn reply_pick_sql(dialect: Dialect) -> String {
     let lock = match dialect {
         Dialect::Sqlite => "",
@@ -22,9 +23,10 @@ pub fn reply_pick_sql(dialect: Dialect) -> String {
     format!(
         "SELECT r.id FROM outbound_reply r WHERE r.status = 'PENDING' \
          AND r.next_attempt_at <= $3 AND (r.locked_until IS NULL OR r.locked_until < $3) \
-         AND NOT EXISTS (SELECT 1 FROM outbound_reply o WHERE o.status = 'PENDING' \
+         AND (r.created_at < $5 OR NOT EXISTS (SELECT 1 FROM outbound_reply o \
+             WHERE o.status = 'PENDING' \
              AND o.channel = r.channel AND o.conversation_id = r.conversation_id \
-             AND (o.task_id < r.task_id OR (o.task_id = r.task_id AND o.id < r.id))) \
+             AND (o.task_id < r.task_id OR (o.task_id = r.task_id AND o.id < r.id)))) \
          ORDER BY r.next_attempt_at LIMIT $4{lock}"
     )
 }
@@ -41,7 +43,14 @@ impl Store {
         limit: usize,
         lease_until: i64,
         now: i64,
+        order_wait_ms: i64,
     ) -> StoreResult<Vec<ReplyRow>> {
+        // 0 = no limit: no reply was created before the start of time.
+        let stop_waiting = if order_wait_ms > 0 {
+            now - order_wait_ms
+        } else {
+            i64::MIN
+        };
         let pick = reply_pick_sql(self.dialect());
         let sql = format!(
             "UPDATE outbound_reply SET locked_by = $1, locked_until = $2, attempts = attempts + 1 \
@@ -53,6 +62,7 @@ impl Store {
                 .bind(lease_until)
                 .bind(now)
                 .bind(limit as i64)
+                .bind(stop_waiting)
                 .fetch_all(&mut *tx)
                 .await?
         });

@@ -254,3 +254,32 @@ async fn a_reply_given_up_lets_its_conversations_next_reply_go() {
     assert!(two[0] > one[1], "the next reply went before the last try");
     app.stop().await;
 }
+
+/// The order wait is bounded (`outbox.order_wait_secs`): a reply its receiver refuses for
+/// good (never given up here) holds its conversation's next reply only that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_refused_for_good_holds_its_conversation_only_for_the_order_wait() {
+    let receiver = receiver_refusing("msg-c-stuck-1", None).await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
+        c.outbox.max_attempts = 0;
+        c.outbox.order_wait_secs = 1;
+    })
+    .await;
+    let first = task_id_of(app.post_message(&message("c-stuck", 1, "one")).await).await;
+    let second = task_id_of(app.post_message(&message("c-stuck", 2, "two")).await).await;
+    let started = std::time::Instant::now();
+    let task = app.wait_replied(second, WAIT).await;
+    assert_eq!(task["reply"]["status"], "SENT");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the second reply did not wait for the first"
+    );
+    let task = app
+        .wait_task(first, WAIT, |t| t["status"] == "SUCCEEDED")
+        .await;
+    assert_eq!(
+        task["reply"]["status"], "PENDING",
+        "the first is still retried"
+    );
+    app.stop().await;
+}
