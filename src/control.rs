@@ -95,6 +95,8 @@ pub enum DecisionResult {
     NotWaiting(TaskStatus),
     /// The approver may not decide this; audited.
     Forbidden,
+    /// The request's deadline has passed (the timeout scan may not have run yet); audited.
+    Expired,
 }
 
 /// Approves or rejects what task `task_id` waits for. `step_no`, when given (card actions),
@@ -115,6 +117,25 @@ pub async fn decide(
         Some(a) if step_no.is_none_or(|s| s == a.step_no) => a,
         _ => return Ok(DecisionResult::NotWaiting(task.status)),
     };
+    let now = now_ms();
+    if now > action.deadline {
+        svc.store
+            .audit(
+                Some(task_id),
+                AuditEvent::ConfirmDenied,
+                approver,
+                &format!(
+                    "{} of step {} by {approver} refused: its deadline passed {} s ago",
+                    if approve { "approval" } else { "rejection" },
+                    action.step_no,
+                    (now - action.deadline) / 1000
+                ),
+                true,
+                now,
+            )
+            .await?;
+        return Ok(DecisionResult::Expired);
+    }
     let open_to_admin = admin && action.approvers.trim() == "[]";
     if !action.allowed(approver) && !open_to_admin {
         svc.store

@@ -130,6 +130,9 @@ pub async fn decision_response(
         DecisionResult::Forbidden => Err(ApiError::Forbidden(
             "this approver may not decide this request".into(),
         )),
+        DecisionResult::Expired => Err(ApiError::Conflict(format!(
+            "the approval request of task {id} is past its deadline"
+        ))),
     }
 }
 

@@ -175,6 +175,7 @@ async fn decide_action(
         DecisionResult::NotFound => "unknown request",
         DecisionResult::NotWaiting(_) => "already decided",
         DecisionResult::Forbidden => "you may not decide this request",
+        DecisionResult::Expired => "the request is past its deadline",
     })
 }
 

@@ -451,3 +451,62 @@ async fn api_and_worker_roles_split_the_work() {
     api.stop().await;
     db.drop_db().await;
 }
+
+/// Issue 19, item 4: a decision that comes after the deadline is refused (409) and audited
+/// CONFIRM_DENIED with its reason and the risk flag, even before the timeout scan has run;
+/// the tool is not called and the task still waits for the scan to cancel it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_after_the_deadline_is_refused_before_the_scan_runs() {
+    let flow = spawn_flow_with(NOTICE, |c| {
+        c.scheduler.enabled = false;
+        for agent in c.agents.values_mut() {
+            agent.confirm_deadline_secs = 1;
+        }
+    })
+    .await;
+    let app = &flow.app;
+    let id = task_id_of(app.post_message(&message("late", 1, "send it")).await).await;
+    let task = app
+        .wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    let deadline = task["confirm_deadline"].as_i64().unwrap();
+    tokio::time::sleep(Duration::from_millis(
+        (deadline - now_ms() + 50).max(0) as u64
+    ))
+    .await;
+    let late = app.confirm(id, "approve", "alice").await;
+    assert_eq!(late.status(), 409);
+    let body: Value = late.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("deadline"),
+        "{body}"
+    );
+    let task = app.get_task(id).await;
+    assert_eq!(task["status"], "WAITING_HUMAN_CONFIRM");
+    let denied = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["event"] == "CONFIRM_DENIED")
+        .expect("audited");
+    assert_eq!(denied["risk_flag"], true);
+    assert!(
+        denied["summary"]
+            .as_str()
+            .unwrap()
+            .contains("deadline passed"),
+        "{denied}"
+    );
+    // A card action from the chat is refused the same way.
+    let card = app
+        .post_action(
+            id,
+            task["current_step"].as_i64().unwrap(),
+            "approve",
+            "alice",
+        )
+        .await;
+    assert_eq!(card.status(), 409);
+    assert_eq!(calls_to(&flow.tools, "POST", "/tools/notice").await, 0);
+    flow.app.stop().await;
+}
