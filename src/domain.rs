@@ -190,6 +190,22 @@ text_enum!(
     }
 );
 
+impl AuditEvent {
+    /// Events an operator must look at (the IM pipeline's risk events): their audit rows
+    /// always carry the risk flag, whoever writes them.
+    pub fn is_risky(self) -> bool {
+        matches!(
+            self,
+            AuditEvent::TaskFailed
+                | AuditEvent::TaskTimeoutCancelled
+                | AuditEvent::StepUnknown
+                | AuditEvent::ConfirmDenied
+                | AuditEvent::TaskReclaimed
+                | AuditEvent::ReplyFailed
+        )
+    }
+}
+
 text_enum!(
     JobRunStatus {
         Succeeded => "SUCCEEDED",

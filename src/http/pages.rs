@@ -286,7 +286,7 @@ async fn dashboard(
     let chart = chart(&summary);
     let waiting: Vec<Value> = svc
         .store
-        .find_tasks(Some(TaskStatus::WaitingHumanConfirm), None, None, LIST_LIMIT)
+        .find_tasks(Some(TaskStatus::WaitingHumanConfirm), None, None, false, LIST_LIMIT)
         .await?
         .iter()
         .map(|t| json!({ "id": t.id, "conversation_id": t.conversation_id, "deadline": t.confirm_deadline.map(utc) }))
@@ -373,6 +373,8 @@ struct TasksQuery {
     status: Option<String>,
     failure_type: Option<String>,
     conversation: Option<String>,
+    /// `true`: only tasks with a risk-flagged audit event.
+    risk: Option<String>,
 }
 
 async fn tasks_page(
@@ -390,9 +392,16 @@ async fn tasks_page(
         .as_deref()
         .filter(|s| !s.is_empty())
         .and_then(FailureType::parse);
+    let risky = q.risk.as_deref() == Some("true");
     let tasks: Vec<Value> = svc
         .store
-        .find_tasks(status, failure, q.conversation.as_deref().filter(|c| !c.is_empty()), LIST_LIMIT)
+        .find_tasks(
+            status,
+            failure,
+            q.conversation.as_deref().filter(|c| !c.is_empty()),
+            risky,
+            LIST_LIMIT,
+        )
         .await?
         .iter()
         .map(|t| json!({ "id": t.id, "status": t.status, "failure_type": t.failure_type, "channel": t.channel,
@@ -400,7 +409,7 @@ async fn tasks_page(
         .collect();
     Ok(render(
         "tasks.html",
-        json!({ "tasks": tasks, "status": status.map(|s| s.as_str()), "failure_type": failure.map(|f| f.as_str()) }),
+        json!({ "tasks": tasks, "status": status.map(|s| s.as_str()), "failure_type": failure.map(|f| f.as_str()), "risk": risky }),
     ))
 }
 

@@ -167,6 +167,8 @@ struct ListQuery {
     status: Option<String>,
     conversation: Option<String>,
     limit: Option<String>,
+    /// `true`: only tasks with a risk-flagged audit event.
+    risk: Option<String>,
 }
 
 async fn list_tasks(
@@ -196,7 +198,19 @@ async fn list_tasks(
             .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1 to {LIST_LIMIT_MAX}")))?,
     };
     let conversation = query.conversation.as_deref().filter(|c| !c.is_empty());
-    let tasks = svc.store.list_tasks(status, conversation, limit).await?;
+    let risky = match query.risk.as_deref() {
+        None | Some("") | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "`risk` is `{other}`; expected true or false"
+            )));
+        }
+    };
+    let tasks = svc
+        .store
+        .find_tasks(status, None, conversation, risky, limit)
+        .await?;
     Ok(Json(json!({
         "tasks": tasks.iter().map(|t| json!({
             "id": t.id,

@@ -21,7 +21,7 @@ macro_rules! insert_audit {
         .bind($crate::redaction::redact(&$crate::domain::truncate(
             $summary, 2000,
         )))
-        .bind($risk)
+        .bind($risk || $crate::domain::AuditEvent::is_risky($event))
         .bind($now)
         .execute($tx)
         .await
@@ -267,6 +267,6 @@ pub(super) fn audit_row(task_id: i64, event: AuditEvent, actor: &str, summary: &
         "event": event.as_str(),
         "actor": actor,
         "summary": crate::redaction::redact(&crate::domain::truncate(summary, 2000)),
-        "risk_flag": false,
+        "risk_flag": event.is_risky(),
     })
 }

@@ -239,21 +239,29 @@ impl Store {
         conversation_id: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<TaskRow>> {
-        self.find_tasks(status, None, conversation_id, limit).await
+        self.find_tasks(status, None, conversation_id, false, limit)
+            .await
     }
 
-    /// Tasks, newest first, by status, failure type and/or conversation.
+    /// Tasks, newest first, by status, failure type and/or conversation; `risky` keeps only
+    /// those with a risk-flagged audit row.
     pub async fn find_tasks(
         &self,
         status: Option<TaskStatus>,
         failure_type: Option<FailureType>,
         conversation_id: Option<&str>,
+        risky: bool,
         limit: i64,
     ) -> StoreResult<Vec<TaskRow>> {
+        let risk = if risky {
+            " AND EXISTS (SELECT 1 FROM audit_log a WHERE a.task_id = agent_task.id AND a.risk_flag)"
+        } else {
+            ""
+        };
         let sql = format!(
             "SELECT {TASK_COLUMNS} FROM agent_task \
              WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR conversation_id = $2) \
-             AND ($4 IS NULL OR failure_type = $4) ORDER BY id DESC LIMIT $3"
+             AND ($4 IS NULL OR failure_type = $4){risk} ORDER BY id DESC LIMIT $3"
         );
         let status = status.map(|s| s.as_str());
         let failure_type = failure_type.map(|f| f.as_str());

@@ -402,3 +402,73 @@ async fn a_cookie_stops_working_when_its_admin_signs_out() {
     assert_eq!(page(fresh).await.unwrap().status(), 200);
     app.stop().await;
 }
+
+/// Issue 19, item 5: risk events carry the risk flag (here TASK_FAILED, which was written
+/// without it), and the task API and the admin task list filter on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn risk_events_are_flagged_and_tasks_filter_on_them() {
+    let model = MockServer::start().await;
+    model_mock(|_: &Value| ModelReply::error(401, "bad key"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&model)
+        .await;
+    model_mock(echo).with_priority(2).mount(&model).await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
+    let failed = task_id_of(app.post_message(&message("risk", 1, "first")).await).await;
+    app.wait_replied(failed, WAIT).await;
+    let ok = task_id_of(app.post_message(&message("calm", 1, "second")).await).await;
+    app.wait_replied(ok, WAIT).await;
+    let task = app.get_task(failed).await;
+    let flagged: Vec<(&str, bool)> = task["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["event"].as_str().unwrap(),
+                a["risk_flag"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert!(flagged.contains(&("TASK_FAILED", true)), "{flagged:?}");
+    assert!(flagged.contains(&("TASK_CREATED", false)), "{flagged:?}");
+
+    let list = |query: &'static str| {
+        let app = &app;
+        async move {
+            let resp = app
+                .http
+                .get(format!("{}/api/tasks?{query}", app.addr))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap();
+            let ids: Vec<i64> = body["tasks"]
+                .as_array()
+                .map(|t| t.iter().map(|t| t["id"].as_i64().unwrap()).collect())
+                .unwrap_or_default();
+            (status, ids)
+        }
+    };
+    assert_eq!(list("risk=true").await, (200, vec![failed]));
+    assert_eq!(list("risk=false").await, (200, vec![ok, failed]));
+    assert_eq!(list("risk=maybe").await.0, 400);
+
+    let http = browser();
+    let cookie = sign_in(&app, &http).await;
+    let page = http
+        .get(format!("{}/admin/tasks?risk=true", app.addr))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(&format!("/admin/tasks/{failed}\"")), "{page}");
+    assert!(!page.contains(&format!("/admin/tasks/{ok}\"")), "{page}");
+    app.stop().await;
+}
