@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::platform::{
-    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
 };
 use crate::domain::CardAction;
@@ -101,11 +101,11 @@ pub fn parse_event(
         let challenge = v["challenge"]
             .as_str()
             .ok_or_else(|| Refused::BadRequest("missing field `challenge`".into()))?;
-        return Ok(Inbound::Respond {
+        return Ok(Inbound::Respond(Fixed {
             status: 200,
             content_type: "application/json",
             body: json!({ "challenge": challenge }).to_string(),
-        });
+        }));
     }
     require_signed(config, headers)?;
     token_matches(config, v["header"]["token"].as_str())?;

@@ -123,12 +123,8 @@ pub enum Inbound {
         /// Answer with the task's state (the generic API) rather than the outcome in words.
         with_task: bool,
     },
-    /// A handshake answered directly (URL verification): status, content type, body.
-    Respond {
-        status: u16,
-        content_type: &'static str,
-        body: String,
-    },
+    /// A handshake answered directly (URL verification).
+    Respond(Fixed),
     /// Verified but nothing to do (the bot's own message, an edit, an unknown event).
     Ignore(&'static str),
 }
@@ -372,10 +368,16 @@ pub fn require_settings(
     if let Some((key, _)) = required.iter().find(|(_, value)| value.is_empty()) {
         return Err((key, "must be set when the channel is enabled".into()));
     }
-    match url::Url::parse(api.1) {
-        Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(()),
-        _ => Err((api.0, format!("`{}` is not an http(s) URL", api.1))),
+    if is_http_url(api.1) {
+        Ok(())
+    } else {
+        Err((api.0, format!("`{}` is not an http(s) URL", api.1)))
     }
+}
+
+/// Whether `value` is an absolute http or https URL (settings checks share this).
+pub fn is_http_url(value: &str) -> bool {
+    url::Url::parse(value).is_ok_and(|url| matches!(url.scheme(), "http" | "https"))
 }
 
 /// The refusal of a path or method the platform does not serve (404).

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use super::platform::{
-    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
 };
 use crate::domain::CardAction;
@@ -112,11 +112,11 @@ pub fn parse_event(body: &[u8], bot_user_id: &str) -> Result<Inbound, Refused> {
             let challenge = v["challenge"]
                 .as_str()
                 .ok_or_else(|| Refused::BadRequest("missing field `challenge`".into()))?;
-            Ok(Inbound::Respond {
+            Ok(Inbound::Respond(Fixed {
                 status: 200,
                 content_type: "application/json",
                 body: json!({ "challenge": challenge }).to_string(),
-            })
+            }))
         }
         Some("event_callback") => {
             let event_id = v["event_id"]

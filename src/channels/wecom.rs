@@ -467,11 +467,11 @@ impl Platform for WeComChannel {
             let now = request.now_ms / 1000;
             match (request.method, request.rest) {
                 // The URL check when the callback is configured: answer the decrypted echo.
-                ("GET", "") => Ok(Parsed::one(Inbound::Respond {
+                ("GET", "") => Ok(Parsed::one(Inbound::Respond(Fixed {
                     status: 200,
                     content_type: PLAIN_TEXT,
                     body: verify_url(&self.config, &query, now)?,
-                })),
+                }))),
                 ("POST", "") => {
                     let mut parsed = Parsed::one(parse(&self.config, &query, request.body, now)?);
                     // WeCom reads a non-empty answer as a passive reply: answer nothing.

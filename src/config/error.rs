@@ -30,8 +30,9 @@ pub(super) fn positive(key: &str, value: u64) -> Result<(), ConfigError> {
 }
 
 pub(super) fn http_url(key: &str, value: &str) -> Result<(), ConfigError> {
-    match reqwest::Url::parse(value) {
-        Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(()),
-        _ => Err(invalid(key, format!("`{value}` is not an http(s) URL"))),
+    if crate::channels::platform::is_http_url(value) {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("`{value}` is not an http(s) URL")))
     }
 }

@@ -13,7 +13,7 @@ use crate::domain::{
 };
 use crate::domain::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::llm::{
-    ChatMessage, ChatRequest, ChatResponse, LlmError, OpenAiClient, WireRequest, estimate_tokens,
+    ChatMessage, ChatRequest, ChatResponse, OpenAiClient, WireRequest, estimate_tokens,
     history_budget,
 };
 
@@ -136,9 +136,10 @@ fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
     // The step keeps what the model said; the chat gets its text, or the fallback.
     let answered = call.outcome.and_then(|answer| {
         reply::answer_text(&answer, &agent.fallback_text).map_err(|(failure_type, message)| {
-            LlmError {
-                failure_type,
+            CallErr {
+                failure: failure_type,
                 message,
+                retry: None,
                 retry_after: None,
             }
         })
@@ -171,17 +172,14 @@ fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
             }
         }
         Err(err) => {
-            tracing::warn!(failure_type = %err.failure_type, error = %err.message, "task failed");
-            let notice = reply::failure_notice(
-                &svc.config.replies.failure_notice,
-                task.id,
-                err.failure_type,
-            );
+            tracing::warn!(failure_type = %err.failure, error = %err.message, "task failed");
+            let notice =
+                reply::failure_notice(&svc.config.replies.failure_notice, task.id, err.failure);
             TaskOutcome {
                 status: TaskStatus::Failed,
                 result: None,
                 trace: None,
-                failure_type: Some(err.failure_type),
+                failure_type: Some(err.failure),
                 error: Some(crate::domain::truncate(&err.message, ERROR_LIMIT)),
                 retries,
                 step,
@@ -195,7 +193,7 @@ fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
                 },
                 audit_summary: format!(
                     "{} after {} attempt(s): {}",
-                    err.failure_type,
+                    err.failure,
                     call.attempts,
                     crate::domain::truncate(&err.message, 300)
                 ),
@@ -209,7 +207,7 @@ struct ChatCall {
     step: StepRow,
     /// The model named in the request sent.
     model: String,
-    outcome: Result<ChatResponse, LlmError>,
+    outcome: Result<ChatResponse, CallErr>,
     /// Tries so far, across runs.
     attempts: i64,
     duration_ms: i64,
@@ -219,27 +217,18 @@ struct ChatCall {
 
 impl ChatCall {
     fn context_too_long(&self) -> bool {
-        matches!(&self.outcome, Err(e) if e.failure_type == FailureType::ContextTooLong)
+        matches!(&self.outcome, Err(e) if e.failure == FailureType::ContextTooLong)
     }
 
     /// How the step ended, for the journal: the answer, or the classified failure.
     fn record(&self) -> StepResult {
-        let failure;
         let result = match &self.outcome {
             Ok(answer) => Ok((
                 serde_json::to_string(answer).unwrap_or_default(),
                 answer.prompt_tokens,
                 answer.completion_tokens,
             )),
-            Err(err) => {
-                failure = CallErr {
-                    failure: err.failure_type,
-                    message: err.message.clone(),
-                    retry: None,
-                    retry_after: None,
-                };
-                Err(&failure)
-            }
+            Err(err) => Err(err),
         };
         step::record(&self.step, self.attempts, self.duration_ms, result)
     }
@@ -298,9 +287,10 @@ async fn chat_step_call(
         return Ok(ChatCall {
             attempts: step.attempt,
             model: wire.model,
-            outcome: Err(LlmError {
-                failure_type: FailureType::ContextTooLong,
+            outcome: Err(CallErr {
+                failure: FailureType::ContextTooLong,
                 message: step.error.clone().unwrap_or_default(),
+                retry: None,
                 retry_after: None,
             }),
             duration_ms: step.duration_ms.unwrap_or_default(),
@@ -321,11 +311,7 @@ async fn chat_step_call(
     Ok(ChatCall {
         step,
         model: wire.model,
-        outcome: attempted.result.map_err(|e| LlmError {
-            failure_type: e.failure,
-            message: e.message,
-            retry_after: e.retry_after,
-        }),
+        outcome: attempted.result,
         attempts: attempted.attempts,
         duration_ms: attempted.duration_ms,
         journalled: false,
@@ -364,7 +350,7 @@ async fn summarize_history(
         Ok(answer) if !answer.content.trim().is_empty() => Ok(Some(answer.content)),
         Ok(_) => Ok(None),
         Err(err) => {
-            tracing::warn!(error = %err, "history summary failed; leaving older turns out");
+            tracing::warn!(error = %err.message, "history summary failed; leaving older turns out");
             Ok(None)
         }
     }

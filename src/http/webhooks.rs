@@ -56,8 +56,7 @@ async fn webhook(
     };
     let parsed = match platform.inbound(&request).await {
         Ok(parsed) => parsed,
-        Err(Refused::Answer(fixed)) => return Ok(fixed_response(fixed)),
-        Err(refused) => return Err(refused.into()),
+        Err(refused) => return refusal(refused),
     };
     if let Some(once) = &parsed.once {
         match check_once(&svc.store, once, now_ms()).await? {
@@ -81,7 +80,7 @@ async fn webhook(
         }
     }
     if let Some(refused) = parsed.refused {
-        return Err(refused.into());
+        return refusal(refused);
     }
     if parsed.transaction {
         return transaction(&svc, platform.as_ref(), parsed).await;
@@ -91,6 +90,15 @@ async fn webhook(
     };
     let response = handle_inbound(&svc, platform.as_ref(), item).await?;
     Ok(parsed.answer.map(fixed_response).unwrap_or(response))
+}
+
+/// A refused request's answer: the platform's own format where it has one, else our error.
+fn refusal(refused: Refused) -> Result<Response, ApiError> {
+    match refused {
+        Refused::Unauthorized(m) => Err(ApiError::Unauthorized(m)),
+        Refused::BadRequest(m) => Err(ApiError::BadRequest(m)),
+        Refused::Answer(fixed) => Ok(fixed_response(fixed)),
+    }
 }
 
 fn fixed_response(fixed: Fixed) -> Response {
@@ -133,16 +141,6 @@ impl From<IntakeError> for ApiError {
             IntakeError::Invalid(reason) => ApiError::BadRequest(reason),
             IntakeError::UnknownAgent(_) => ApiError::Internal(e.into()),
             IntakeError::Store(s) => s.into(),
-        }
-    }
-}
-
-impl From<Refused> for ApiError {
-    fn from(r: Refused) -> Self {
-        match r {
-            Refused::Unauthorized(m) => ApiError::Unauthorized(m),
-            Refused::BadRequest(m) => ApiError::BadRequest(m),
-            Refused::Answer(fixed) => ApiError::BadRequest(fixed.body),
         }
     }
 }
@@ -223,15 +221,7 @@ async fn handle_inbound(
             platform.accept_invite(&room).await;
             Ok(Json(json!({ "result": "joined" })).into_response())
         }
-        Inbound::Respond {
-            status,
-            content_type,
-            body,
-        } => Ok(fixed_response(Fixed {
-            status,
-            content_type,
-            body,
-        })),
+        Inbound::Respond(fixed) => Ok(fixed_response(fixed)),
         Inbound::Ignore(reason) => Ok(Json(json!({ "ignored": reason })).into_response()),
     }
 }
@@ -278,7 +268,7 @@ async fn transaction(
             } => {
                 react(svc, platform, &approver, approve, &target).await?;
             }
-            Inbound::Respond { .. } | Inbound::Ignore(_) => {}
+            Inbound::Respond(_) | Inbound::Ignore(_) => {}
         }
     }
     let mut created = 0;

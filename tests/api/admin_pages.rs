@@ -39,13 +39,7 @@ fn csrf_of(html: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admins_sign_in_see_failures_and_resume_a_task() {
-    let model = MockServer::start().await;
-    model_mock(|_: &Value| ModelReply::error(401, "bad key"))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&model)
-        .await;
-    model_mock(echo).with_priority(2).mount(&model).await;
+    let model = model_failing_first(1, "bad key").await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let failed = task_id_of(app.post_message(&message("pg", 1, "first")).await).await;
     app.wait_replied(failed, WAIT).await;
@@ -407,13 +401,7 @@ async fn a_cookie_stops_working_when_its_admin_signs_out() {
 /// without it), and the task API and the admin task list filter on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn risk_events_are_flagged_and_tasks_filter_on_them() {
-    let model = MockServer::start().await;
-    model_mock(|_: &Value| ModelReply::error(401, "bad key"))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&model)
-        .await;
-    model_mock(echo).with_priority(2).mount(&model).await;
+    let model = model_failing_first(1, "bad key").await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let failed = task_id_of(app.post_message(&message("risk", 1, "first")).await).await;
     app.wait_replied(failed, WAIT).await;

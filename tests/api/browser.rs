@@ -7,7 +7,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wiremock::MockServer;
 
 use crate::helpers::*;
 
@@ -201,13 +200,7 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let model = MockServer::start().await;
-    model_mock(|_: &Value| ModelReply::error(401, "bad key"))
-        .up_to_n_times(2)
-        .with_priority(1)
-        .mount(&model)
-        .await;
-    model_mock(echo).with_priority(2).mount(&model).await;
+    let model = model_failing_first(2, "bad key").await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let mut failed = Vec::new();
     for n in 0..2 {

@@ -117,13 +117,7 @@ async fn cancelling_a_pending_task_means_it_never_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_task_resumes_and_answers_under_a_new_key() {
-    let model = MockServer::start().await;
-    model_mock(|_: &Value| ModelReply::error(401, ""))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&model)
-        .await;
-    model_mock(echo).with_priority(2).mount(&model).await;
+    let model = model_failing_first(1, "").await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
     let id = task_id_of(app.post_message(&message("c-resume", 1, "again")).await).await;
     let failed = app.wait_replied(id, WAIT).await;

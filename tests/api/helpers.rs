@@ -168,6 +168,19 @@ pub async fn echo_model() -> MockServer {
     model
 }
 
+/// The strict model double refusing the first `failures` chat calls as a provider refuses a
+/// bad key (401 with `body`), then echoing like [`echo_model`].
+pub async fn model_failing_first(failures: u64, body: &'static str) -> MockServer {
+    let model = MockServer::start().await;
+    model_mock(move |_: &Value| ModelReply::error(401, body))
+        .up_to_n_times(failures)
+        .with_priority(1)
+        .mount(&model)
+        .await;
+    model_mock(echo).with_priority(2).mount(&model).await;
+    model
+}
+
 impl TestApp {
     /// Starts the app with an echoing model and an accepting receiver.
     pub async fn spawn() -> TestApp {
