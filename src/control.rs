@@ -1,6 +1,6 @@
-//! Admin actions on tasks: cancel and resume. Both are audited with the acting admin and
-//! keep the one-outcome-per-message promise (a cancel sends one notice; a resumed task
-//! answers under a new key).
+//! Admin actions on tasks: cancel, resume, pause, unpause and restart. Each is audited
+//! with the acting admin and keeps the one-outcome-per-message promise (a cancel sends one
+//! notice; a resumed or restarted task answers under a new key).
 
 use std::sync::Arc;
 
@@ -78,6 +78,37 @@ pub async fn resume_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreR
     let control = svc.store.resume_task(task_id, actor, now_ms()).await?;
     if control == Control::Done {
         tracing::info!(task_id, actor, "task resumed");
+        svc.wake.tasks.notify_one();
+    }
+    Ok(control)
+}
+
+/// Pauses a PENDING task at once, a RUNNING one at its next step boundary.
+pub async fn pause_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreResult<Control> {
+    let control = svc.store.pause_task(task_id, actor, now_ms()).await?;
+    if control == Control::Done {
+        tracing::info!(task_id, actor, "task paused (or pausing at its next step)");
+        // A newer message of the conversation may run now.
+        svc.wake.tasks.notify_one();
+    }
+    Ok(control)
+}
+
+/// Puts a PAUSED task back to PENDING (or withdraws a pause not yet reached).
+pub async fn unpause_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreResult<Control> {
+    let control = svc.store.unpause_task(task_id, actor, now_ms()).await?;
+    if control == Control::Done {
+        tracing::info!(task_id, actor, "task unpaused");
+        svc.wake.tasks.notify_one();
+    }
+    Ok(control)
+}
+
+/// Runs a finished task again from its first step on a fresh journal.
+pub async fn restart_task(svc: &TaskControl, task_id: i64, actor: &str) -> StoreResult<Control> {
+    let control = svc.store.restart_task(task_id, actor, now_ms()).await?;
+    if control == Control::Done {
+        tracing::info!(task_id, actor, "task restarted from its first step");
         svc.wake.tasks.notify_one();
     }
     Ok(control)

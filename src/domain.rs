@@ -82,6 +82,8 @@ text_enum!(
         Failed => "FAILED",
         WaitingHumanConfirm => "WAITING_HUMAN_CONFIRM",
         Cancelled => "CANCELLED",
+        /// Stopped by an admin; no instance claims it until it is unpaused.
+        Paused => "PAUSED",
     }
 );
 
@@ -180,6 +182,10 @@ text_enum!(
         TaskTimeoutCancelled => "TASK_TIMEOUT_CANCELLED",
         TaskCancelled => "TASK_CANCELLED",
         TaskResumed => "TASK_RESUMED",
+        TaskPauseRequested => "TASK_PAUSE_REQUESTED",
+        TaskPaused => "TASK_PAUSED",
+        TaskUnpaused => "TASK_UNPAUSED",
+        TaskRestarted => "TASK_RESTARTED",
         StepUnknown => "STEP_UNKNOWN",
         StepCompensated => "STEP_COMPENSATED",
         TaskReclaimed => "TASK_RECLAIMED",
@@ -239,9 +245,15 @@ pub fn reply_key(task_id: i64, resume_count: i64) -> String {
     }
 }
 
-/// The idempotency key of a step: `<task>:<step>:<tool>`.
-pub fn step_key(task_id: i64, step_no: i64, tool: &str) -> String {
-    format!("{task_id}:{step_no}:{tool}")
+/// The idempotency key of a step: `<task>:<step>:<tool>`, and `<task>r<n>:<step>:<tool>`
+/// in the run after the task's `n`th restart (a restart runs every call again, so a tool
+/// that drops repeated keys must see new ones).
+pub fn step_key(task_id: i64, restart: i64, step_no: i64, tool: &str) -> String {
+    if restart == 0 {
+        format!("{task_id}:{step_no}:{tool}")
+    } else {
+        format!("{task_id}r{restart}:{step_no}:{tool}")
+    }
 }
 
 /// Cuts `text` to at most `max` bytes on a char boundary, marking the cut.
@@ -289,6 +301,10 @@ pub struct TaskRow {
     pub retry_count: i64,
     pub claim_count: i64,
     pub resume_count: i64,
+    /// Restarts from scratch so far (the step keys of the current run carry it).
+    pub restart_count: i64,
+    /// An admin asked a RUNNING task to pause: it does at its next step boundary.
+    pub pause_requested: bool,
     pub version: i64,
     pub owner: Option<String>,
     pub lease_expire: Option<i64>,

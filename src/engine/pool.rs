@@ -157,6 +157,7 @@ async fn run_claimed(
     match result {
         Ok(()) => {}
         Err(RunError::Parked) => tracing::info!("waiting for a human decision"),
+        Err(RunError::Paused) => tracing::info!("paused at a step boundary, as an admin asked"),
         Err(RunError::LostLease) => {
             tracing::warn!("stopped: lost the lease on this task; another instance owns it now")
         }

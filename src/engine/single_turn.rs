@@ -8,9 +8,7 @@ use super::reply;
 use super::step::{self, CallErr, StepExec};
 use super::task::{RunError, TaskContext, model_of};
 use super::worker::Worker;
-use crate::domain::{
-    FailureType, ReplyType, StepStatus, StepType, TaskStatus, reply_key, step_key,
-};
+use crate::domain::{FailureType, ReplyType, StepStatus, StepType, TaskStatus, reply_key};
 use crate::domain::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::llm::{
     ChatMessage, ChatRequest, ChatResponse, OpenAiClient, WireRequest, estimate_tokens,
@@ -38,6 +36,7 @@ pub async fn run(
         fence,
         lost,
         retry_after_max: std::time::Duration::from_secs(svc.config.llm.retry_after_max_secs),
+        restart: ctx.task.restart_count,
     };
     let turns = conversation_turns(svc, ctx).await?;
     let budget = history_budget(
@@ -247,7 +246,7 @@ async fn chat_step_call(
 ) -> Result<ChatCall, RunError> {
     let fresh = request.to_wire();
     let input = serde_json::to_string(&fresh).unwrap_or_default();
-    let key = step_key(exec.fence.task_id, step_no, name);
+    let key = exec.key(step_no, name);
     let step = exec
         .begin(&NewStep {
             step_no,

@@ -75,16 +75,28 @@ pub struct StepExec<'a> {
     pub lost: &'a CancellationToken,
     /// The longest `retry_after` honoured.
     pub retry_after_max: Duration,
+    /// The task's restarts so far: part of its step keys.
+    pub restart: i64,
 }
 
 impl StepExec<'_> {
+    /// The idempotency key of step `step_no` calling `name` in this run.
+    pub fn key(&self, step_no: i64, name: &str) -> String {
+        crate::domain::step_key(self.fence.task_id, self.restart, step_no, name)
+    }
+
     /// Begins `step` under the fence: a new PENDING row, or the row the journal already
     /// holds for that step number (a resumed task).
     pub async fn begin(&self, step: &NewStep<'_>) -> Result<StepRow, RunError> {
-        self.journal
-            .begin_step(self.fence, step)
-            .await?
-            .ok_or(RunError::LostLease)
+        if let Some(row) = self.journal.begin_step(self.fence, step).await? {
+            return Ok(row);
+        }
+        // Refused: either a pause was asked (this is the boundary where it takes effect)
+        // or the task is no longer ours.
+        if self.journal.pause_at_boundary(self.fence).await? {
+            return Err(RunError::Paused);
+        }
+        Err(RunError::LostLease)
     }
 
     /// Calls `call` (given the step's idempotency key) until it succeeds, fails for good,

@@ -21,6 +21,9 @@ pub enum RunError {
     /// The task now waits for a human (approval, or an interrupted unsafe step).
     #[error("waiting for a human decision")]
     Parked,
+    /// An admin paused the task; it stopped at a step boundary.
+    #[error("paused by an admin")]
+    Paused,
 }
 
 /// What a run needs to know about its task, loaded once after the claim.

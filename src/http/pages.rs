@@ -446,6 +446,9 @@ async fn task_action(
     let outcome: Option<String> = match action.as_str() {
         "resume" => conflict_text(crate::control::resume_task(&svc.control, id, actor).await?),
         "cancel" => conflict_text(crate::control::cancel_task(&svc.control, id, actor).await?),
+        "pause" => conflict_text(crate::control::pause_task(&svc.control, id, actor).await?),
+        "unpause" => conflict_text(crate::control::unpause_task(&svc.control, id, actor).await?),
+        "restart" => conflict_text(crate::control::restart_task(&svc.control, id, actor).await?),
         "confirm" => {
             let approve = form.get("decision").map(String::as_str) == Some("approve");
             let approver = form
@@ -479,6 +482,7 @@ fn conflict_text(control: Control) -> Option<String> {
         Control::Done => None,
         Control::NotFound => Some("no such task".into()),
         Control::Conflict(status) => Some(format!("not possible while the task is {status}")),
+        Control::Purged => Some("retention removed this task's bodies; it cannot run again".into()),
     }
 }
 

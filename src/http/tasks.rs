@@ -29,6 +29,9 @@ pub fn router() -> Router<Arc<ApiContext>> {
         .route("/api/tasks/{id}", get(get_task))
         .route("/api/tasks/{id}/cancel", post(cancel_task))
         .route("/api/tasks/{id}/resume", post(resume_task))
+        .route("/api/tasks/{id}/pause", post(pause_task))
+        .route("/api/tasks/{id}/unpause", post(unpause_task))
+        .route("/api/tasks/{id}/restart", post(restart_task))
         .route("/api/tasks/{id}/confirm", post(confirm_task))
 }
 
@@ -55,6 +58,9 @@ fn control_result(id: i64, action: &str, control: Control, allowed: &str) -> Res
         Control::Conflict(status) => Err(ApiError::Conflict(format!(
             "task {id} is {status}; {action} applies to {allowed}"
         ))),
+        Control::Purged => Err(ApiError::Conflict(format!(
+            "task {id}'s message and step bodies were removed by retention; it cannot {action}"
+        ))),
     }
 }
 
@@ -70,7 +76,7 @@ async fn cancel_task(
         id,
         "cancel",
         control,
-        "PENDING, RUNNING or WAITING_HUMAN_CONFIRM tasks",
+        "PENDING, RUNNING, WAITING_HUMAN_CONFIRM or PAUSED tasks",
     )?;
     task_json(&svc, id).await.map(Json)
 }
@@ -88,6 +94,52 @@ async fn resume_task(
         "resume",
         control,
         "FAILED tasks and tasks CANCELLED by an error",
+    )?;
+    task_json(&svc, id).await.map(Json)
+}
+
+async fn pause_task(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let control = crate::control::pause_task(&svc.control, id, &actor(&headers)).await?;
+    control_result(id, "pause", control, "PENDING or RUNNING tasks")?;
+    task_json(&svc, id).await.map(Json)
+}
+
+async fn unpause_task(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let control = crate::control::unpause_task(&svc.control, id, &actor(&headers)).await?;
+    control_result(
+        id,
+        "unpause",
+        control,
+        "PAUSED tasks and RUNNING tasks asked to pause",
+    )?;
+    task_json(&svc, id).await.map(Json)
+}
+
+async fn restart_task(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let control = crate::control::restart_task(&svc.control, id, &actor(&headers)).await?;
+    control_result(
+        id,
+        "restart",
+        control,
+        "SUCCEEDED, FAILED or CANCELLED tasks",
     )?;
     task_json(&svc, id).await.map(Json)
 }
@@ -268,6 +320,7 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
     let version = store.agent_version(task.agent_version_id).await?;
     let message = store.message(task.message_id).await?;
     let steps = store.task_steps(id).await?;
+    let superseded = store.superseded_steps(id).await?;
     let replies = store.task_replies(id).await?;
     let audit = store.task_audit(id).await?;
     let actions = store.task_pending_actions(id).await?;
@@ -305,6 +358,8 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
         })),
         "retry_count": task.retry_count,
         "resume_count": task.resume_count,
+        "restart_count": task.restart_count,
+        "pause_requested": task.pause_requested,
         "claim_count": task.claim_count,
         "owner": task.owner,
         "version": task.version,
@@ -325,6 +380,18 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
             "tokens_in": s.tokens_in,
             "tokens_out": s.tokens_out,
             "duration_ms": s.duration_ms,
+        })).collect::<Vec<_>>(),
+        "superseded_steps": superseded.iter().map(|s| json!({
+            "restart_no": s.restart_no,
+            "step_no": s.step.step_no,
+            "type": s.step.step_type,
+            "tool": s.step.tool_name,
+            "idempotency_key": s.step.idempotency_key,
+            "status": s.step.status,
+            "attempts": s.step.attempt,
+            "output": s.step.output.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
+            "error": s.step.error.as_deref().map(redact),
+            "superseded_at": s.superseded_at,
         })).collect::<Vec<_>>(),
         "reply": replies.last().map(reply_json),
         "replies": replies.iter().map(reply_json).collect::<Vec<_>>(),

@@ -70,6 +70,14 @@ impl Journal {
         Ok(self.write(WriteOp::begin_step(fence, step)).await?.step())
     }
 
+    /// Parks the task PAUSED at a step boundary if an admin asked (see
+    /// [`Store::pause_at_boundary`]); `false` when no pause was asked.
+    pub async fn pause_at_boundary(&self, fence: &Fence) -> StoreResult<bool> {
+        self.store
+            .pause_at_boundary(fence, crate::domain::now_ms())
+            .await
+    }
+
     /// Records how a step ended; `false` when the worker no longer owns the task.
     pub async fn complete_step(&self, fence: &Fence, step: &StepResult) -> StoreResult<bool> {
         let op = WriteOp::CompleteStep {

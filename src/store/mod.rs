@@ -18,6 +18,7 @@ pub mod group;
 pub mod intake;
 pub mod jobs;
 pub mod journal;
+pub mod lifecycle;
 pub mod notify;
 pub mod outbox;
 mod sql;

@@ -108,6 +108,13 @@ impl BatchSql {
             )
         };
         let owned = format!("EXISTS (SELECT 1 FROM agent_task t WHERE {})", fence("t"));
+        // A step begins only while no pause is asked: a pause takes effect at the next step
+        // boundary (the worker then parks the task PAUSED), never in the middle of a call,
+        // whose completion stays fenced by `owned` alone.
+        let owned_unpaused = format!(
+            "EXISTS (SELECT 1 FROM agent_task t WHERE {} AND t.pause_requested = 0)",
+            fence("t")
+        );
         let lock_tasks = format!(
             "SELECT id FROM agent_task WHERE id IN ({}) ORDER BY id FOR UPDATE",
             json_ids(Dialect::Postgres)
@@ -125,7 +132,7 @@ impl BatchSql {
             "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
              input, status, attempt, created_at) \
              SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
-             $3, 0, $2 FROM {} WHERE {owned} \
+             $3, 0, $2 FROM {} WHERE {owned_unpaused} \
              ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key",
             fenced_rows(&[
                 ("step_no", "bigint"),
@@ -138,7 +145,7 @@ impl BatchSql {
         let existing_step = format!(
             "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
              AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \
-             AND t.version = $4 AND t.status = 'RUNNING')"
+             AND t.version = $4 AND t.status = 'RUNNING' AND t.pause_requested = 0)"
         );
         let complete = format!(
             "UPDATE agent_step SET status = v.status, output = v.output, error = v.error, \

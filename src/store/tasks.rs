@@ -2,12 +2,10 @@
 //! it only lands while `owner` and `version` are still the worker's, so a worker that lost
 //! its lease cannot overwrite the work of the instance that took the task over.
 
-use super::sql::{STEP_COLUMNS, current_step_sql, insert_audit, insert_reply};
+use super::sql::{STEP_COLUMNS, current_step_sql};
 use super::sql::{audit_row, insert_audits_sql, json_ids};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
-use crate::domain::{
-    AuditEvent, FailureType, Fence, MessageRow, NewReply, StepRow, StepStatus, TaskRow, TaskStatus,
-};
+use crate::domain::{AuditEvent, FailureType, Fence, MessageRow, StepRow, TaskRow, TaskStatus};
 
 /// The result of an admin action on a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +14,8 @@ pub enum Control {
     NotFound,
     /// The task is in a status the action does not apply to.
     Conflict(TaskStatus),
+    /// Retention removed the task's bodies; it cannot run again.
+    Purged,
 }
 
 /// A task's columns; its current step is the highest step of its journal.
@@ -24,7 +24,8 @@ const TASK_COLUMNS: &str = concat!(
      message_id, trigger_user, status, ",
     current_step_sql!(),
     " AS current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
-     error_msg, retry_count, claim_count, resume_count, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
+     error_msg, retry_count, claim_count, resume_count, restart_count, \
+     pause_requested <> 0 AS pause_requested, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
      started_at, finished_at"
 );
 
@@ -286,123 +287,6 @@ impl Store {
             .fetch_all(pool)
             .await?
         }))
-    }
-
-    /// Cancels a PENDING, RUNNING or WAITING_HUMAN_CONFIRM task for `actor`, queuing
-    /// `notice` as its one reply. A worker running it loses its fence with the version bump.
-    pub async fn cancel_task(
-        &self,
-        task_id: i64,
-        actor: &str,
-        notice: &NewReply,
-        now: i64,
-    ) -> StoreResult<Control> {
-        let control = write_tx!(self, tx => {
-            let current: Option<(TaskStatus,)> =
-                sqlx::query_as("SELECT status FROM agent_task WHERE id = $1")
-                    .bind(task_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let Some((status,)) = current else {
-                return Ok(Control::NotFound);
-            };
-            if !matches!(
-                status,
-                TaskStatus::Pending | TaskStatus::Running | TaskStatus::WaitingHumanConfirm
-            ) {
-                return Ok(Control::Conflict(status));
-            }
-            let n = sqlx::query(
-                "UPDATE agent_task SET status = $1, failure_type = $2, \
-                 error_msg = $3, version = version + 1, lease_expire = NULL, \
-                 finished_at = $4, updated_at = $4 WHERE id = $5 AND status = $6",
-            )
-            .bind(TaskStatus::Cancelled)
-            .bind(FailureType::Cancelled)
-            .bind(format!("cancelled by {actor}"))
-            .bind(now)
-            .bind(task_id)
-            .bind(status)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if n != 1 {
-                return Ok(Control::Conflict(status));
-            }
-            // Whatever it waited for can no longer be decided.
-            sqlx::query(
-                "UPDATE pending_action SET decision = 'EXPIRED', decided_at = $1 \
-                 WHERE task_id = $2 AND decision = 'PENDING'",
-            )
-            .bind(now)
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
-            insert_reply!(&mut *tx, task_id, notice, now).await?;
-            insert_audit!(
-                &mut *tx,
-                Some(task_id),
-                AuditEvent::TaskCancelled,
-                actor,
-                &format!("cancelled by {actor} while {status}"),
-                false,
-                now,
-            )?;
-            Control::Done
-        });
-        Ok(control)
-    }
-
-    /// Puts a FAILED task, or one CANCELLED by an error (not by a person), back to PENDING;
-    /// it continues from its last SUCCEEDED step and answers under a new reply key.
-    pub async fn resume_task(&self, task_id: i64, actor: &str, now: i64) -> StoreResult<Control> {
-        let control = write_tx!(self, tx => {
-            let current: Option<(TaskStatus, Option<FailureType>)> =
-                sqlx::query_as("SELECT status, failure_type FROM agent_task WHERE id = $1")
-                    .bind(task_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let Some((status, failure)) = current else {
-                return Ok(Control::NotFound);
-            };
-            let resumable = status == TaskStatus::Failed
-                || (status == TaskStatus::Cancelled && failure != Some(FailureType::Cancelled));
-            if !resumable {
-                return Ok(Control::Conflict(status));
-            }
-            sqlx::query(
-                "UPDATE agent_task SET status = $1, failure_type = NULL, error_msg = NULL, \
-                 retry_count = retry_count + 1, resume_count = resume_count + 1, \
-                 version = version + 1, owner = NULL, lease_expire = NULL, run_after = $2, \
-                 finished_at = NULL, updated_at = $2 WHERE id = $3",
-            )
-            .bind(TaskStatus::Pending)
-            .bind(now)
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
-            // The failed step runs again; everything that succeeded is reused.
-            sqlx::query(
-                "UPDATE agent_step SET status = $1, error = NULL, finished_at = NULL \
-                 WHERE task_id = $2 AND status = $3",
-            )
-            .bind(StepStatus::Pending)
-            .bind(task_id)
-            .bind(StepStatus::Failed)
-            .execute(&mut *tx)
-            .await?;
-            insert_audit!(
-                &mut *tx,
-                Some(task_id),
-                AuditEvent::TaskResumed,
-                actor,
-                &format!("resumed by {actor} from {status}"),
-                false,
-                now,
-            )?;
-            Control::Done
-        });
-        Ok(control)
     }
 
     pub async fn task_steps(&self, task_id: i64) -> StoreResult<Vec<StepRow>> {

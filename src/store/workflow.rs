@@ -28,10 +28,11 @@ macro_rules! fence_task {
 macro_rules! insert_pending_action {
     ($tx:expr, $task_id:expr, $action:expr, $now:expr) => {
         sqlx::query(
-            "INSERT INTO pending_action (task_id, step_no, kind, tool_name, args, approvers, \
-             message, decision, deadline, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-             ON CONFLICT (task_id, step_no) DO NOTHING",
+            "INSERT INTO pending_action (task_id, restart_no, step_no, kind, tool_name, args, \
+             approvers, message, decision, deadline, created_at) \
+             VALUES ($1, (SELECT restart_count FROM agent_task WHERE id = $1), $2, $3, $4, $5, \
+             $6, $7, $8, $9, $10) \
+             ON CONFLICT (task_id, restart_no, step_no) DO NOTHING",
         )
         .bind($task_id)
         .bind($action.step_no)

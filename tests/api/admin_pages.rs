@@ -31,7 +31,7 @@ pub(crate) async fn sign_in(app: &TestApp, http: &reqwest::Client) -> String {
     cookie.split(';').next().unwrap().to_string()
 }
 
-fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let at =
         html.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
     html[at..at + 64].to_string()

@@ -3,9 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::domain::{
-    FailureType, PendingKind, ReplyType, StepStatus, StepType, now_ms, reply_key, step_key,
-};
+use crate::domain::{FailureType, PendingKind, ReplyType, StepStatus, StepType, now_ms, reply_key};
 use crate::domain::{NewReply, NewStep, StepRow};
 use crate::engine::task::RunError;
 use crate::store::workflow::NewPendingAction;
@@ -40,7 +38,7 @@ impl Runner<'_> {
                 _ => {}
             }
         }
-        let key = step_key(self.fence.task_id, step_no, name);
+        let key = self.exec().key(step_no, name);
         let input = args.to_string();
         let now = now_ms();
         let action = NewPendingAction {

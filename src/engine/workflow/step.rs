@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::domain::{FailureType, NewStep, StepStatus, StepType, step_key};
+use crate::domain::{FailureType, NewStep, StepStatus, StepType};
 use crate::engine::step::{self, CallErr, StepExec};
 use crate::engine::task::RunError;
 
@@ -29,7 +29,7 @@ impl Runner<'_> {
     {
         self.step_no += 1;
         let step_no = self.step_no;
-        let key = step_key(self.fence.task_id, step_no, name);
+        let key = self.exec().key(step_no, name);
         if let Some(row) = self.journal.get(&step_no).cloned() {
             self.expect_name(&row, name)?;
             match row.status {
@@ -103,6 +103,7 @@ impl Runner<'_> {
             fence: self.fence,
             lost: self.lost,
             retry_after_max: Duration::from_secs(self.svc.config.llm.retry_after_max_secs),
+            restart: self.ctx.task.restart_count,
         }
     }
 }
