@@ -110,14 +110,20 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
     publish(&store, &cfg).await;
     let now = now_ms();
     let id = ingest(&store, "upgrade", 1, now).await;
-    let claimed = store.claim_tasks("me", 1, now + LEASE, now).await.unwrap();
-    assert_eq!(claimed[0].id, id);
-    let fence = fence_of(&claimed[0], "me");
-    let set_stored = "UPDATE agent_task SET current_step = 9 WHERE id = $1";
+    // Claimed as that release did (today's claim reads columns it did not have), with a
+    // stored current step the upgrade must stop reading.
+    let set_stored = "UPDATE agent_task SET status = 'RUNNING', owner = 'me', \
+        lease_expire = $2, version = version + 1, current_step = 9 WHERE id = $1";
+    let fence = Fence {
+        task_id: id,
+        owner: "me".into(),
+        version: 1,
+    };
     match &store {
         Store::Sqlite(pool, _) => {
             sqlx::query(set_stored)
                 .bind(id)
+                .bind(now + LEASE)
                 .execute(pool)
                 .await
                 .unwrap();
@@ -125,6 +131,7 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
         Store::Postgres(pool) => {
             sqlx::query(set_stored)
                 .bind(id)
+                .bind(now + LEASE)
                 .execute(pool)
                 .await
                 .unwrap();
