@@ -110,6 +110,12 @@ impl App {
         let llm = Arc::new(llm);
         let tools = Arc::new(tools);
         let journal = Arc::new(Journal::start(store.clone(), &config.worker));
+        let jobs = Arc::new(Jobs {
+            config: config.clone(),
+            store: store.clone(),
+            instance_id: instance_id.clone(),
+            wake: wake.clone(),
+        });
         let api = Arc::new(ApiContext {
             config: config.clone(),
             store: store.clone(),
@@ -128,6 +134,7 @@ impl App {
             llm: llm.clone(),
             tools: tools.clone(),
             admin_token,
+            jobs: jobs.clone(),
         });
         let worker = Arc::new(Worker {
             config: config.clone(),
@@ -146,12 +153,6 @@ impl App {
             journal,
             channels,
             instance_id: instance_id.clone(),
-            wake: wake.clone(),
-        });
-        let jobs = Arc::new(Jobs {
-            config: config.clone(),
-            store: store.clone(),
-            instance_id,
             wake: wake.clone(),
         });
         Ok(App {

@@ -8,10 +8,10 @@ use crate::config::Config;
 use crate::domain::NewReply;
 use crate::domain::{AuditEvent, ReplyType, TaskRow, TaskStatus, now_ms, reply_key};
 use crate::engine::RunningTasks;
-use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::tasks::Control;
 use crate::store::workflow::Decided;
+use crate::store::{AuditTarget, Store};
 use crate::wake::Wake;
 
 /// What the admin actions on tasks are given by `app.rs`.
@@ -153,6 +153,7 @@ pub async fn decide(
         svc.store
             .audit(
                 Some(task_id),
+                Some(AuditTarget::Approval(action.id)),
                 AuditEvent::ConfirmDenied,
                 approver,
                 &format!(
@@ -172,6 +173,7 @@ pub async fn decide(
         svc.store
             .audit(
                 Some(task_id),
+                Some(AuditTarget::Approval(action.id)),
                 AuditEvent::ConfirmDenied,
                 approver,
                 &format!(

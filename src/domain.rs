@@ -193,6 +193,10 @@ text_enum!(
         ReplySent => "REPLY_SENT",
         ReplyFailed => "REPLY_FAILED",
         AgentVersionPublished => "AGENT_VERSION_PUBLISHED",
+        /// An admin ran a job's tick now.
+        JobRun => "JOB_RUN",
+        JobEnabled => "JOB_ENABLED",
+        JobDisabled => "JOB_DISABLED",
     }
 );
 
@@ -271,6 +275,8 @@ pub fn truncate(text: &str, max: usize) -> String {
 /// The channel name of approval requests sent to `scheduler.confirm_timeout`'s callback URL
 /// (not a chat platform: the generic channel's transport delivers them).
 pub const CALLBACK_CHANNEL: &str = "approval_callback";
+/// The outbox channel of orphan-reclaim alerts (`scheduler.jobs.orphan_reclaim.alert_url`).
+pub const ORPHAN_ALERT_CHANNEL: &str = "orphan_alert";
 
 /// Proof of ownership of a running task: the claim's owner and version.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::domain::{CALLBACK_CHANNEL, ReplyRow};
+use crate::domain::{CALLBACK_CHANNEL, ORPHAN_ALERT_CHANNEL, ReplyRow};
 use platform::{ChatPacer, Delivered, DeliveryError, Platform};
 
 pub mod cards;
@@ -24,9 +24,11 @@ pub mod wecom;
 /// The enabled platforms, by the channel name stored on messages and replies.
 pub struct Channels {
     platforms: BTreeMap<&'static str, Arc<dyn Platform>>,
-    /// Approval-timeout callbacks go out through the generic channel's signed transport,
-    /// to this URL (when both are configured).
-    callback: Option<(Arc<generic::GenericChannel>, String)>,
+    /// Approval-timeout callbacks and orphan alerts go out through the generic channel's
+    /// signed transport (when it has a secret)...
+    generic: Option<Arc<generic::GenericChannel>>,
+    /// ...to the URL configured for their outbox channel.
+    callbacks: BTreeMap<&'static str, String>,
     /// Send pacing per chat (see [`Platform::chat_interval_ms`]).
     pub pacer: ChatPacer,
 }
@@ -69,12 +71,22 @@ impl Channels {
         if c.wecom.enabled {
             add(Arc::new(wecom::WeComChannel::new(&c.wecom, timeout)?));
         }
-        let url = &config.scheduler.jobs.confirm_timeout.approval_callback_url;
+        let jobs = &config.scheduler.jobs;
+        let callbacks = [
+            (
+                CALLBACK_CHANNEL,
+                &jobs.confirm_timeout.approval_callback_url,
+            ),
+            (ORPHAN_ALERT_CHANNEL, &jobs.orphan_reclaim.alert_url),
+        ]
+        .into_iter()
+        .filter(|(_, url)| !url.is_empty())
+        .map(|(channel, url)| (channel, url.clone()))
+        .collect();
         Ok(Channels {
             platforms,
-            callback: generic
-                .filter(|_| !url.is_empty())
-                .map(|g| (g, url.clone())),
+            generic,
+            callbacks,
             pacer: ChatPacer::default(),
         })
     }
@@ -103,13 +115,19 @@ impl Channels {
     /// Sends one outbox reply through the platform it belongs to.
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
         match reply.channel.as_str() {
-            CALLBACK_CHANNEL => match &self.callback {
-                Some((generic, url)) => generic.send_callback(url, reply).await,
-                None => Err(DeliveryError::retry(
-                    "approval callbacks need channels.generic.secret and \
-                     scheduler.jobs.confirm_timeout.approval_callback_url",
-                )),
-            },
+            channel @ (CALLBACK_CHANNEL | ORPHAN_ALERT_CHANNEL) => {
+                match (&self.generic, self.callbacks.get(channel)) {
+                    (Some(generic), Some(url)) => generic.send_callback(url, reply).await,
+                    _ => Err(DeliveryError::retry(format!(
+                        "{channel} posts need channels.generic.secret and {}",
+                        if channel == CALLBACK_CHANNEL {
+                            "scheduler.jobs.confirm_timeout.approval_callback_url"
+                        } else {
+                            "scheduler.jobs.orphan_reclaim.alert_url"
+                        }
+                    ))),
+                }
+            }
             // The console page reads its replies from the outbox: delivery is the record itself.
             console::CHANNEL => Ok(Delivered {
                 platform_message_id: None,

@@ -219,6 +219,9 @@ pub struct OrphanReclaimJob {
     pub batch_size: u32,
     pub lock_lease_secs: u64,
     pub grace_secs: u64,
+    /// When set, each reclaim POSTs a signed alert here through the outbox.
+    #[serde(default)]
+    pub alert_url: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

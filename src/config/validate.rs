@@ -170,6 +170,12 @@ impl Config {
             positive(&format!("{key}.batch_size"), u64::from(job.batch_size))?;
             positive(&format!("{key}.lock_lease_secs"), job.lock_lease_secs)?;
         }
+        if !jobs.orphan_reclaim.alert_url.is_empty() {
+            http_url(
+                "scheduler.jobs.orphan_reclaim.alert_url",
+                &jobs.orphan_reclaim.alert_url,
+            )?;
+        }
         if !jobs.confirm_timeout.approval_callback_url.is_empty() {
             http_url(
                 "scheduler.jobs.confirm_timeout.approval_callback_url",

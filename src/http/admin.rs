@@ -121,6 +121,8 @@ async fn job_runs(
             "scanned": r.scanned,
             "affected": r.affected,
             "error": r.error,
+            "trigger": r.trigger_kind,
+            "actor": r.actor,
         })).collect::<Vec<_>>(),
     })))
 }

@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::control::TaskControl;
 use crate::intake::Intake;
 use crate::llm::ModelClients;
+use crate::scheduler::Jobs;
 use crate::store::Store;
 use crate::tools::ToolRegistry;
 
@@ -24,4 +25,6 @@ pub struct ApiContext {
     /// Tools known to this instance (agents are checked against them).
     pub tools: Arc<ToolRegistry>,
     pub admin_token: String,
+    /// The scheduled jobs (run now, switch on and off).
+    pub jobs: Arc<Jobs>,
 }

@@ -13,6 +13,7 @@ pub mod console;
 pub mod context;
 pub mod error;
 pub mod health;
+pub mod jobs;
 pub mod pages;
 pub mod tasks;
 pub mod webhooks;
@@ -28,6 +29,7 @@ pub fn router(svc: Arc<ApiContext>) -> Router {
         .merge(tasks::router())
         .merge(agents::router())
         .merge(admin::router())
+        .merge(jobs::router())
         .merge(pages::router())
         .merge(console::router())
         .layer(axum::middleware::from_fn(count_webhooks))

@@ -36,6 +36,7 @@ pub fn router() -> Router<Arc<ApiContext>> {
         .route("/admin/tasks", get(tasks_page))
         .route("/admin/tasks/{id}", get(task_page))
         .route("/admin/tasks/{id}/{action}", post(task_action))
+        .route("/admin/jobs/{job}/{action}", post(job_action))
 }
 
 fn templates() -> &'static minijinja::Environment<'static> {
@@ -255,10 +256,12 @@ struct DashboardQuery {
     agent: Option<String>,
     channel: Option<String>,
     failure_type: Option<String>,
+    /// The outcome of a scheduler panel action, shown once.
+    message: Option<String>,
 }
 
 async fn dashboard(
-    _admin: AdminPage,
+    admin: AdminPage,
     State(svc): State<Arc<ApiContext>>,
     Query(q): Query<DashboardQuery>,
 ) -> Result<Response, ApiError> {
@@ -297,7 +300,13 @@ async fn dashboard(
         .await?
         .iter()
         .map(|r| json!({ "job": r.job, "instance": r.instance, "started": utc(r.started_at), "status": r.status,
-                         "scanned": r.scanned, "affected": r.affected, "error": r.error }))
+                         "scanned": r.scanned, "affected": r.affected, "error": r.error,
+                         "trigger": r.trigger_kind, "actor": r.actor }))
+        .collect();
+    let jobs: Vec<Value> = crate::scheduler::job_states(&svc.jobs)
+        .await?
+        .iter()
+        .map(super::jobs::job_json)
         .collect();
     let leases: Vec<Value> = svc
         .store
@@ -312,7 +321,8 @@ async fn dashboard(
         "dashboard.html",
         json!({ "s": summary, "chart": chart, "hours": hours, "bucket": bucket, "agent": q.agent,
                 "channel": q.channel, "failure_type": q.failure_type, "waiting": waiting,
-                "job_runs": job_runs, "leases": leases }),
+                "job_runs": job_runs, "jobs": jobs, "leases": leases, "csrf": admin.csrf,
+                "message": q.message }),
     ))
 }
 
@@ -475,6 +485,49 @@ async fn task_action(
         ),
     };
     Ok(Redirect::to(&target).into_response())
+}
+
+/// The scheduler panel's buttons: run a job now, switch it on or off (CSRF, audited).
+async fn job_action(
+    admin: AdminPage,
+    State(svc): State<Arc<ApiContext>>,
+    Path((job, action)): Path<(String, String)>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let given = form.get("csrf").map(String::as_str).unwrap_or("");
+    if !bool::from(given.as_bytes().ct_eq(admin.csrf.as_bytes())) {
+        return Err(ApiError::Forbidden("missing or wrong CSRF token".into()));
+    }
+    let actor = "admin:web";
+    let result = match action.as_str() {
+        "run" => super::jobs::run_job_now(&svc, &job, actor).await.map(|r| {
+            format!(
+                "{job}: {} (scanned {}, affected {})",
+                r["status"].as_str().unwrap_or("?"),
+                r["scanned"],
+                r["affected"]
+            )
+        }),
+        "enable" | "disable" => super::jobs::switch_job_to(&svc, &job, action == "enable", actor)
+            .await
+            .map(|_| {
+                format!(
+                    "{job} switched {}",
+                    if action == "enable" { "on" } else { "off" }
+                )
+            }),
+        other => return Err(ApiError::NotFound(format!("no action {other}"))),
+    };
+    let message = match result {
+        Ok(text) => text,
+        Err(ApiError::Conflict(text)) => text,
+        Err(e) => return Err(e),
+    };
+    Ok(Redirect::to(&format!(
+        "/admin?message={}#scheduler",
+        url::form_urlencoded::byte_serialize(message.as_bytes()).collect::<String>()
+    ))
+    .into_response())
 }
 
 fn conflict_text(control: Control) -> Option<String> {

@@ -36,7 +36,7 @@ pub fn router() -> Router<Arc<ApiContext>> {
 }
 
 /// The actor recorded in audit events for admin actions: `X-Assistd-Actor` when given.
-fn actor(headers: &HeaderMap) -> String {
+pub fn actor(headers: &HeaderMap) -> String {
     let name = headers
         .get("x-assistd-actor")
         .and_then(|v| v.to_str().ok())
@@ -367,38 +367,20 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
         "created_at": task.created_at,
         "started_at": task.started_at,
         "finished_at": task.finished_at,
-        "steps": steps.iter().map(|s| json!({
-            "step_no": s.step_no,
-            "type": s.step_type,
-            "tool": s.tool_name,
-            "idempotency_key": s.idempotency_key,
-            "status": s.status,
-            "attempts": s.attempt,
-            "input": s.input.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
-            "output": s.output.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
-            "error": s.error.as_deref().map(redact),
-            "tokens_in": s.tokens_in,
-            "tokens_out": s.tokens_out,
-            "duration_ms": s.duration_ms,
-        })).collect::<Vec<_>>(),
-        "superseded_steps": superseded.iter().map(|s| json!({
-            "restart_no": s.restart_no,
-            "step_no": s.step.step_no,
-            "type": s.step.step_type,
-            "tool": s.step.tool_name,
-            "idempotency_key": s.step.idempotency_key,
-            "status": s.step.status,
-            "attempts": s.step.attempt,
-            "output": s.step.output.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
-            "error": s.step.error.as_deref().map(redact),
-            "superseded_at": s.superseded_at,
-        })).collect::<Vec<_>>(),
+        "steps": steps.iter().map(step_json).collect::<Vec<_>>(),
+        "superseded_steps": superseded.iter().map(|s| {
+            let mut v = step_json(&s.step);
+            v["restart_no"] = json!(s.restart_no);
+            v["superseded_at"] = json!(s.superseded_at);
+            v
+        }).collect::<Vec<_>>(),
         "reply": replies.last().map(reply_json),
         "replies": replies.iter().map(reply_json).collect::<Vec<_>>(),
         "context_summary": task.context_summary,
         "trace": task.trace.as_deref().and_then(|t| serde_json::from_str::<Value>(t).ok()),
         "confirm_deadline": task.confirm_deadline,
         "pending_actions": actions.iter().map(|a| json!({
+            "id": a.id,
             "step_no": a.step_no,
             "kind": a.kind,
             "tool": a.tool_name,
@@ -415,7 +397,27 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
             "actor": a.actor,
             "summary": a.summary,
             "risk_flag": a.risk_flag,
+            "target_type": a.target_type,
+            "target_id": a.target_id,
             "at": a.created_at,
         })).collect::<Vec<_>>(),
     }))
+}
+
+/// One journalled step as the task API shows it (bodies truncated, errors redacted).
+fn step_json(s: &crate::domain::StepRow) -> Value {
+    json!({
+        "step_no": s.step_no,
+        "type": s.step_type,
+        "tool": s.tool_name,
+        "idempotency_key": s.idempotency_key,
+        "status": s.status,
+        "attempts": s.attempt,
+        "input": s.input.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
+        "output": s.output.as_deref().map(|t| truncate(t, STEP_TEXT_LIMIT)),
+        "error": s.error.as_deref().map(redact),
+        "tokens_in": s.tokens_in,
+        "tokens_out": s.tokens_out,
+        "duration_ms": s.duration_ms,
+    })
 }

@@ -11,10 +11,11 @@ use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, JobSchedule};
+use crate::domain::AuditEvent;
 use crate::domain::NewReply;
 use crate::domain::{CALLBACK_CHANNEL, JobRunStatus, ReplyType, now_ms, reply_key};
-use crate::store::Store;
-use crate::store::jobs::NewJobRun;
+use crate::store::jobs::{JobLock, LockGate, NewJobRun};
+use crate::store::{AuditTarget, Store, StoreResult};
 use crate::wake::Wake;
 
 /// What one run of a job did.
@@ -32,9 +33,49 @@ pub struct Jobs {
     pub wake: Arc<Wake>,
 }
 
-/// Starts the enabled jobs; they stop when `shutdown` fires.
+/// The jobs there are, by name.
+pub const JOB_NAMES: [&str; 3] = ["confirm_timeout", "orphan_reclaim", "retention"];
+
+/// Job `name`'s schedule from config; `None` for a name that is not a job.
+pub fn schedule_of(config: &Config, name: &str) -> Option<JobSchedule> {
+    let jobs = &config.scheduler.jobs;
+    match name {
+        "confirm_timeout" => Some(jobs.confirm_timeout.schedule()),
+        "orphan_reclaim" => Some(jobs.orphan_reclaim.schedule()),
+        "retention" => Some(jobs.retention.schedule()),
+        _ => None,
+    }
+}
+
+/// What started a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger<'a> {
+    Schedule,
+    /// An admin's run-now (`POST /api/admin/jobs/{job}/run`).
+    Manual {
+        actor: &'a str,
+    },
+}
+
+/// What a tick came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TickOutcome {
+    /// It ran (or failed) and left a job_run row.
+    Ran {
+        status: JobRunStatus,
+        counts: JobCounts,
+        error: Option<String>,
+    },
+    /// Another instance ran this tick, or a run holds the lock (SKIPPED recorded for a
+    /// scheduled tick; a manual run is refused).
+    Held,
+    /// The job is switched off: a scheduled tick does nothing and records nothing.
+    Disabled,
+}
+
+/// Starts every job's schedule; each tick checks the job's switch in the database, so a
+/// job an admin switches on runs without a restart. They stop when `shutdown` fires.
 pub async fn run_scheduler(svc: Arc<Jobs>, shutdown: CancellationToken) {
-    let jobs = &svc.config.scheduler.jobs;
     let mut scheduler = match JobScheduler::new().await {
         Ok(s) => s,
         Err(e) => {
@@ -42,15 +83,15 @@ pub async fn run_scheduler(svc: Arc<Jobs>, shutdown: CancellationToken) {
             return;
         }
     };
-    let schedules = [
-        ("confirm_timeout", jobs.confirm_timeout.schedule()),
-        ("orphan_reclaim", jobs.orphan_reclaim.schedule()),
-        ("retention", jobs.retention.schedule()),
-    ];
-    for (name, schedule) in schedules {
-        if !schedule.enabled {
-            tracing::info!(job = name, "job disabled in config");
+    for name in JOB_NAMES {
+        let Some(schedule) = schedule_of(&svc.config, name) else {
             continue;
+        };
+        if !schedule.enabled {
+            tracing::info!(
+                job = name,
+                "job off in config until an admin switches it on"
+            );
         }
         let svc = svc.clone();
         let cron = schedule.cron.clone();
@@ -78,12 +119,35 @@ pub async fn run_scheduler(svc: Arc<Jobs>, shutdown: CancellationToken) {
     let _ = scheduler.shutdown().await;
 }
 
-/// One tick of job `name`: lock, run, record, release.
+/// One scheduled tick of job `name`: its status (SKIPPED when it did not run here).
 pub async fn tick(svc: &Jobs, name: &str, schedule: &JobSchedule) -> JobRunStatus {
+    match run_tick(svc, name, schedule, Trigger::Schedule).await {
+        TickOutcome::Ran { status, .. } => status,
+        TickOutcome::Held | TickOutcome::Disabled => JobRunStatus::Skipped,
+    }
+}
+
+/// One tick of job `name`: lock, run, record, release. A manual tick runs under the same
+/// lock and leaves the same job_run row (`trigger: manual`, with the actor).
+pub async fn run_tick(
+    svc: &Jobs,
+    name: &str,
+    schedule: &JobSchedule,
+    trigger: Trigger<'_>,
+) -> TickOutcome {
     let started = now_ms();
-    let tick = started / 1000;
     let lease_until = started + (schedule.lock_lease_secs as i64) * 1000;
     let instance = svc.instance_id.as_str();
+    let (gate, trigger_kind, actor) = match trigger {
+        Trigger::Schedule => (
+            LockGate::Scheduled {
+                default_enabled: schedule.enabled,
+            },
+            "schedule",
+            None,
+        ),
+        Trigger::Manual { actor } => (LockGate::Manual, "manual", Some(actor)),
+    };
     let record = |status, counts: JobCounts, error: Option<String>| NewJobRun {
         job: name,
         instance,
@@ -93,32 +157,45 @@ pub async fn tick(svc: &Jobs, name: &str, schedule: &JobSchedule) -> JobRunStatu
         scanned: counts.scanned,
         affected: counts.affected,
         error,
+        trigger: trigger_kind,
+        actor,
     };
-    let locked = match svc
-        .store
-        .try_lock_job(name, instance, tick, lease_until, started)
-        .await
-    {
-        Ok(locked) => locked,
-        Err(e) => {
-            tracing::warn!(job = name, error = %e, "could not take the job lock");
-            let _ = svc
-                .store
-                .record_job_run(&record(
-                    JobRunStatus::Failed,
-                    JobCounts::default(),
-                    Some(e.to_string()),
-                ))
-                .await;
-            return JobRunStatus::Failed;
-        }
-    };
-    if !locked {
+    let finish = |status, counts, error: Option<String>| async move {
         let _ = svc
             .store
-            .record_job_run(&record(JobRunStatus::Skipped, JobCounts::default(), None))
+            .record_job_run(&record(status, counts, error.clone()))
             .await;
-        return JobRunStatus::Skipped;
+        TickOutcome::Ran {
+            status,
+            counts,
+            error,
+        }
+    };
+    let lock = svc
+        .store
+        .try_lock_job(name, instance, started / 1000, lease_until, started, gate)
+        .await;
+    match lock {
+        Ok(JobLock::Taken) => {}
+        Ok(JobLock::Disabled) => return TickOutcome::Disabled,
+        Ok(JobLock::Held) => {
+            if trigger == Trigger::Schedule {
+                let _ = svc
+                    .store
+                    .record_job_run(&record(JobRunStatus::Skipped, JobCounts::default(), None))
+                    .await;
+            }
+            return TickOutcome::Held;
+        }
+        Err(e) => {
+            tracing::warn!(job = name, error = %e, "could not take the job lock");
+            return finish(
+                JobRunStatus::Failed,
+                JobCounts::default(),
+                Some(e.to_string()),
+            )
+            .await;
+        }
     }
     let batch = i64::from(schedule.batch_size);
     let result = match name {
@@ -127,39 +204,103 @@ pub async fn tick(svc: &Jobs, name: &str, schedule: &JobSchedule) -> JobRunStatu
         "retention" => retention(svc, batch, now_ms()).await,
         other => Err(format!("unknown job {other}")),
     };
-    let status = match result {
+    let outcome = match result {
         Ok(counts) => {
             if counts.affected > 0 {
                 tracing::info!(
                     job = name,
+                    trigger = trigger_kind,
                     scanned = counts.scanned,
                     affected = counts.affected,
                     "job run"
                 );
             }
-            let _ = svc
-                .store
-                .record_job_run(&record(JobRunStatus::Succeeded, counts, None))
-                .await;
-            JobRunStatus::Succeeded
+            finish(JobRunStatus::Succeeded, counts, None).await
         }
         Err(error) => {
-            tracing::error!(job = name, error = %error, "job run failed");
-            let _ = svc
-                .store
-                .record_job_run(&record(
-                    JobRunStatus::Failed,
-                    JobCounts::default(),
-                    Some(error),
-                ))
-                .await;
-            JobRunStatus::Failed
+            tracing::error!(job = name, trigger = trigger_kind, error = %error, "job run failed");
+            finish(JobRunStatus::Failed, JobCounts::default(), Some(error)).await
         }
     };
     if let Err(e) = svc.store.release_job(name, instance).await {
         tracing::warn!(job = name, error = %e, "could not release the job lock; its lease will end");
     }
-    status
+    outcome
+}
+
+/// Runs one tick of job `name` now for `actor`, audited (JOB_RUN, target the job);
+/// `None` when there is no such job.
+pub async fn run_now(svc: &Jobs, name: &str, actor: &str) -> StoreResult<Option<TickOutcome>> {
+    let Some(schedule) = schedule_of(&svc.config, name) else {
+        return Ok(None);
+    };
+    let outcome = run_tick(svc, name, &schedule, Trigger::Manual { actor }).await;
+    let summary = match &outcome {
+        TickOutcome::Ran {
+            status,
+            counts,
+            error,
+        } => format!(
+            "job {name} run now by {actor}: {status}, scanned {}, affected {}{}",
+            counts.scanned,
+            counts.affected,
+            error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ),
+        TickOutcome::Held | TickOutcome::Disabled => {
+            format!("job {name} run now by {actor}: refused, another run holds its lock")
+        }
+    };
+    svc.store
+        .audit(
+            None,
+            Some(AuditTarget::Job(name.to_string())),
+            AuditEvent::JobRun,
+            actor,
+            &summary,
+            false,
+            now_ms(),
+        )
+        .await?;
+    Ok(Some(outcome))
+}
+
+/// A job's switch and schedule as an admin sees them.
+#[derive(Debug, Clone)]
+pub struct JobState {
+    pub name: &'static str,
+    pub cron: String,
+    /// Whether scheduled ticks run now.
+    pub enabled: bool,
+    /// `config` until an admin switched it, then `admin`.
+    pub source: &'static str,
+    pub enabled_by: Option<String>,
+}
+
+/// Every job's switch and schedule.
+pub async fn job_states(svc: &Jobs) -> StoreResult<Vec<JobState>> {
+    let stored = svc.store.job_states().await?;
+    Ok(JOB_NAMES
+        .iter()
+        .filter_map(|&name| {
+            let schedule = schedule_of(&svc.config, name)?;
+            let row = stored.iter().find(|r| r.name == name);
+            let switched = row.and_then(|r| r.enabled);
+            Some(JobState {
+                name,
+                cron: schedule.cron,
+                enabled: switched.unwrap_or(schedule.enabled),
+                source: if switched.is_some() {
+                    "admin"
+                } else {
+                    "config"
+                },
+                enabled_by: row.and_then(|r| r.enabled_by.clone()),
+            })
+        })
+        .collect())
 }
 
 async fn store_err<T>(r: impl Future<Output = crate::store::StoreResult<T>>) -> Result<T, String> {
@@ -228,9 +369,11 @@ pub async fn confirm_timeout(svc: &Jobs, batch: i64, now: i64) -> Result<JobCoun
 
 /// Puts RUNNING tasks whose lease expired more than the grace period ago back to PENDING.
 pub async fn orphan_reclaim(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, String> {
-    let grace = svc.config.scheduler.jobs.orphan_reclaim.grace_secs as i64 * 1000;
+    let job = &svc.config.scheduler.jobs.orphan_reclaim;
+    let grace = job.grace_secs as i64 * 1000;
+    let alert = !job.alert_url.is_empty();
     let (scanned, reclaimed) =
-        store_err(svc.store.reclaim_orphans(now - grace, batch, now)).await?;
+        store_err(svc.store.reclaim_orphans(now - grace, batch, now, alert)).await?;
     for r in &reclaimed {
         tracing::warn!(
             task_id = r.task_id,
@@ -241,6 +384,9 @@ pub async fn orphan_reclaim(svc: &Jobs, batch: i64, now: i64) -> Result<JobCount
     }
     if !reclaimed.is_empty() {
         svc.wake.tasks.notify_one();
+        if alert {
+            svc.wake.replies.notify_one();
+        }
     }
     Ok(JobCounts {
         scanned,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use super::sql::{audit_row, insert_audits_sql, json_rows};
+use super::sql::{AuditTarget, audit_row, insert_audits_sql, json_rows};
 use super::{Dialect, PerDialect, Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
 use crate::domain::{AuditEvent, Ingested, NewMessage, TaskStatus, TaskType};
 
@@ -143,11 +143,13 @@ impl Store {
                     .iter()
                     .map(|&(i, message_row)| {
                         let m = batch[i].0;
+                        let task_id = task_of_message[&message_row];
                         audit_row(
-                            task_of_message[&message_row],
+                            task_id,
                             AuditEvent::TaskCreated,
                             &format!("{}:{}", m.channel, m.sender_id),
                             &format!("message {} in conversation {}", m.message_id, m.conversation_id),
+                            &AuditTarget::Task(task_id),
                         )
                     })
                     .collect();

@@ -1,10 +1,10 @@
 //! Scheduled jobs: the per-job lock (one instance per tick), job_run records, and the scans
 //! the jobs run. Every scan works in bounded batches over index-backed conditions.
 
-use super::sql::{current_step_sql, insert_audit, insert_reply};
+use super::sql::{AuditTarget, current_step_sql, insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
-use crate::domain::NewReply;
 use crate::domain::{AuditEvent, Decision, FailureType, JobRunStatus, TaskStatus};
+use crate::domain::{NewReply, ORPHAN_ALERT_CHANNEL, ReplyType};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct JobRunRow {
@@ -17,6 +17,41 @@ pub struct JobRunRow {
     pub scanned: i64,
     pub affected: i64,
     pub error: Option<String>,
+    /// `schedule` or `manual`.
+    pub trigger_kind: String,
+    /// The admin who ran it now (manual runs).
+    pub actor: Option<String>,
+}
+
+/// Whether a tick may take a job's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockGate {
+    /// A scheduled tick: once per tick across instances, and only while the job is enabled
+    /// (the database's switch, else `default_enabled` from config).
+    Scheduled { default_enabled: bool },
+    /// An admin's run-now: whenever no other run holds the lock, enabled or not.
+    Manual,
+}
+
+/// What a try for a job's lock came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobLock {
+    Taken,
+    /// Another run holds it, or this tick already ran elsewhere.
+    Held,
+    /// Switched off (scheduled ticks only).
+    Disabled,
+}
+
+/// A job's switch and lock as the database holds them.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct JobStateRow {
+    pub name: String,
+    /// `None`: never switched by an admin; the config decides.
+    pub enabled: Option<bool>,
+    pub enabled_by: Option<String>,
+    pub holder: Option<String>,
+    pub lease_until: i64,
 }
 
 /// One finished tick of a job.
@@ -30,6 +65,9 @@ pub struct NewJobRun<'a> {
     pub scanned: i64,
     pub affected: i64,
     pub error: Option<String>,
+    /// `schedule` or `manual`.
+    pub trigger: &'a str,
+    pub actor: Option<&'a str>,
 }
 
 /// A task waiting for a human past its deadline.
@@ -52,8 +90,9 @@ pub struct Reclaimed {
 }
 
 impl Store {
-    /// Takes job `name`'s lock for tick `tick` (seconds) until `lease_until`. Fails while
-    /// another holder's lease runs, and for a tick that was already run anywhere.
+    /// Takes job `name`'s lock for tick `tick` (seconds) until `lease_until`, as `gate`
+    /// allows: never while another holder's lease runs; a scheduled tick also not for a
+    /// tick that already ran anywhere, nor while the job is switched off.
     pub async fn try_lock_job(
         &self,
         name: &str,
@@ -61,8 +100,9 @@ impl Store {
         tick: i64,
         lease_until: i64,
         now: i64,
-    ) -> StoreResult<bool> {
-        let taken = write_tx!(self, tx => {
+        gate: LockGate,
+    ) -> StoreResult<JobLock> {
+        let lock = write_tx!(self, tx => {
             sqlx::query(
                 "INSERT INTO job_lock (name, holder, lease_until, last_tick) VALUES ($1, NULL, 0, 0) \
                  ON CONFLICT (name) DO NOTHING",
@@ -70,21 +110,97 @@ impl Store {
             .bind(name)
             .execute(&mut *tx)
             .await?;
-            sqlx::query(
+            let scheduled = match gate {
+                LockGate::Scheduled { default_enabled } => Some(i64::from(default_enabled)),
+                LockGate::Manual => None,
+            };
+            let sql = if scheduled.is_some() {
                 "UPDATE job_lock SET holder = $1, lease_until = $2, last_tick = $3 \
-                 WHERE name = $4 AND lease_until < $5 AND last_tick < $3",
-            )
-            .bind(holder)
-            .bind(lease_until)
-            .bind(tick)
-            .bind(name)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-                == 1
+                 WHERE name = $4 AND lease_until < $5 AND last_tick < $3 \
+                 AND COALESCE(enabled, $6) <> 0"
+            } else {
+                "UPDATE job_lock SET holder = $1, lease_until = $2, \
+                 last_tick = CASE WHEN last_tick < $3 THEN $3 ELSE last_tick END \
+                 WHERE name = $4 AND lease_until < $5"
+            };
+            let mut update = sqlx::query(sql)
+                .bind(holder)
+                .bind(lease_until)
+                .bind(tick)
+                .bind(name)
+                .bind(now);
+            if let Some(default_enabled) = scheduled {
+                update = update.bind(default_enabled);
+            }
+            let taken = update.execute(&mut *tx).await?.rows_affected() == 1;
+            if taken {
+                JobLock::Taken
+            } else if let LockGate::Scheduled { default_enabled } = gate {
+                let (enabled,): (bool,) = sqlx::query_as(
+                    "SELECT COALESCE(enabled, $2) <> 0 FROM job_lock WHERE name = $1",
+                )
+                .bind(name)
+                .bind(i64::from(default_enabled))
+                .fetch_one(&mut *tx)
+                .await?;
+                if enabled { JobLock::Held } else { JobLock::Disabled }
+            } else {
+                JobLock::Held
+            }
         });
-        Ok(taken)
+        Ok(lock)
+    }
+
+    /// Switches job `name` on or off for every instance (kept until switched again; the
+    /// config's `enabled` is only the state before the first switch), audited for `actor`.
+    pub async fn set_job_enabled(
+        &self,
+        name: &str,
+        enabled: bool,
+        actor: &str,
+        now: i64,
+    ) -> StoreResult<()> {
+        write_tx!(self, tx => {
+            sqlx::query(
+                "INSERT INTO job_lock (name, holder, lease_until, last_tick, enabled, enabled_by) \
+                 VALUES ($1, NULL, 0, 0, $2, $3) \
+                 ON CONFLICT (name) DO UPDATE SET enabled = $2, enabled_by = $3",
+            )
+            .bind(name)
+            .bind(i64::from(enabled))
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
+            let (event, verb) = if enabled {
+                (AuditEvent::JobEnabled, "switched on")
+            } else {
+                (AuditEvent::JobDisabled, "switched off")
+            };
+            insert_audit!(
+                &mut *tx,
+                None::<i64>,
+                event,
+                actor,
+                &format!("job {name} {verb} by {actor} for every instance"),
+                false,
+                now,
+                target = Some(AuditTarget::Job(name.to_string())),
+            )?;
+        });
+        Ok(())
+    }
+
+    /// Every job's switch and lock the database knows (a job never run nor switched has no
+    /// row).
+    pub async fn job_states(&self) -> StoreResult<Vec<JobStateRow>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, JobStateRow>(
+                "SELECT name, enabled <> 0 AS enabled, enabled_by, holder, lease_until \
+                 FROM job_lock ORDER BY name",
+            )
+            .fetch_all(pool)
+            .await?
+        }))
     }
 
     /// Releases the lock if `holder` still has it.
@@ -105,7 +221,8 @@ impl Store {
         write_tx!(self, tx => {
             sqlx::query(
                 "INSERT INTO job_run (job, instance, started_at, finished_at, status, scanned, \
-                 affected, error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                 affected, error, trigger_kind, actor) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             )
             .bind(run.job)
             .bind(run.instance)
@@ -115,6 +232,8 @@ impl Store {
             .bind(run.scanned)
             .bind(run.affected)
             .bind(&run.error)
+            .bind(run.trigger)
+            .bind(run.actor)
             .execute(&mut *tx)
             .await?;
         });
@@ -164,7 +283,7 @@ impl Store {
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, JobRunRow>(
                 "SELECT id, job, instance, started_at, finished_at, status, scanned, affected, \
-                 error FROM job_run WHERE ($1 IS NULL OR job = $1) ORDER BY id DESC LIMIT $2",
+                 error, trigger_kind, actor FROM job_run WHERE ($1 IS NULL OR job = $1) ORDER BY id DESC LIMIT $2",
             )
             .bind(job)
             .bind(limit)
@@ -221,14 +340,14 @@ impl Store {
             if n != 1 {
                 return Ok(false);
             }
-            sqlx::query(
+            let expired: Option<(i64,)> = sqlx::query_as(
                 "UPDATE pending_action SET decision = $1, decided_at = $2 \
-                 WHERE task_id = $3 AND decision = 'PENDING'",
+                 WHERE task_id = $3 AND decision = 'PENDING' RETURNING id",
             )
             .bind(Decision::Expired)
             .bind(now)
             .bind(task_id)
-            .execute(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
             // Due at once, even when `now` is a scan time ahead of the wall clock.
             let due = now.min(crate::domain::now_ms());
@@ -244,6 +363,9 @@ impl Store {
                 "approval deadline passed; task cancelled",
                 true,
                 now,
+                target = expired
+                    .map(|(id,)| AuditTarget::Approval(id))
+                    .or(Some(AuditTarget::Task(task_id))),
             )?;
             true
         });
@@ -251,19 +373,24 @@ impl Store {
     }
 
     /// Puts RUNNING tasks whose lease expired before `cutoff` back to PENDING (at most
-    /// `limit`), auditing the last owner and step. Returns what was reclaimed.
+    /// `limit`), auditing the last owner and step. With `alert`, each reclaim also queues
+    /// a signed alert (channel [`ORPHAN_ALERT_CHANNEL`]) in the same transaction, so an
+    /// alert goes out exactly when a reclaim happened. Returns what was reclaimed.
     pub async fn reclaim_orphans(
         &self,
         cutoff: i64,
         limit: i64,
         now: i64,
+        alert: bool,
     ) -> StoreResult<(i64, Vec<Reclaimed>)> {
         let sql = concat!(
             "SELECT id, owner, ",
             current_step_sql!(),
-            " FROM agent_task WHERE status = 'RUNNING' AND lease_expire < $1 ORDER BY id LIMIT $2"
+            ", channel, conversation_id, version FROM agent_task \
+             WHERE status = 'RUNNING' AND lease_expire < $1 ORDER BY id LIMIT $2"
         );
-        let candidates: Vec<(i64, Option<String>, i64)> = on_pool!(self, pool => {
+        type Candidate = (i64, Option<String>, i64, String, String, i64);
+        let candidates: Vec<Candidate> = on_pool!(self, pool => {
             sqlx::query_as(sql)
             .bind(cutoff)
             .bind(limit)
@@ -272,7 +399,25 @@ impl Store {
         });
         let scanned = candidates.len() as i64;
         let mut reclaimed = Vec::new();
-        for (id, owner, step) in candidates {
+        for (id, owner, step, channel, conversation_id, version) in candidates {
+            let last_owner = owner.as_deref().unwrap_or("unknown owner");
+            let notice = alert.then(|| NewReply {
+                idempotency_key: format!("agent-task-{id}-reclaimed-v{}", version + 1),
+                channel: ORPHAN_ALERT_CHANNEL.to_string(),
+                conversation_id: conversation_id.clone(),
+                in_reply_to: String::new(),
+                reply_type: ReplyType::Text,
+                content: serde_json::json!({
+                    "event": "TASK_RECLAIMED",
+                    "task_id": id,
+                    "channel": channel,
+                    "conversation_id": conversation_id,
+                    "last_owner": owner,
+                    "step": step,
+                    "reclaimed_at": now,
+                })
+                .to_string(),
+            });
             let done = write_tx!(self, tx => {
                 let n = sqlx::query(
                     "UPDATE agent_task SET status = 'PENDING', owner = NULL, lease_expire = NULL, \
@@ -291,13 +436,13 @@ impl Store {
                         Some(id),
                         AuditEvent::TaskReclaimed,
                         "scheduler:orphan_reclaim",
-                        &format!(
-                            "lease of {} expired at step {step}; back to PENDING",
-                            owner.as_deref().unwrap_or("unknown owner")
-                        ),
+                        &format!("lease of {last_owner} expired at step {step}; back to PENDING"),
                         false,
                         now,
                     )?;
+                    if let Some(notice) = &notice {
+                        insert_reply!(&mut *tx, id, notice, now.min(crate::domain::now_ms())).await?;
+                    }
                 }
                 n == 1
             });

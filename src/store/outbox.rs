@@ -2,7 +2,7 @@
 //! `finish_task`); delivery claims it under a short lease so only one instance sends it at a
 //! time, and every send carries the row's one idempotency key.
 
-use super::sql::insert_audit;
+use super::sql::{AuditTarget, insert_audit};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 
@@ -166,7 +166,16 @@ impl Store {
                     "reply {} {} after {} attempt(s): {}",
                     reply.idempotency_key, status, reply.attempts, error
                 );
-                insert_audit!(&mut *tx, Some(reply.task_id), AuditEvent::ReplyFailed, owner, &summary, true, now)?;
+                insert_audit!(
+                    &mut *tx,
+                    Some(reply.task_id),
+                    AuditEvent::ReplyFailed,
+                    owner,
+                    &summary,
+                    true,
+                    now,
+                    target = Some(AuditTarget::Reply(reply.id)),
+                )?;
             }
             n == 1
         });

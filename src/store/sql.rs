@@ -8,12 +8,30 @@ use super::{Dialect, PerDialect};
 use crate::domain::AuditEvent;
 
 /// Appends one audit event inside the caller's transaction (`$tx`). A macro rather than a
-/// generic function: generic executors make the futures that call them not `Send`.
+/// generic function: generic executors make the futures that call them not `Send`. The row's
+/// target is its task unless `target = (type, id)` names another (a step, reply, approval or
+/// job: `AuditTarget`).
 macro_rules! insert_audit {
-    ($tx:expr, $task_id:expr, $event:expr, $actor:expr, $summary:expr, $risk:expr, $now:expr $(,)?) => {
+    ($tx:expr, $task_id:expr, $event:expr, $actor:expr, $summary:expr, $risk:expr, $now:expr $(,)?) => {{
+        let task_id: Option<i64> = $task_id;
+        $crate::store::sql::insert_audit!(
+            $tx,
+            task_id,
+            $event,
+            $actor,
+            $summary,
+            $risk,
+            $now,
+            target = task_id.map($crate::store::sql::AuditTarget::Task)
+        )
+    }};
+    ($tx:expr, $task_id:expr, $event:expr, $actor:expr, $summary:expr, $risk:expr, $now:expr,
+     target = $target:expr $(,)?) => {{
+        let target: Option<$crate::store::sql::AuditTarget> = $target;
+        let (target_type, target_id) = $crate::store::sql::AuditTarget::columns(target.as_ref());
         sqlx::query(
-            "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
+             target_type, target_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind($task_id)
         .bind($event)
@@ -23,9 +41,11 @@ macro_rules! insert_audit {
         )))
         .bind($risk || $crate::domain::AuditEvent::is_risky($event))
         .bind($now)
+        .bind(target_type)
+        .bind(target_id)
         .execute($tx)
         .await
-    };
+    }};
 }
 pub(crate) use insert_audit;
 
@@ -208,14 +228,18 @@ impl BatchSql {
             ])
         );
         let insert_audits = format!(
-            "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at) \
-             SELECT v.task_id, v.event, v.actor, v.summary, v.risk_flag, $2 FROM {}",
+            "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
+             target_type, target_id) \
+             SELECT v.task_id, v.event, v.actor, v.summary, v.risk_flag, $2, v.target_type, \
+             v.target_id FROM {}",
             rows(&[
                 ("task_id", "bigint"),
                 ("event", "text"),
                 ("actor", "text"),
                 ("summary", "text"),
                 ("risk_flag", "boolean"),
+                ("target_type", "text"),
+                ("target_id", "text"),
             ])
         );
         BatchSql {
@@ -267,13 +291,52 @@ pub(super) fn insert_audits_sql(dialect: Dialect) -> &'static str {
     &BatchSql::get(dialect).insert_audits
 }
 
+/// What an audit row is about, besides the task it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditTarget {
+    Task(i64),
+    /// A journalled step, by its row id.
+    Step(i64),
+    /// An outbox reply, by its row id.
+    Reply(i64),
+    /// A pending action (approval request), by its id.
+    Approval(i64),
+    /// A scheduled job, by its name.
+    Job(String),
+}
+
+impl AuditTarget {
+    pub const TYPES: [&'static str; 5] = ["task", "step", "reply", "approval", "job"];
+
+    /// `target_type` and `target_id` as stored.
+    pub fn columns(target: Option<&AuditTarget>) -> (Option<&'static str>, Option<String>) {
+        match target {
+            None => (None, None),
+            Some(AuditTarget::Task(id)) => (Some("task"), Some(id.to_string())),
+            Some(AuditTarget::Step(id)) => (Some("step"), Some(id.to_string())),
+            Some(AuditTarget::Reply(id)) => (Some("reply"), Some(id.to_string())),
+            Some(AuditTarget::Approval(id)) => (Some("approval"), Some(id.to_string())),
+            Some(AuditTarget::Job(name)) => (Some("job"), Some(name.clone())),
+        }
+    }
+}
+
 /// An audit row for `insert_audits` (summary truncated and redacted as `insert_audit!` does).
-pub(super) fn audit_row(task_id: i64, event: AuditEvent, actor: &str, summary: &str) -> Value {
+pub(super) fn audit_row(
+    task_id: i64,
+    event: AuditEvent,
+    actor: &str,
+    summary: &str,
+    target: &AuditTarget,
+) -> Value {
+    let (target_type, target_id) = AuditTarget::columns(Some(target));
     json!({
         "task_id": task_id,
         "event": event.as_str(),
         "actor": actor,
         "summary": crate::redaction::redact(&crate::domain::truncate(summary, 2000)),
         "risk_flag": event.is_risky(),
+        "target_type": target_type,
+        "target_id": target_id,
     })
 }

@@ -2,8 +2,8 @@
 //! it only lands while `owner` and `version` are still the worker's, so a worker that lost
 //! its lease cannot overwrite the work of the instance that took the task over.
 
+use super::sql::{AuditTarget, audit_row, insert_audits_sql, json_ids};
 use super::sql::{STEP_COLUMNS, current_step_sql};
-use super::sql::{audit_row, insert_audits_sql, json_ids};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, FailureType, Fence, MessageRow, StepRow, TaskRow, TaskStatus};
 
@@ -41,7 +41,13 @@ pub struct AuditRow {
     pub summary: String,
     pub risk_flag: bool,
     pub created_at: i64,
+    /// What the event is about (`task`, `step`, `reply`, `approval`, `job`) and its id.
+    pub target_type: Option<String>,
+    pub target_id: Option<String>,
 }
+
+const AUDIT_COLUMNS: &str =
+    "id, task_id, event, actor, summary, risk_flag, created_at, target_type, target_id";
 
 /// The claim's choice of tasks (parameters: `$3` now, `$4` limit). Each branch is backed by a
 /// partial index, so claiming never reads finished history. SQLite cannot use partial
@@ -117,7 +123,13 @@ impl Store {
                         } else {
                             format!("claimed by {owner}")
                         };
-                        audit_row(task.id, AuditEvent::TaskRunning, owner, &summary)
+                        audit_row(
+                            task.id,
+                            AuditEvent::TaskRunning,
+                            owner,
+                            &summary,
+                            &AuditTarget::Task(task.id),
+                        )
                     })
                     .collect();
                 sqlx::query(insert_audits_sql(self.dialect()))
@@ -313,11 +325,30 @@ impl Store {
 
     pub async fn task_audit(&self, task_id: i64) -> StoreResult<Vec<AuditRow>> {
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, AuditRow>(
-                "SELECT id, task_id, event, actor, summary, risk_flag, created_at FROM audit_log \
-                 WHERE task_id = $1 ORDER BY id",
-            )
+            sqlx::query_as::<_, AuditRow>(&format!(
+                "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE task_id = $1 ORDER BY id"
+            ))
             .bind(task_id)
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    /// The audit trail of one target (a job, approval, reply, step or task), newest first.
+    pub async fn target_audit(
+        &self,
+        target_type: &str,
+        target_id: &str,
+        limit: i64,
+    ) -> StoreResult<Vec<AuditRow>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, AuditRow>(&format!(
+                "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE target_type = $1 AND target_id = $2 \
+                 ORDER BY id DESC LIMIT $3"
+            ))
+            .bind(target_type)
+            .bind(target_id)
+            .bind(limit)
             .fetch_all(pool)
             .await?
         }))

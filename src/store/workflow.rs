@@ -1,7 +1,7 @@
 //! Step-level writes of workflow runs and the human decisions they wait for. Fenced like
 //! every worker write; a decision is one transaction that moves the task on.
 
-use super::sql::{insert_audit, insert_reply};
+use super::sql::{AuditTarget, insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::{AuditEvent, Decision, PendingKind, StepStatus, TaskStatus};
 use crate::domain::{Fence, NewReply, NewStep};
@@ -27,12 +27,12 @@ macro_rules! fence_task {
 /// Inserts a pending action inside the caller's transaction.
 macro_rules! insert_pending_action {
     ($tx:expr, $task_id:expr, $action:expr, $now:expr) => {
-        sqlx::query(
+        sqlx::query_as::<_, (i64,)>(
             "INSERT INTO pending_action (task_id, restart_no, step_no, kind, tool_name, args, \
              approvers, message, decision, deadline, created_at) \
              VALUES ($1, (SELECT restart_count FROM agent_task WHERE id = $1), $2, $3, $4, $5, \
              $6, $7, $8, $9, $10) \
-             ON CONFLICT (task_id, restart_no, step_no) DO NOTHING",
+             ON CONFLICT (task_id, restart_no, step_no) DO NOTHING RETURNING id",
         )
         .bind($task_id)
         .bind($action.step_no)
@@ -44,7 +44,7 @@ macro_rules! insert_pending_action {
         .bind(Decision::Pending)
         .bind($action.deadline)
         .bind($now)
-        .execute($tx)
+        .fetch_optional($tx)
     };
 }
 
@@ -136,12 +136,14 @@ impl Store {
             if !fence_task!(&mut *tx, fence, now) {
                 return Ok(false);
             }
-            sqlx::query("UPDATE agent_step SET status = $1 WHERE task_id = $2 AND step_no = $3")
-                .bind(StepStatus::Compensated)
-                .bind(fence.task_id)
-                .bind(step_no)
-                .execute(&mut *tx)
-                .await?;
+            let step: Option<(i64,)> = sqlx::query_as(
+                "UPDATE agent_step SET status = $1 WHERE task_id = $2 AND step_no = $3 RETURNING id",
+            )
+            .bind(StepStatus::Compensated)
+            .bind(fence.task_id)
+            .bind(step_no)
+            .fetch_optional(&mut *tx)
+            .await?;
             insert_audit!(
                 &mut *tx,
                 Some(fence.task_id),
@@ -150,6 +152,7 @@ impl Store {
                 &format!("step {step_no} compensated"),
                 false,
                 now,
+                target = step.map(|(id,)| AuditTarget::Step(id)),
             )?;
             true
         });
@@ -200,7 +203,8 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-            insert_pending_action!(&mut *tx, fence.task_id, action, now).await?;
+            let approval: Option<(i64,)> =
+                insert_pending_action!(&mut *tx, fence.task_id, action, now).await?;
             insert_reply!(&mut *tx, fence.task_id, card, now).await?;
             insert_audit!(
                 &mut *tx,
@@ -210,6 +214,7 @@ impl Store {
                 &format!("step {} waits for {}: {}", action.step_no, action.kind, action.message),
                 false,
                 now,
+                target = approval.map(|(id,)| AuditTarget::Approval(id)),
             )?;
             true
         });
@@ -249,7 +254,8 @@ impl Store {
                 .bind(step_id)
                 .execute(&mut *tx)
                 .await?;
-            insert_pending_action!(&mut *tx, fence.task_id, action, now).await?;
+            let _: Option<(i64,)> =
+                insert_pending_action!(&mut *tx, fence.task_id, action, now).await?;
             insert_reply!(&mut *tx, fence.task_id, card, now).await?;
             insert_audit!(
                 &mut *tx,
@@ -262,6 +268,7 @@ impl Store {
                 ),
                 true,
                 now,
+                target = Some(AuditTarget::Step(step_id)),
             )?;
             true
         });
@@ -371,6 +378,7 @@ impl Store {
                     &format!("{} at step {} approved by {approver}", action.kind, action.step_no),
                     false,
                     now,
+                target = Some(AuditTarget::Approval(action.id)),
                 )?;
                 Decided::Resumed
             } else {
@@ -410,6 +418,7 @@ impl Store {
                     &format!("{} at step {} rejected by {approver}", action.kind, action.step_no),
                     false,
                     now,
+                target = Some(AuditTarget::Approval(action.id)),
                 )?;
                 Decided::Cancelled
             }
@@ -418,9 +427,12 @@ impl Store {
     }
 
     /// Appends one audit event on its own.
+    /// `target`: what the event is about when not its task (see [`AuditTarget`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn audit(
         &self,
         task_id: Option<i64>,
+        target: Option<AuditTarget>,
         event: AuditEvent,
         actor: &str,
         summary: &str,
@@ -428,7 +440,8 @@ impl Store {
         now: i64,
     ) -> StoreResult<()> {
         write_tx!(self, tx => {
-            insert_audit!(&mut *tx, task_id, event, actor, summary, risk_flag, now)?;
+            let target = target.or(task_id.map(AuditTarget::Task));
+            insert_audit!(&mut *tx, task_id, event, actor, summary, risk_flag, now, target = target)?;
         });
         Ok(())
     }

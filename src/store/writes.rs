@@ -9,7 +9,7 @@ use std::hash::Hash;
 
 use serde_json::{Value, json};
 
-use super::sql::{BatchSql, audit_row};
+use super::sql::{AuditTarget, BatchSql, audit_row};
 use super::{Dialect, Store, StoreResult, write_tx};
 use crate::domain::ReplyRow;
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
@@ -293,7 +293,13 @@ impl Store {
                         TaskStatus::Cancelled => AuditEvent::TaskCancelled,
                         _ => AuditEvent::TaskFailed,
                     };
-                    audits.push(audit_row(fence.task_id, event, &fence.owner, &outcome.audit_summary));
+                    audits.push(audit_row(
+                        fence.task_id,
+                        event,
+                        &fence.owner,
+                        &outcome.audit_summary,
+                        &AuditTarget::Task(fence.task_id),
+                    ));
                 }
                 if !replies.is_empty() {
                     sqlx::query(&sql.insert_replies)
@@ -324,7 +330,13 @@ impl Store {
                     if done {
                         let summary =
                             format!("reply {idempotency_key} delivered after {attempts} attempt(s)");
-                        audits.push(audit_row(*task_id, AuditEvent::ReplySent, owner, &summary));
+                        audits.push(audit_row(
+                            *task_id,
+                            AuditEvent::ReplySent,
+                            owner,
+                            &summary,
+                            &AuditTarget::Reply(*reply_id),
+                        ));
                     }
                 }
             }

@@ -12,6 +12,7 @@ mod control;
 mod crash;
 mod dashboard;
 mod examples;
+mod jobs;
 mod lifecycle;
 mod model_contract;
 mod model_failures;

@@ -11,7 +11,13 @@ use serde_json::Value;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use assistd::store::jobs::{JobLock, LockGate};
+
 use crate::helpers::*;
+
+const SCHEDULED: LockGate = LockGate::Scheduled {
+    default_enabled: true,
+};
 use crate::workflows::{NOTICE, calls_to, spawn_flow_with};
 
 impl TestApp {
@@ -245,30 +251,34 @@ async fn a_dead_lock_holder_loses_the_lock_when_its_lease_ends() {
     let now = now_ms();
     assert!(
         store
-            .try_lock_job("j", "dies", 100, now + 1_000, now)
+            .try_lock_job("j", "dies", 100, now + 1_000, now, SCHEDULED)
             .await
             .unwrap()
+            == JobLock::Taken
     );
     assert!(
-        !store
-            .try_lock_job("j", "other", 101, now + 1_000, now + 10)
+        store
+            .try_lock_job("j", "other", 101, now + 1_000, now + 10, SCHEDULED)
             .await
-            .unwrap(),
+            .unwrap()
+            == JobLock::Held,
         "lease still runs"
     );
     assert!(
         store
-            .try_lock_job("j", "other", 102, now + 5_000, now + 1_001)
+            .try_lock_job("j", "other", 102, now + 5_000, now + 1_001, SCHEDULED)
             .await
-            .unwrap(),
+            .unwrap()
+            == JobLock::Taken,
         "lease over"
     );
     store.release_job("j", "other").await.unwrap();
     assert!(
-        !store
-            .try_lock_job("j", "third", 102, now + 9_000, now + 2_000)
+        store
+            .try_lock_job("j", "third", 102, now + 9_000, now + 2_000, SCHEDULED)
             .await
-            .unwrap(),
+            .unwrap()
+            == JobLock::Held,
         "same tick never twice"
     );
     store.close().await;
@@ -301,9 +311,15 @@ async fn orphaned_running_tasks_go_back_to_pending_with_an_audit_event() {
         .unwrap();
     assert_eq!(claimed.len(), 1);
     // Expired, but within the grace period: left to the claim path.
-    let (_, none) = store.reclaim_orphans(now - 200_000, 10, now).await.unwrap();
+    let (_, none) = store
+        .reclaim_orphans(now - 200_000, 10, now, false)
+        .await
+        .unwrap();
     assert!(none.is_empty());
-    let (scanned, reclaimed) = store.reclaim_orphans(now - 60_000, 10, now).await.unwrap();
+    let (scanned, reclaimed) = store
+        .reclaim_orphans(now - 60_000, 10, now, false)
+        .await
+        .unwrap();
     assert_eq!((scanned, reclaimed.len()), (1, 1));
     assert_eq!(reclaimed[0].owner.as_deref(), Some("gone-instance"));
     let task = store.task(id).await.unwrap().unwrap();
@@ -355,6 +371,8 @@ async fn retention_removes_bodies_but_keeps_history() {
                 scanned: 0,
                 affected: 0,
                 error: None,
+                trigger: "schedule",
+                actor: None,
             })
             .await
             .unwrap();

@@ -52,6 +52,7 @@ impl Runner<'_> {
                     svc.store
                         .audit(
                             Some(self.fence.task_id),
+                            None,
                             AuditEvent::TaskFailed,
                             &self.fence.owner,
                             &format!(
