@@ -109,34 +109,45 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
     }
     publish(&store, &cfg).await;
     let now = now_ms();
-    let id = ingest(&store, "upgrade", 1, now).await;
-    // Claimed as that release did (today's claim reads columns it did not have), with a
-    // stored current step the upgrade must stop reading.
-    let set_stored = "UPDATE agent_task SET status = 'RUNNING', owner = 'me', \
-        lease_expire = $2, version = version + 1, current_step = 9 WHERE id = $1";
+    // A message and its task claimed as that release wrote them (today's intake and claim
+    // write columns it did not have), with a stored current step the upgrade must stop
+    // reading.
+    let statements = [
+        "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+         conversation_id, sender_id, text, received_at) \
+         VALUES ('generic', 'e-up', 'm-up', 'upgrade', 'u', 'hi', $1)",
+        "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+         conversation_id, message_id, trigger_user, status, current_step, version, owner, \
+         lease_expire, run_after, created_at, updated_at) \
+         SELECT v.agent_id, v.id, 'conversation_reply', 'generic', 'upgrade', \
+         (SELECT MAX(id) FROM im_message), 'u', 'RUNNING', 9, 1, 'me', $1 + 60000, $1, $1, $1 \
+         FROM agent_version v JOIN agent a ON a.id = v.agent_id WHERE a.name = 'default'",
+    ];
+    let id: i64 = match &store {
+        Store::Sqlite(pool, _) => {
+            for sql in statements {
+                sqlx::query(sql).bind(now).execute(pool).await.unwrap();
+            }
+            sqlx::query_scalar("SELECT MAX(id) FROM agent_task")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+        Store::Postgres(pool) => {
+            for sql in statements {
+                sqlx::query(sql).bind(now).execute(pool).await.unwrap();
+            }
+            sqlx::query_scalar("SELECT MAX(id) FROM agent_task")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+    };
     let fence = Fence {
         task_id: id,
         owner: "me".into(),
         version: 1,
     };
-    match &store {
-        Store::Sqlite(pool, _) => {
-            sqlx::query(set_stored)
-                .bind(id)
-                .bind(now + LEASE)
-                .execute(pool)
-                .await
-                .unwrap();
-        }
-        Store::Postgres(pool) => {
-            sqlx::query(set_stored)
-                .bind(id)
-                .bind(now + LEASE)
-                .execute(pool)
-                .await
-                .unwrap();
-        }
-    }
 
     store.migrate().await.unwrap();
     assert_eq!(store.task(id).await.unwrap().unwrap().current_step, 0);
