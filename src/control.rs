@@ -5,13 +5,14 @@
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::domain::AuditTarget;
 use crate::domain::NewReply;
 use crate::domain::{AuditEvent, ReplyType, TaskRow, TaskStatus, now_ms, reply_key};
 use crate::engine::RunningTasks;
+use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::tasks::Control;
 use crate::store::workflow::Decided;
-use crate::store::{AuditTarget, Store};
 use crate::wake::Wake;
 
 /// What the admin actions on tasks are given by `app.rs`.

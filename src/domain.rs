@@ -556,3 +556,33 @@ mod tests {
         assert_eq!(truncate("abc", 5), "abc");
     }
 }
+
+/// What an audit row is about, besides the task it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditTarget {
+    Task(i64),
+    /// A journalled step, by its row id.
+    Step(i64),
+    /// An outbox reply, by its row id.
+    Reply(i64),
+    /// A pending action (approval request), by its id.
+    Approval(i64),
+    /// A scheduled job, by its name.
+    Job(String),
+}
+
+impl AuditTarget {
+    pub const TYPES: [&'static str; 5] = ["task", "step", "reply", "approval", "job"];
+
+    /// `target_type` and `target_id` as stored.
+    pub fn columns(target: Option<&AuditTarget>) -> (Option<&'static str>, Option<String>) {
+        match target {
+            None => (None, None),
+            Some(AuditTarget::Task(id)) => (Some("task"), Some(id.to_string())),
+            Some(AuditTarget::Step(id)) => (Some("step"), Some(id.to_string())),
+            Some(AuditTarget::Reply(id)) => (Some("reply"), Some(id.to_string())),
+            Some(AuditTarget::Approval(id)) => (Some("approval"), Some(id.to_string())),
+            Some(AuditTarget::Job(name)) => (Some("job"), Some(name.clone())),
+        }
+    }
+}

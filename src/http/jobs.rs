@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use super::context::ApiContext;
 use super::error::ApiError;
 use super::tasks::{AdminAuth, actor};
+use crate::domain::AuditTarget;
 use crate::scheduler::{self, JobState, TickOutcome};
-use crate::store::AuditTarget;
 
 const LIMIT_MAX: i64 = 500;
 

@@ -12,10 +12,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, JobSchedule};
 use crate::domain::AuditEvent;
+use crate::domain::AuditTarget;
 use crate::domain::NewReply;
 use crate::domain::{CALLBACK_CHANNEL, JobRunStatus, ReplyType, now_ms, reply_key};
 use crate::store::jobs::{JobLock, LockGate, NewJobRun};
-use crate::store::{AuditTarget, Store, StoreResult};
+use crate::store::{Store, StoreResult};
 use crate::wake::Wake;
 
 /// What one run of a job did.

@@ -5,8 +5,9 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use super::sql::{AuditTarget, audit_row, insert_audits_sql, json_rows};
+use super::sql::{audit_row, insert_audits_sql, json_rows};
 use super::{Dialect, PerDialect, Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
+use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, Ingested, NewMessage, TaskStatus, TaskType};
 
 /// One earlier exchange of a conversation: the user's text and, when answered, the answer.

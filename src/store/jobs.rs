@@ -1,8 +1,9 @@
 //! Scheduled jobs: the per-job lock (one instance per tick), job_run records, and the scans
 //! the jobs run. Every scan works in bounded batches over index-backed conditions.
 
-use super::sql::{AuditTarget, current_step_sql, insert_audit, insert_reply};
+use super::sql::{current_step_sql, insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
+use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, Decision, FailureType, JobRunStatus, TaskStatus};
 use crate::domain::{NewReply, ORPHAN_ALERT_CHANNEL, ReplyType};
 

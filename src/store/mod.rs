@@ -22,7 +22,6 @@ pub mod lifecycle;
 pub mod notify;
 pub mod outbox;
 pub(crate) mod sql;
-pub use sql::AuditTarget;
 pub mod summary;
 pub mod tasks;
 pub mod workflow;

@@ -2,8 +2,9 @@
 //! `finish_task`); delivery claims it under a short lease so only one instance sends it at a
 //! time, and every send carries the row's one idempotency key.
 
-use super::sql::{AuditTarget, insert_audit};
+use super::sql::insert_audit;
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
+use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 
 const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::{Dialect, PerDialect};
-use crate::domain::AuditEvent;
+use crate::domain::{AuditEvent, AuditTarget};
 
 /// Appends one audit event inside the caller's transaction (`$tx`). A macro rather than a
 /// generic function: generic executors make the futures that call them not `Send`. The row's
@@ -22,13 +22,13 @@ macro_rules! insert_audit {
             $summary,
             $risk,
             $now,
-            target = task_id.map($crate::store::sql::AuditTarget::Task)
+            target = task_id.map($crate::domain::AuditTarget::Task)
         )
     }};
     ($tx:expr, $task_id:expr, $event:expr, $actor:expr, $summary:expr, $risk:expr, $now:expr,
      target = $target:expr $(,)?) => {{
-        let target: Option<$crate::store::sql::AuditTarget> = $target;
-        let (target_type, target_id) = $crate::store::sql::AuditTarget::columns(target.as_ref());
+        let target: Option<$crate::domain::AuditTarget> = $target;
+        let (target_type, target_id) = $crate::domain::AuditTarget::columns(target.as_ref());
         sqlx::query(
             "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
              target_type, target_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -289,36 +289,6 @@ pub(super) fn json_ids(dialect: Dialect) -> &'static str {
 /// `$1`, at time `$2`, in one round trip.
 pub(super) fn insert_audits_sql(dialect: Dialect) -> &'static str {
     &BatchSql::get(dialect).insert_audits
-}
-
-/// What an audit row is about, besides the task it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuditTarget {
-    Task(i64),
-    /// A journalled step, by its row id.
-    Step(i64),
-    /// An outbox reply, by its row id.
-    Reply(i64),
-    /// A pending action (approval request), by its id.
-    Approval(i64),
-    /// A scheduled job, by its name.
-    Job(String),
-}
-
-impl AuditTarget {
-    pub const TYPES: [&'static str; 5] = ["task", "step", "reply", "approval", "job"];
-
-    /// `target_type` and `target_id` as stored.
-    pub fn columns(target: Option<&AuditTarget>) -> (Option<&'static str>, Option<String>) {
-        match target {
-            None => (None, None),
-            Some(AuditTarget::Task(id)) => (Some("task"), Some(id.to_string())),
-            Some(AuditTarget::Step(id)) => (Some("step"), Some(id.to_string())),
-            Some(AuditTarget::Reply(id)) => (Some("reply"), Some(id.to_string())),
-            Some(AuditTarget::Approval(id)) => (Some("approval"), Some(id.to_string())),
-            Some(AuditTarget::Job(name)) => (Some("job"), Some(name.clone())),
-        }
-    }
 }
 
 /// An audit row for `insert_audits` (summary truncated and redacted as `insert_audit!` does).

@@ -2,9 +2,10 @@
 //! it only lands while `owner` and `version` are still the worker's, so a worker that lost
 //! its lease cannot overwrite the work of the instance that took the task over.
 
-use super::sql::{AuditTarget, audit_row, insert_audits_sql, json_ids};
 use super::sql::{STEP_COLUMNS, current_step_sql};
+use super::sql::{audit_row, insert_audits_sql, json_ids};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
+use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, FailureType, Fence, MessageRow, StepRow, TaskRow, TaskStatus};
 
 /// The result of an admin action on a task.

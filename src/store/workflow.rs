@@ -1,8 +1,9 @@
 //! Step-level writes of workflow runs and the human decisions they wait for. Fenced like
 //! every worker write; a decision is one transaction that moves the task on.
 
-use super::sql::{AuditTarget, insert_audit, insert_reply};
+use super::sql::{insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
+use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, Decision, PendingKind, StepStatus, TaskStatus};
 use crate::domain::{Fence, NewReply, NewStep};
 

@@ -9,8 +9,9 @@ use std::hash::Hash;
 
 use serde_json::{Value, json};
 
-use super::sql::{AuditTarget, BatchSql, audit_row};
+use super::sql::{BatchSql, audit_row};
 use super::{Dialect, Store, StoreResult, write_tx};
+use crate::domain::AuditTarget;
 use crate::domain::ReplyRow;
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
 use crate::domain::{Fence, StepResult, StepRow, TaskOutcome};
