@@ -319,6 +319,10 @@ pub struct TaskRow {
     pub updated_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// This claim took the task over from an instance that lost it.
+    pub taken_over: bool,
+    /// The agent's name (metrics labels).
+    pub agent_name: String,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

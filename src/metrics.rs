@@ -76,6 +76,25 @@ pub fn count_group_commit(queue: &'static str, operations: usize) {
     entry.1 += operations as u64;
 }
 
+/// Time from the claim that took a task over (its last owner's lease ran out, or the
+/// orphan reclaim put it back) to the first step that claim begins: how long a crash
+/// stalls a task once another instance has it.
+pub static RECOVERY_SECONDS: Histogram = Histogram::new();
+
+/// Model tokens by (agent, model): (prompt, completion). Agents and models are the
+/// configured ones, so the label sets stay few.
+static TOKENS: Mutex<BTreeMap<(String, String), (u64, u64)>> = Mutex::new(BTreeMap::new());
+
+/// Counts the tokens of one recorded model call.
+pub fn count_tokens(agent: &str, model: &str, prompt: i64, completion: i64) {
+    let mut map = TOKENS.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = map
+        .entry((agent.to_string(), model.to_string()))
+        .or_default();
+    entry.0 += prompt.max(0) as u64;
+    entry.1 += completion.max(0) as u64;
+}
+
 /// Webhook requests by (channel, status code); the channel is one of a fixed set.
 static WEBHOOKS: Mutex<BTreeMap<(&'static str, u16), u64>> = Mutex::new(BTreeMap::new());
 
@@ -194,6 +213,28 @@ pub fn render(counts: &MetricCounts) -> String {
             "assistd_group_commit_operations_total{{queue=\"{queue}\"}} {ops}"
         );
     }
+    family(
+        &mut out,
+        "assistd_model_tokens_total",
+        "counter",
+        "Model tokens of recorded calls by agent, model and kind (prompt, completion; this instance).",
+    );
+    let tokens = TOKENS.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for ((agent, model), (prompt, completion)) in &tokens {
+        for (kind, n) in [("prompt", prompt), ("completion", completion)] {
+            let _ = writeln!(
+                out,
+                "assistd_model_tokens_total{{agent=\"{}\",model=\"{}\",kind=\"{kind}\"}} {n}",
+                label(agent),
+                label(model)
+            );
+        }
+    }
+    RECOVERY_SECONDS.render(
+        &mut out,
+        "assistd_recovery_seconds",
+        "From the claim that took a task over after a lost lease to its next step (this instance).",
+    );
     MODEL_CALL_SECONDS.render(
         &mut out,
         "assistd_model_call_seconds",

@@ -12,3 +12,8 @@ ALTER TABLE audit_log ADD COLUMN target_type TEXT;
 ALTER TABLE audit_log ADD COLUMN target_id TEXT;
 UPDATE audit_log SET target_type = 'task', target_id = CAST(task_id AS TEXT) WHERE task_id IS NOT NULL;
 CREATE INDEX audit_log_target ON audit_log (target_type, target_id, id);
+
+-- A claim that takes a task over from an instance that lost it (1), so the time to its next
+-- step can be measured (`assistd_recovery_seconds`). The orphan reclaim leaves 2 ("taken
+-- over at the next claim"); every claim recomputes it from the status it found.
+ALTER TABLE agent_task ADD COLUMN takeover INTEGER NOT NULL DEFAULT 0;

@@ -31,12 +31,16 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let agent = &ctx.agent;
     let (provider, model) = model_of(svc, agent)?;
+    let model_label = model.clone();
     let exec = StepExec {
         journal: &svc.journal,
         fence,
         lost,
         retry_after_max: std::time::Duration::from_secs(svc.config.llm.retry_after_max_secs),
         restart: ctx.task.restart_count,
+        agent: &ctx.task.agent_name,
+        model: &model_label,
+        recovery: ctx.recovery.as_ref(),
     };
     let turns = conversation_turns(svc, ctx).await?;
     let budget = history_budget(
@@ -91,6 +95,9 @@ pub async fn run(
     let outcome = outcome_of(svc, ctx, call);
     if !svc.journal.finish_task(fence, &outcome).await? {
         return Err(RunError::LostLease);
+    }
+    if let Some(step) = &outcome.step {
+        exec.count_tokens(step);
     }
     tracing::info!(status = %outcome.status, "task finished");
     svc.wake.replies.notify_one();

@@ -77,6 +77,34 @@ pub struct StepExec<'a> {
     pub retry_after_max: Duration,
     /// The task's restarts so far: part of its step keys.
     pub restart: i64,
+    /// The agent and model its model calls' tokens are counted under.
+    pub agent: &'a str,
+    pub model: &'a str,
+    /// Set when this run took the task over: its first step begun ends the recovery.
+    pub recovery: Option<&'a Recovery>,
+}
+
+/// The clock of a takeover: from the claim to the first step it begins
+/// (`assistd_recovery_seconds`).
+#[derive(Debug)]
+pub struct Recovery {
+    claimed: Instant,
+    seen: std::sync::atomic::AtomicBool,
+}
+
+impl Recovery {
+    pub fn start() -> Recovery {
+        Recovery {
+            claimed: Instant::now(),
+            seen: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn step_begun(&self) {
+        if !self.seen.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            crate::metrics::RECOVERY_SECONDS.observe(self.claimed.elapsed());
+        }
+    }
 }
 
 impl StepExec<'_> {
@@ -89,6 +117,9 @@ impl StepExec<'_> {
     /// holds for that step number (a resumed task).
     pub async fn begin(&self, step: &NewStep<'_>) -> Result<StepRow, RunError> {
         if let Some(row) = self.journal.begin_step(self.fence, step).await? {
+            if let Some(recovery) = self.recovery {
+                recovery.step_begun();
+            }
             return Ok(row);
         }
         // Refused: either a pause was asked (this is the boundary where it takes effect)
@@ -164,9 +195,20 @@ impl StepExec<'_> {
         })
     }
 
+    /// Counts a recorded model call's tokens (`assistd_model_tokens_total`); call once the
+    /// record is written.
+    pub fn count_tokens(&self, record: &StepResult) {
+        if let (StepStatus::Succeeded, Some(prompt), Some(completion)) =
+            (record.status, record.tokens_in, record.tokens_out)
+        {
+            crate::metrics::count_tokens(self.agent, self.model, prompt, completion);
+        }
+    }
+
     /// Writes how a step ended (fenced).
     pub async fn complete(&self, record: &StepResult) -> Result<(), RunError> {
         if self.journal.complete_step(self.fence, record).await? {
+            self.count_tokens(record);
             Ok(())
         } else {
             Err(RunError::LostLease)

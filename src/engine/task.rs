@@ -32,6 +32,8 @@ pub struct TaskContext {
     pub message: MessageRow,
     /// The agent version as snapshotted into the task at its first claim.
     pub agent: AgentDefinition,
+    /// Running since this run took the task over from an instance that lost it.
+    pub recovery: Option<super::step::Recovery>,
 }
 
 pub(crate) async fn load_context(svc: &Worker, task_id: i64) -> Result<TaskContext, RunError> {
@@ -65,6 +67,7 @@ pub(crate) async fn context_of(
     let agent: AgentDefinition = serde_json::from_str(snapshot)
         .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
     Ok(TaskContext {
+        recovery: task.taken_over.then(super::step::Recovery::start),
         task,
         message,
         agent,

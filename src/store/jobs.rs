@@ -422,7 +422,7 @@ impl Store {
             let done = write_tx!(self, tx => {
                 let n = sqlx::query(
                     "UPDATE agent_task SET status = 'PENDING', owner = NULL, lease_expire = NULL, \
-                     run_after = $1, version = version + 1, updated_at = $1 \
+                     run_after = $1, version = version + 1, updated_at = $1, takeover = 2 \
                      WHERE id = $2 AND status = 'RUNNING' AND lease_expire < $3",
                 )
                 .bind(now)

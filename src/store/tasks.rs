@@ -27,7 +27,8 @@ const TASK_COLUMNS: &str = concat!(
     " AS current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
      error_msg, retry_count, claim_count, resume_count, restart_count, \
      pause_requested <> 0 AS pause_requested, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
-     started_at, finished_at"
+     started_at, finished_at, takeover = 1 AS taken_over, \
+     (SELECT a.name FROM agent a WHERE a.id = agent_task.agent_id) AS agent_name"
 );
 
 const MESSAGE_COLUMNS: &str = "id, channel, external_event_id, external_message_id, \
@@ -98,6 +99,7 @@ impl Store {
         let sql = format!(
             "UPDATE agent_task SET status = 'RUNNING', owner = $1, lease_expire = $2, \
              version = version + 1, claim_count = claim_count + 1, \
+             takeover = CASE WHEN status = 'RUNNING' OR takeover = 2 THEN 1 ELSE 0 END, \
              started_at = COALESCE(started_at, $3), updated_at = $3, \
              workflow_snapshot = COALESCE(workflow_snapshot, (SELECT v.definition \
                  FROM agent_version v WHERE v.id = agent_task.agent_version_id)) \

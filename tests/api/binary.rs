@@ -173,3 +173,133 @@ fn invalid_configuration_stops_start_up_naming_the_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("llm.timeout_secs"), "{stderr}");
 }
+
+/// The value of one sample line of a Prometheus exposition, by its name and labels.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
+    let model = echo_model().await;
+    let receiver = accepting_receiver().await;
+    let db = TestDb::new().await;
+    // A task an instance claimed and then died with: its lease ran out a second ago.
+    let now = assistd::domain::now_ms();
+    let id = {
+        let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+        let store = assistd::store::Store::connect(&cfg.database).await.unwrap();
+        store.migrate().await.unwrap();
+        publish_agents(&store, &cfg).await.unwrap();
+        let msg = assistd::domain::NewMessage {
+            reply_context: None,
+            channel: "generic".into(),
+            event_id: "e-dead".into(),
+            message_id: "m-dead".into(),
+            conversation_id: "c-dead".into(),
+            sender_id: "u".into(),
+            sender_name: None,
+            text: "left behind".into(),
+        };
+        let id = store
+            .ingest_message(&msg, "default", now - 5_000)
+            .await
+            .unwrap()
+            .task_id;
+        let claimed = store
+            .claim_tasks("dead-instance", 1, now - 1_000, now - 4_000)
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        store.close().await;
+        id
+    };
+    let workdir = tempfile::tempdir().unwrap();
+    let envs = vec![
+        ("ASSISTD_DATABASE__URL".to_string(), db.url.clone()),
+        (
+            "ASSISTD_LLM__BASE_URL".to_string(),
+            format!("{}/v1", model.uri()),
+        ),
+        ("ASSISTD_LLM__MODEL".to_string(), "tiny-model".to_string()),
+        (
+            "ASSISTD_CHANNELS__GENERIC__SECRET".to_string(),
+            SECRET.to_string(),
+        ),
+        (
+            "ASSISTD_CHANNELS__GENERIC__REPLY_URL".to_string(),
+            format!("{}/reply", receiver.uri()),
+        ),
+        ("ASSISTD_ADMIN__TOKEN".to_string(), ADMIN_TOKEN.to_string()),
+    ];
+    let server = RealServer::start(&envs, workdir.path()).await;
+    let deadline = Instant::now() + WAIT;
+    while received_replies(&receiver).await.is_empty() {
+        assert!(Instant::now() < deadline, "the task was not taken over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        received_replies(&receiver).await[0].0,
+        format!("agent-task-{id}")
+    );
+    let metrics = reqwest::get(format!("{}/metrics", server.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        sample(&metrics, "assistd_recovery_seconds_count"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let recovery = sample(&metrics, "assistd_recovery_seconds_sum").unwrap();
+    assert!(recovery > 0.0 && recovery < 30.0, "{recovery}");
+    // The model double reports 7 completion tokens per call and the prompt's size.
+    let series = |kind: &str| {
+        format!(
+            "assistd_model_tokens_total{{agent=\"default\",model=\"tiny-model\",kind=\"{kind}\"}}"
+        )
+    };
+    assert_eq!(
+        sample(&metrics, &series("completion")),
+        Some(7.0),
+        "{metrics}"
+    );
+    assert!(sample(&metrics, &series("prompt")).unwrap() > 0.0);
+
+    // A message claimed the ordinary way is no takeover.
+    let body = serde_json::to_vec(&message("fresh", 1, "new one")).unwrap();
+    let ts = assistd::domain::now_ms() / 1000;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/webhooks/generic", server.addr))
+        .header("X-Assistd-Timestamp", ts.to_string())
+        .header(
+            "X-Assistd-Signature",
+            assistd::channels::generic::sign(SECRET, ts, &body),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    while received_replies(&receiver).await.len() < 2 {
+        assert!(Instant::now() < deadline, "no second reply");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = reqwest::get(format!("{}/metrics", server.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        sample(&metrics, "assistd_recovery_seconds_count"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&metrics, &series("completion")), Some(14.0));
+    assert_eq!(server.terminate(), Some(0));
+    db.drop_db().await;
+}

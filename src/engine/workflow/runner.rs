@@ -81,6 +81,8 @@ pub(super) struct Runner<'a> {
     /// Only replay the journal: the first step not finished in it ends the walk instead of
     /// being executed (see [`replay`]).
     pub(super) replay_only: bool,
+    /// The agent's model name (token metrics).
+    pub(super) model: String,
 }
 
 pub async fn run(
@@ -157,6 +159,9 @@ impl<'a> Runner<'a> {
             compensable: Vec::new(),
             trace: Vec::new(),
             replay_only,
+            model: crate::engine::task::model_of(svc, &ctx.agent)
+                .map(|(_, model)| model)
+                .unwrap_or_default(),
         };
         Ok((runner, workflow))
     }

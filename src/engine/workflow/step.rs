@@ -104,6 +104,9 @@ impl Runner<'_> {
             lost: self.lost,
             retry_after_max: Duration::from_secs(self.svc.config.llm.retry_after_max_secs),
             restart: self.ctx.task.restart_count,
+            agent: &self.ctx.task.agent_name,
+            model: &self.model,
+            recovery: self.ctx.recovery.as_ref(),
         }
     }
 }
