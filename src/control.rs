@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::config::{Config, ToolKind};
 use crate::domain::AuditTarget;
-use crate::domain::NewReply;
 use crate::domain::{AuditEvent, ReplyType, TaskRow, TaskStatus, now_ms, reply_key};
+use crate::domain::{Decision, FailureType, NewReply, StepStatus, StepType};
 use crate::engine::RunningTasks;
 use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::tasks::Control;
-use crate::store::workflow::Decided;
+use crate::store::workflow::{Decided, Decline, PendingActionRow};
 use crate::wake::Wake;
 
 /// What the admin actions on tasks are given by `app.rs`.
@@ -193,6 +193,9 @@ pub async fn decide(
         .rejected_notice
         .replace("{task_id}", &task_id.to_string())
         .replace("{approver}", approver);
+    if !approve && has_undoable_steps(&svc.config, &svc.store, task_id).await? {
+        return reject_with_undo(svc, &task, &action, approver).await;
+    }
     let notice = notice(svc, &task, &text).await?;
     let decided = svc
         .store
@@ -220,6 +223,52 @@ pub async fn decide(
             DecisionResult::NotWaiting(status)
         }
     })
+}
+
+/// A rejection of a task with earlier compensable steps: a worker undoes them (saga) and
+/// ends the task with the rejection notice.
+async fn reject_with_undo(
+    svc: &TaskControl,
+    task: &TaskRow,
+    action: &PendingActionRow,
+    approver: &str,
+) -> StoreResult<DecisionResult> {
+    let decline = Decline {
+        decision: Decision::Rejected,
+        actor: approver,
+        reason: format!("rejected by {approver}"),
+        failure: FailureType::Cancelled,
+    };
+    if svc
+        .store
+        .decline_to_worker(action, &decline, None, now_ms())
+        .await?
+    {
+        tracing::info!(
+            task_id = task.id,
+            approver,
+            "rejected; undoing earlier steps, then cancelling"
+        );
+        svc.wake.tasks.notify_one();
+        return Ok(DecisionResult::Cancelled);
+    }
+    let status = svc.store.task(task.id).await?.map(|t| t.status);
+    Ok(DecisionResult::NotWaiting(status.unwrap_or(task.status)))
+}
+
+/// Whether task `task_id` has finished compensable tool steps, which a rejection or an
+/// expiry must undo before the task ends (saga): the same test the workflow runner applies
+/// when it collects what to compensate.
+pub async fn has_undoable_steps(config: &Config, store: &Store, task_id: i64) -> StoreResult<bool> {
+    let steps = store.task_steps(task_id).await?;
+    Ok(steps.iter().any(|s| {
+        s.step_type == StepType::Tool
+            && s.status == StepStatus::Succeeded
+            && config
+                .tools
+                .get(&s.tool_name)
+                .is_some_and(|t| t.kind == ToolKind::Compensable)
+    }))
 }
 
 /// The decision a reaction stands for: `None` unless it reacts to an approval request sent

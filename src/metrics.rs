@@ -173,8 +173,14 @@ pub fn render(counts: &MetricCounts) -> String {
             label(job)
         );
     }
+    render_local(&mut out);
+    out
+}
+
+/// This instance's counters and histograms.
+fn render_local(out: &mut String) {
     family(
-        &mut out,
+        out,
         "assistd_webhook_requests_total",
         "counter",
         "Webhook requests by channel and HTTP status (this instance).",
@@ -190,7 +196,7 @@ pub fn render(counts: &MetricCounts) -> String {
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     family(
-        &mut out,
+        out,
         "assistd_group_commits_total",
         "counter",
         "Group-commit transactions by queue (this instance).",
@@ -202,7 +208,7 @@ pub fn render(counts: &MetricCounts) -> String {
         );
     }
     family(
-        &mut out,
+        out,
         "assistd_group_commit_operations_total",
         "counter",
         "Operations carried by those transactions (operations / transactions = mean batch).",
@@ -214,7 +220,7 @@ pub fn render(counts: &MetricCounts) -> String {
         );
     }
     family(
-        &mut out,
+        out,
         "assistd_model_tokens_total",
         "counter",
         "Model tokens of recorded calls by agent, model and kind (prompt, completion; this instance).",
@@ -231,19 +237,18 @@ pub fn render(counts: &MetricCounts) -> String {
         }
     }
     RECOVERY_SECONDS.render(
-        &mut out,
+        out,
         "assistd_recovery_seconds",
         "From the claim that took a task over after a lost lease to its next step (this instance).",
     );
     MODEL_CALL_SECONDS.render(
-        &mut out,
+        out,
         "assistd_model_call_seconds",
         "Model call latency (this instance).",
     );
     STEP_SECONDS.render(
-        &mut out,
+        out,
         "assistd_step_seconds",
         "Step latency including retries (this instance).",
     );
-    out
 }

@@ -18,7 +18,7 @@ use crate::domain::{FailureType, Fence, NewStep, StepResult, StepRow, StepStatus
 use crate::llm::LlmError;
 use crate::store::journal::Journal;
 
-use super::task::RunError;
+use super::task::{Recovery, RunError};
 
 /// Longest error text kept on a step or task.
 pub const ERROR_LIMIT: usize = 2000;
@@ -82,29 +82,6 @@ pub struct StepExec<'a> {
     pub model: &'a str,
     /// Set when this run took the task over: its first step begun ends the recovery.
     pub recovery: Option<&'a Recovery>,
-}
-
-/// The clock of a takeover: from the claim to the first step it begins
-/// (`assistd_recovery_seconds`).
-#[derive(Debug)]
-pub struct Recovery {
-    claimed: Instant,
-    seen: std::sync::atomic::AtomicBool,
-}
-
-impl Recovery {
-    pub fn start() -> Recovery {
-        Recovery {
-            claimed: Instant::now(),
-            seen: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    fn step_begun(&self) {
-        if !self.seen.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            crate::metrics::RECOVERY_SECONDS.observe(self.claimed.elapsed());
-        }
-    }
 }
 
 impl StepExec<'_> {

@@ -33,7 +33,7 @@ pub struct TaskContext {
     /// The agent version as snapshotted into the task at its first claim.
     pub agent: AgentDefinition,
     /// Running since this run took the task over from an instance that lost it.
-    pub recovery: Option<super::step::Recovery>,
+    pub recovery: Option<Recovery>,
 }
 
 pub(crate) async fn load_context(svc: &Worker, task_id: i64) -> Result<TaskContext, RunError> {
@@ -67,7 +67,7 @@ pub(crate) async fn context_of(
     let agent: AgentDefinition = serde_json::from_str(snapshot)
         .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
     Ok(TaskContext {
-        recovery: task.taken_over.then(super::step::Recovery::start),
+        recovery: task.taken_over.then(Recovery::start),
         task,
         message,
         agent,
@@ -91,4 +91,27 @@ pub(crate) fn model_of<'a>(
         agent.model.clone()
     };
     Ok((provider, model))
+}
+
+/// The clock of a takeover: from the claim to the first step it begins
+/// (`assistd_recovery_seconds`).
+#[derive(Debug)]
+pub struct Recovery {
+    claimed: std::time::Instant,
+    seen: std::sync::atomic::AtomicBool,
+}
+
+impl Recovery {
+    pub fn start() -> Recovery {
+        Recovery {
+            claimed: std::time::Instant::now(),
+            seen: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn step_begun(&self) {
+        if !self.seen.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            crate::metrics::RECOVERY_SECONDS.observe(self.claimed.elapsed());
+        }
+    }
 }

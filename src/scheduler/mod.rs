@@ -11,11 +11,12 @@ use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, JobSchedule};
-use crate::domain::AuditEvent;
 use crate::domain::AuditTarget;
 use crate::domain::NewReply;
+use crate::domain::{AuditEvent, Decision, FailureType};
 use crate::domain::{CALLBACK_CHANNEL, JobRunStatus, ReplyType, now_ms, reply_key};
 use crate::store::jobs::{JobLock, LockGate, NewJobRun};
+use crate::store::workflow::Decline;
 use crate::store::{Store, StoreResult};
 use crate::wake::Wake;
 
@@ -349,12 +350,48 @@ pub async fn confirm_timeout(svc: &Jobs, batch: i64, now: i64) -> Result<JobCoun
             })
             .to_string(),
         });
-        if store_err(
-            svc.store
-                .expire_confirmation(task.id, &notice, callback.as_ref(), now),
-        )
-        .await?
-        {
+        let undo = store_err(crate::control::has_undoable_steps(
+            &svc.config,
+            &svc.store,
+            task.id,
+        ))
+        .await?;
+        let action = if undo {
+            store_err(svc.store.open_pending_action(task.id)).await?
+        } else {
+            None
+        };
+        let expired = match action {
+            // Earlier compensable steps: a worker undoes them and ends the task.
+            Some(action) => {
+                let decline = Decline {
+                    decision: Decision::Expired,
+                    actor: "scheduler:confirm_timeout",
+                    reason: "approval deadline passed".into(),
+                    failure: FailureType::Timeout,
+                };
+                let due = now.min(now_ms());
+                let handed = store_err(svc.store.decline_to_worker(
+                    &action,
+                    &decline,
+                    callback.as_ref(),
+                    due,
+                ))
+                .await?;
+                if handed {
+                    svc.wake.tasks.notify_one();
+                }
+                handed
+            }
+            None => {
+                store_err(
+                    svc.store
+                        .expire_confirmation(task.id, &notice, callback.as_ref(), now),
+                )
+                .await?
+            }
+        };
+        if expired {
             tracing::warn!(
                 task_id = task.id,
                 "approval deadline passed; task cancelled"

@@ -4,7 +4,7 @@
 use super::sql::{insert_audit, insert_reply};
 use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::AuditTarget;
-use crate::domain::{AuditEvent, Decision, PendingKind, StepStatus, TaskStatus};
+use crate::domain::{AuditEvent, Decision, FailureType, PendingKind, StepStatus, TaskStatus};
 use crate::domain::{Fence, NewReply, NewStep};
 
 /// Takes the task row under the fence (and, on PostgreSQL, its row lock); `false` = lost.
@@ -99,6 +99,19 @@ pub enum Decided {
     Cancelled,
     /// Somebody decided first (or the deadline passed).
     AlreadyDecided(Decision),
+}
+
+/// A rejection or an expiry handed to a worker because earlier compensable steps must be
+/// undone first (see [`Store::decline_to_worker`]).
+#[derive(Debug, Clone)]
+pub struct Decline<'a> {
+    /// REJECTED (by `actor`) or EXPIRED.
+    pub decision: Decision,
+    pub actor: &'a str,
+    /// Why, on the step and in the audit.
+    pub reason: String,
+    /// How the task will end: CANCELLED (rejected) or TIMEOUT (expired).
+    pub failure: FailureType,
 }
 
 impl Store {
@@ -425,6 +438,97 @@ impl Store {
             }
         });
         Ok(decided)
+    }
+
+    // long: one transaction (decision, gate step, task, audit, callback) per dialect.
+    /// Declines what a task waits for and hands the task to a worker instead of ending it:
+    /// the request decided, its step FAILED with `{"declined", "failure_type", "by"}` in
+    /// its output, the task PENDING again. The worker replays the journal, meets the
+    /// declined step, undoes the earlier compensable steps (saga) and ends the task
+    /// CANCELLED with the one notice. `false` when it was decided or ended first.
+    pub async fn decline_to_worker(
+        &self,
+        action: &PendingActionRow,
+        decline: &Decline<'_>,
+        callback: Option<&NewReply>,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let declined = if decline.decision == Decision::Rejected {
+            "rejected"
+        } else {
+            "expired"
+        };
+        let output = serde_json::json!({
+            "declined": declined,
+            "failure_type": decline.failure.as_str(),
+            "error": decline.reason,
+            "by": decline.actor,
+        })
+        .to_string();
+        let done = write_tx!(self, tx => {
+            let n = sqlx::query(
+                "UPDATE pending_action SET decision = $1, decided_by = $2, decided_at = $3 \
+                 WHERE id = $4 AND decision = 'PENDING'",
+            )
+            .bind(decline.decision)
+            .bind((decline.decision == Decision::Rejected).then_some(decline.actor))
+            .bind(now)
+            .bind(action.id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n != 1 {
+                return Ok(false);
+            }
+            let moved = sqlx::query(
+                "UPDATE agent_task SET status = 'PENDING', confirm_deadline = NULL, \
+                 run_after = $1, owner = NULL, version = version + 1, updated_at = $1 \
+                 WHERE id = $2 AND status = 'WAITING_HUMAN_CONFIRM'",
+            )
+            .bind(now)
+            .bind(action.task_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if moved != 1 {
+                return Ok(false);
+            }
+            sqlx::query(
+                "UPDATE agent_step SET status = $1, output = $2, error = $3, finished_at = $4 \
+                 WHERE task_id = $5 AND step_no = $6",
+            )
+            .bind(StepStatus::Failed)
+            .bind(&output)
+            .bind(&decline.reason)
+            .bind(now)
+            .bind(action.task_id)
+            .bind(action.step_no)
+            .execute(&mut *tx)
+            .await?;
+            if let Some(callback) = callback {
+                insert_reply!(&mut *tx, action.task_id, callback, now).await?;
+            }
+            let event = if decline.decision == Decision::Rejected {
+                AuditEvent::TaskRejected
+            } else {
+                AuditEvent::TaskTimeoutCancelled
+            };
+            insert_audit!(
+                &mut *tx,
+                Some(action.task_id),
+                event,
+                decline.actor,
+                &format!(
+                    "{} at step {}: {}; earlier steps are undone before the task is cancelled",
+                    action.kind, action.step_no, decline.reason
+                ),
+                false,
+                now,
+                target = Some(AuditTarget::Approval(action.id)),
+            )?;
+            true
+        });
+        Ok(done)
     }
 
     /// Appends one audit event on its own.

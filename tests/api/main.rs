@@ -11,6 +11,7 @@ mod conformance;
 mod control;
 mod crash;
 mod dashboard;
+mod declines;
 mod examples;
 mod jobs;
 mod lifecycle;

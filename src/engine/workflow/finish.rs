@@ -114,10 +114,28 @@ impl Runner<'_> {
     ) -> Result<(), RunError> {
         tracing::warn!(failure_type = %failure, error = %message, "workflow failed");
         let task = &self.ctx.task;
-        let notice =
-            reply::failure_notice(&self.svc.config.replies.failure_notice, task.id, failure);
+        let replies = &self.svc.config.replies;
+        let (status, notice) = match &self.declined {
+            // Declined by a human: cancelled (after the undo), with the notice the
+            // decision owes the chat.
+            Some(declined) => {
+                let text = if declined.expired {
+                    replies.timeout_notice.clone()
+                } else {
+                    replies.rejected_notice.replace("{approver}", &declined.by)
+                };
+                (
+                    TaskStatus::Cancelled,
+                    json!({ "text": text.replace("{task_id}", &task.id.to_string()) }),
+                )
+            }
+            None => (
+                TaskStatus::Failed,
+                reply::failure_notice(&replies.failure_notice, task.id, failure),
+            ),
+        };
         let outcome = TaskOutcome {
-            status: TaskStatus::Failed,
+            status,
             result: None,
             trace: Some(self.trace_json()),
             failure_type: Some(failure),

@@ -30,10 +30,13 @@ impl Runner<'_> {
                     return Ok(parse_output(row.output.as_deref()));
                 }
                 StepStatus::Failed => {
-                    return Err(Stop::Failed(
-                        FailureType::Cancelled,
-                        row.error.clone().unwrap_or_else(|| "rejected".into()),
-                    ));
+                    let row = row.clone();
+                    return Err(self.declined_stop(&row).unwrap_or_else(|| {
+                        Stop::Failed(
+                            FailureType::Cancelled,
+                            row.error.clone().unwrap_or_else(|| "rejected".into()),
+                        )
+                    }));
                 }
                 _ => {}
             }

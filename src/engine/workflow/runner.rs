@@ -83,6 +83,17 @@ pub(super) struct Runner<'a> {
     pub(super) replay_only: bool,
     /// The agent's model name (token metrics).
     pub(super) model: String,
+    /// A human declined what the task waited for (rejected, or let the deadline pass):
+    /// the run undoes its compensable steps and ends CANCELLED with that notice.
+    pub(super) declined: Option<Declined>,
+}
+
+/// A declined approval met in the journal.
+#[derive(Debug, Clone)]
+pub(super) struct Declined {
+    pub(super) expired: bool,
+    /// The approver who rejected (empty for an expiry).
+    pub(super) by: String,
 }
 
 pub async fn run(
@@ -162,6 +173,7 @@ impl<'a> Runner<'a> {
             model: crate::engine::task::model_of(svc, &ctx.agent)
                 .map(|(_, model)| model)
                 .unwrap_or_default(),
+            declined: None,
         };
         Ok((runner, workflow))
     }
@@ -394,6 +406,32 @@ pub(super) fn tool_outcome(
             message: e.message,
             retry_after: None,
         }),
+    }
+}
+
+impl Runner<'_> {
+    /// A FAILED step that a human declined (`Store::decline_to_worker` wrote its output):
+    /// remembered for the finish, and the stop that ends the walk.
+    pub(super) fn declined_stop(&mut self, row: &StepRow) -> Option<Stop> {
+        let output = parse_output(row.output.as_deref());
+        let declined = output.get("declined").and_then(Value::as_str)?;
+        let failure = output
+            .get("failure_type")
+            .and_then(Value::as_str)
+            .and_then(FailureType::parse)
+            .unwrap_or(FailureType::Cancelled);
+        self.declined = Some(Declined {
+            expired: declined == "expired",
+            by: output
+                .get("by")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        });
+        Some(Stop::Failed(
+            failure,
+            row.error.clone().unwrap_or_else(|| declined.to_string()),
+        ))
     }
 }
 

@@ -40,6 +40,9 @@ impl Runner<'_> {
                     });
                 }
                 StepStatus::Failed => {
+                    if let Some(stop) = self.declined_stop(&row) {
+                        return Err(stop);
+                    }
                     let output = parse_output(row.output.as_deref());
                     let failure = output
                         .get("failure_type")
