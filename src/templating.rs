@@ -162,8 +162,9 @@ impl Object for Sample {
     }
 }
 
-/// The context a dry run evaluates against: the message's fields as strings, and for each
-/// node id its output (`text` for model nodes, anything for the others).
+/// The context a dry run evaluates against: the message's fields as strings, for each node
+/// id its output (`text` for model nodes, anything for the others), and a sample exchange
+/// as `history`.
 pub fn sample_context(nodes: &[(String, bool)]) -> Value {
     let map = |pairs: Vec<(String, Value)>| Value::from(BTreeMap::from_iter(pairs));
     let steps = nodes
@@ -185,9 +186,16 @@ pub fn sample_context(nodes: &[(String, bool)]) -> Value {
         "message_id",
     ]
     .map(|k| (k.to_string(), Value::from("sample")));
+    let exchange = ["user", "assistant"].map(|role| {
+        map(vec![
+            ("role".into(), Value::from(role)),
+            ("text".into(), Value::from("sample")),
+        ])
+    });
     map(vec![
         ("message".into(), map(message.to_vec())),
         ("steps".into(), map(steps)),
+        ("history".into(), Value::from(exchange.to_vec())),
     ])
 }
 

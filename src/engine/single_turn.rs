@@ -106,7 +106,10 @@ pub async fn run(
 
 /// The conversation's recent turns up to and including the question: the user's messages
 /// and, where answered, the answers.
-async fn conversation_turns(svc: &Worker, ctx: &TaskContext) -> Result<Vec<ChatMessage>, RunError> {
+pub(crate) async fn conversation_turns(
+    svc: &Worker,
+    ctx: &TaskContext,
+) -> Result<Vec<ChatMessage>, RunError> {
     let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
     let history = svc
         .store

@@ -26,4 +26,5 @@ mod security;
 mod strict_model;
 mod webhook_errors;
 mod workflow_crash;
+mod workflow_history;
 mod workflows;

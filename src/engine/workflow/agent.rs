@@ -20,17 +20,18 @@ impl Runner<'_> {
     /// read-only tools go back to the model. When `max_steps` model turns all asked for tools,
     /// one last turn with `tool_choice: none` makes the model answer with what it has.
     pub(super) async fn agent_loop(&mut self, id: &str, node: &AgentNode) -> Result<String, Stop> {
-        let prompt = self.render(&node.prompt)?;
-        let head = vec![
-            ChatMessage::system(self.ctx.agent.system_prompt.clone()),
-            ChatMessage::user(prompt),
-        ];
+        let prompt = ChatMessage::user(self.render(&node.prompt)?);
+        let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
+        // The system prompt, the conversation's earlier exchanges, the node's prompt.
+        let mut head = vec![system.clone()];
+        head.extend(self.history.iter().cloned());
+        head.push(prompt.clone());
         let specs = self.svc.tools.function_specs(&node.tools);
         let every = self.svc.config.context.summary_every_steps as usize;
-        // Room for the loop's rounds: the history budget less the node's prompt.
+        // Room for the loop's rounds: the history budget less the history and the prompt.
         let budget = self
             .history_budget()?
-            .saturating_sub(llm::message_tokens(&head[1]));
+            .saturating_sub(head[1..].iter().map(llm::message_tokens).sum());
         // Messages since the last summary, in rounds (an assistant turn and its tool results).
         let mut window: Vec<ChatMessage> = Vec::new();
         let mut summary: Option<String> = None;
@@ -66,9 +67,10 @@ impl Runner<'_> {
                 // Refused as too long: fold every round into the summary (or, with none yet,
                 // cut the node's prompt) and ask once more.
                 Err(stop) if stop.is_context_too_long() => {
-                    let mut retry_head = head.clone();
+                    // Without the conversation's history first of all.
+                    let mut retry_head = vec![system.clone(), prompt.clone()];
                     if window.is_empty() {
-                        retry_head[1] = ChatMessage::user(self.cut_to_fit(&head[1].content)?);
+                        retry_head[1] = ChatMessage::user(self.cut_to_fit(&prompt.content)?);
                     } else {
                         let older = std::mem::take(&mut window);
                         summary = Some(self.fold_into_summary(summary.as_deref(), &older).await?);

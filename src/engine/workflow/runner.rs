@@ -86,6 +86,9 @@ pub(super) struct Runner<'a> {
     /// A human declined what the task waited for (rejected, or let the deadline pass):
     /// the run undoes its compensable steps and ends CANCELLED with that notice.
     pub(super) declined: Option<Declined>,
+    /// The conversation's earlier exchanges that fit the history budget, oldest first:
+    /// `history` in templates and the turns before the prompt in `llm` and `agent` calls.
+    pub(super) history: Vec<ChatMessage>,
 }
 
 /// A declined approval met in the journal.
@@ -174,7 +177,10 @@ impl<'a> Runner<'a> {
                 .map(|(_, model)| model)
                 .unwrap_or_default(),
             declined: None,
+            history: Vec::new(),
         };
+        let mut runner = runner;
+        runner.history = runner.recent_history().await?;
         Ok((runner, workflow))
     }
 
@@ -189,7 +195,39 @@ impl<'a> Runner<'a> {
                 "message_id": m.external_message_id,
             },
             "steps": self.outputs,
+            "history": self.history.iter().map(|m| json!({
+                "role": m.role.as_str(),
+                "text": m.content,
+            })).collect::<Vec<_>>(),
         })
+    }
+
+    /// The conversation's earlier exchanges (the agent's `history_messages` at most), the
+    /// newest that fit the history budget as single-turn agents count it; older ones are
+    /// left out (a workflow does not fold them into a summary step, so that its journal keeps
+    /// the node steps only).
+    async fn recent_history(&self) -> Result<Vec<ChatMessage>, RunError> {
+        let mut turns = crate::engine::single_turn::conversation_turns(self.svc, self.ctx).await?;
+        // The last turn is this task's own message, which the node prompts carry.
+        turns.pop();
+        let budget = self.history_budget().unwrap_or(0);
+        let mut used = 0usize;
+        let mut keep = 0usize;
+        for turn in turns.iter().rev() {
+            used += crate::llm::message_tokens(turn);
+            if used > budget {
+                break;
+            }
+            keep += 1;
+        }
+        let mut kept = turns.split_off(turns.len() - keep);
+        // Whole exchanges only: an answer whose question was left out goes too.
+        let orphans = kept
+            .iter()
+            .take_while(|m| m.role != crate::llm::Role::User)
+            .count();
+        kept.drain(..orphans);
+        Ok(kept)
     }
 
     pub(super) fn render(&self, template: &str) -> Result<String, Stop> {
@@ -231,12 +269,14 @@ impl<'a> Runner<'a> {
                 NodeKind::Llm(n) => {
                     let prompt = self.render(&n.prompt)?;
                     let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
-                    let messages = vec![system.clone(), ChatMessage::user(prompt.clone())];
+                    let mut messages = vec![system.clone()];
+                    messages.extend(self.history.iter().cloned());
+                    messages.push(ChatMessage::user(prompt.clone()));
                     let answer = match self.llm_call("llm", messages, Vec::new(), None).await {
                         // Refused as too long: once more, with the prompt cut to fit.
                         Err(stop) if stop.is_context_too_long() => {
                             let cut = self.cut_to_fit(&prompt)?;
-                            tracing::warn!(node = %id, "the model refused the prompt as too long; asking again with it cut");
+                            tracing::warn!(node = %id, "the model refused the prompt as too long; asking again with it cut, without the history");
                             let messages = vec![system, ChatMessage::user(cut)];
                             self.llm_call("llm", messages, Vec::new(), None).await?
                         }
