@@ -109,7 +109,10 @@ impl App {
         let channels = Arc::new(Channels::from_config(&config)?);
         let llm = Arc::new(llm);
         let tools = Arc::new(tools);
-        let journal = Arc::new(Journal::start(store.clone(), &config.worker));
+        let journal = Arc::new(
+            Journal::start(store.clone(), &config.worker)
+                .with_inline_max(config.journal.inline_max_bytes),
+        );
         let jobs = Arc::new(Jobs {
             config: config.clone(),
             store: store.clone(),

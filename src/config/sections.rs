@@ -23,8 +23,20 @@ pub struct Config {
     pub context: ContextConfig,
     pub redaction: RedactionConfig,
     pub tooling: ToolingConfig,
+    pub journal: JournalConfig,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// How the step journal keeps large outputs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalConfig {
+    /// Step outputs longer than this (bytes) are kept in `step_blob`, by reference.
+    pub inline_max_bytes: usize,
+    /// The most of one tool output a model is shown (bytes); longer outputs are shortened
+    /// with a note giving the whole length. Templates and the journal keep the whole.
+    pub model_view_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -125,6 +125,18 @@ impl Config {
             )?;
         }
         positive("worker.concurrency", self.worker.concurrency as u64)?;
+        positive(
+            "journal.inline_max_bytes",
+            self.journal.inline_max_bytes as u64,
+        )?;
+        positive(
+            "journal.model_view_bytes",
+            self.journal.model_view_bytes as u64,
+        )?;
+        positive(
+            "tooling.max_response_bytes",
+            self.tooling.max_response_bytes as u64,
+        )?;
         if self.context.summary_every_steps < 2 {
             return Err(invalid("context.summary_every_steps", "must be at least 2"));
         }

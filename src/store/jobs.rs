@@ -459,7 +459,8 @@ impl Store {
     }
 
     /// Removes bulky content of up to `limit` terminal tasks finished before `cutoff`: step
-    /// inputs and outputs, the message text and reply content. Rows, statuses, failure types
+    /// inputs and outputs (those of superseded runs and those kept as blobs too), the
+    /// message text and reply content. Rows, statuses, failure types
     /// and audit stay. Returns (tasks scanned, tasks purged).
     pub async fn purge_finished(
         &self,
@@ -483,6 +484,17 @@ impl Store {
         for (task_id, message_id) in ids {
             write_tx!(self, tx => {
                 sqlx::query("UPDATE agent_step SET input = NULL, output = NULL WHERE task_id = $1")
+                    .bind(task_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "UPDATE agent_step_superseded SET input = NULL, output = NULL WHERE task_id = $1",
+                )
+                .bind(task_id)
+                .execute(&mut *tx)
+                .await?;
+                // Outputs kept by reference go with the steps' other bodies.
+                sqlx::query("DELETE FROM step_blob WHERE task_id = $1")
                     .bind(task_id)
                     .execute(&mut *tx)
                     .await?;

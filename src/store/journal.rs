@@ -19,6 +19,8 @@ pub struct Journal {
     store: Store,
     /// `None` when `worker.group_commit_max` is 1: every write is its own transaction.
     grouped: Option<GroupCommit<WriteOp, WriteOut>>,
+    /// Step outputs longer than this go to `step_blob` (`journal.inline_max_bytes`).
+    inline_max: usize,
 }
 
 impl Journal {
@@ -28,6 +30,7 @@ impl Journal {
             return Journal {
                 store,
                 grouped: None,
+                inline_max: usize::MAX,
             };
         }
         let writer = store.clone();
@@ -50,7 +53,30 @@ impl Journal {
         Journal {
             store,
             grouped: Some(grouped),
+            inline_max: usize::MAX,
         }
+    }
+
+    /// Keeps step outputs over `bytes` by reference (`step_blob`).
+    pub fn with_inline_max(mut self, bytes: usize) -> Journal {
+        self.inline_max = bytes;
+        self
+    }
+
+    /// `step` as the journal row keeps it: an output over the inline limit written to a
+    /// blob first and replaced by its reference.
+    async fn by_reference(&self, task_id: i64, step: &StepResult) -> StoreResult<StepResult> {
+        let mut step = step.clone();
+        if let Some(output) = &step.output
+            && crate::store::blobs::needs_blob(output, self.inline_max)
+        {
+            let reference = self
+                .store
+                .put_blob(task_id, step.step_id, output, now_ms())
+                .await?;
+            step.output = Some(reference);
+        }
+        Ok(step)
     }
 
     async fn write(&self, op: WriteOp) -> StoreResult<WriteOut> {
@@ -67,7 +93,14 @@ impl Journal {
         fence: &Fence,
         step: &NewStep<'_>,
     ) -> StoreResult<Option<StepRow>> {
-        Ok(self.write(WriteOp::begin_step(fence, step)).await?.step())
+        let Some(row) = self.write(WriteOp::begin_step(fence, step)).await?.step() else {
+            return Ok(None);
+        };
+        // A step found journalled (a resumed task) may hold its output by reference.
+        let mut rows = [row];
+        self.store.read_through_blobs(&mut rows).await?;
+        let [row] = rows;
+        Ok(Some(row))
     }
 
     /// Parks the task PAUSED at a step boundary if an admin asked (see
@@ -82,7 +115,7 @@ impl Journal {
     pub async fn complete_step(&self, fence: &Fence, step: &StepResult) -> StoreResult<bool> {
         let op = WriteOp::CompleteStep {
             fence: fence.clone(),
-            step: step.clone(),
+            step: self.by_reference(fence.task_id, step).await?,
         };
         Ok(self.write(op).await?.done())
     }
@@ -165,9 +198,13 @@ impl Journal {
 
     /// Ends a task (status, last step, reply, audit); `false` when ownership was lost.
     pub async fn finish_task(&self, fence: &Fence, outcome: &TaskOutcome) -> StoreResult<bool> {
+        let mut outcome = outcome.clone();
+        if let Some(step) = &outcome.step {
+            outcome.step = Some(self.by_reference(fence.task_id, step).await?);
+        }
         let op = WriteOp::FinishTask {
             fence: fence.clone(),
-            outcome: Box::new(outcome.clone()),
+            outcome: Box::new(outcome),
         };
         Ok(self.write(op).await?.done())
     }

@@ -14,6 +14,7 @@ use sqlx::sqlite::{
 use crate::config::DatabaseConfig;
 
 pub mod agents;
+pub mod blobs;
 pub mod group;
 pub mod intake;
 pub mod jobs;

@@ -304,12 +304,15 @@ impl Store {
         }))
     }
 
+    /// The task's journal, oldest step first, outputs kept by reference read through.
     pub async fn task_steps(&self, task_id: i64) -> StoreResult<Vec<StepRow>> {
         let sql =
             format!("SELECT {STEP_COLUMNS} FROM agent_step WHERE task_id = $1 ORDER BY step_no");
-        Ok(on_pool!(self, pool => {
+        let mut steps = on_pool!(self, pool => {
             sqlx::query_as::<_, StepRow>(&sql).bind(task_id).fetch_all(pool).await?
-        }))
+        });
+        self.read_through_blobs(&mut steps).await?;
+        Ok(steps)
     }
 
     /// Finished steps in the journal and the time from the first step's start to the last

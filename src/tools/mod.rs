@@ -214,12 +214,30 @@ impl ToolRegistry {
             }
         })?;
         let status = response.status();
-        // Read no more than the cap: a huge (or endless) response is not held whole.
+        // Read as it streams in, up to the cap, and kept whole; past the cap the call fails
+        // (a cut JSON body would be read as something else).
+        let too_large = |seen: u64| {
+            ToolError::permanent(format!(
+                "tool response is larger than tooling.max_response_bytes ({} bytes; {seen} or \
+                 more came): refused rather than cut",
+                self.max_response_bytes
+            ))
+        };
+        if let Some(length) = response.content_length()
+            && length > self.max_response_bytes as u64
+        {
+            return Err(too_large(length));
+        }
         let mut response = response;
         let mut bytes: Vec<u8> = Vec::new();
-        while bytes.len() < self.max_response_bytes {
+        loop {
             match response.chunk().await {
-                Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+                Ok(Some(chunk)) => {
+                    bytes.extend_from_slice(&chunk);
+                    if bytes.len() > self.max_response_bytes {
+                        return Err(too_large(bytes.len() as u64));
+                    }
+                }
                 Ok(None) => break,
                 Err(e) => {
                     return Err(ToolError {
@@ -232,7 +250,7 @@ impl ToolRegistry {
                 }
             }
         }
-        let body = &bytes[..bytes.len().min(self.max_response_bytes)];
+        let body = &bytes[..];
         let value = serde_json::from_slice::<Value>(body)
             .unwrap_or_else(|_| json!({ "text": String::from_utf8_lossy(body) }));
         if !status.is_success() {
@@ -410,10 +428,11 @@ mod tests {
         ToolRegistry::new(&BTreeMap::from([("t".to_string(), tool)]), &tooling).unwrap()
     }
 
-    /// Attack (issue 17, item 13): a tool host that never ends its response. Only the capped
-    /// length is read, so the call returns at once instead of buffering until the timeout.
+    /// Attack (issue 17, item 13): a tool host that never ends its response. Reading stops
+    /// at the cap, so the call returns at once instead of buffering until the timeout, and
+    /// it fails (issue 19: a cut body is never passed on as if it were the response).
     #[tokio::test]
-    async fn an_endless_tool_response_is_read_only_up_to_the_cap() {
+    async fn an_endless_tool_response_is_refused_at_the_cap() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -432,15 +451,35 @@ mod tests {
             }
         });
         // Buffering the whole body would run into the tool's timeout and fail the call.
-        let out = registry(&format!("http://127.0.0.1:{port}/x"), &["127.0.0.1"])
+        let err = registry(&format!("http://127.0.0.1:{port}/x"), &["127.0.0.1"])
+            .call("t", &json!({}), "k")
+            .await
+            .unwrap_err();
+        assert!(
+            err.message.contains("tooling.max_response_bytes"),
+            "{}",
+            err.message
+        );
+        assert!(!err.retryable);
+    }
+
+    /// A response up to the cap is kept whole, JSON intact.
+    #[tokio::test]
+    async fn a_response_up_to_the_cap_is_kept_whole() {
+        use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+        let server = MockServer::start().await;
+        let items: Vec<String> = (0..80).map(|i| format!("{i:08}")).collect();
+        let body = json!({ "items": items });
+        assert!(body.to_string().len() <= 1000);
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(body.clone()))
+            .mount(&server)
+            .await;
+        let out = registry(&format!("{}/x", server.uri()), &["127.0.0.1"])
             .call("t", &json!({}), "k")
             .await
             .unwrap();
-        assert_eq!(
-            out["text"].as_str().unwrap().len(),
-            1000,
-            "cut at max_response_bytes"
-        );
+        assert_eq!(out, body);
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@ mod helpers;
 
 mod admin_pages;
 mod bench_smoke;
+mod big_outputs;
 mod binary;
 mod browser;
 mod conformance;

@@ -11,7 +11,9 @@ use crate::engine::reply;
 use crate::engine::task::{RunError, model_of};
 use crate::llm::{self, ChatMessage, ChatRequest, ChatResponse, Role, ToolChoice, ToolSpec};
 
-use super::runner::{CallOk, Compensable, Runner, StepDone, Stop, cut_middle, tool_outcome};
+use super::runner::{
+    CallOk, Compensable, Runner, StepDone, Stop, cut_middle, model_view, tool_outcome,
+};
 use crate::engine::step::{CallErr, RetryPlan};
 
 impl Runner<'_> {
@@ -145,7 +147,10 @@ impl Runner<'_> {
                 }
             };
             let content = match outcome {
-                Ok(output) => output.to_string(),
+                Ok(output) => model_view(
+                    &output.to_string(),
+                    self.svc.config.journal.model_view_bytes,
+                ),
                 Err(error) => json!({ "error": error }).to_string(),
             };
             results.push(ChatMessage::tool_result(call.id.clone(), content));

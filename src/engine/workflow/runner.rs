@@ -412,6 +412,31 @@ pub(super) fn cut_middle(text: &str, bytes: usize) -> String {
     )
 }
 
+/// What a model is shown of a tool output: the whole when it is at most `bytes`, else its
+/// head and tail with a note saying it was shortened and how long the whole is (the
+/// journal and templates keep the whole).
+pub(super) fn model_view(output: &str, bytes: usize) -> String {
+    if output.len() <= bytes {
+        return output.to_string();
+    }
+    let floor = |mut i: usize| {
+        while !output.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let head = floor(bytes * 3 / 4);
+    let tail = floor(output.len() - bytes / 4).max(head);
+    format!(
+        "{}\n[… shortened for the model: this tool output is {} bytes in all; {} bytes from \
+         its middle are left out …]\n{}",
+        &output[..head],
+        output.len(),
+        tail - head,
+        &output[tail..]
+    )
+}
+
 pub(super) fn parse_output(text: Option<&str>) -> Value {
     text.and_then(|t| serde_json::from_str(t).ok())
         .unwrap_or(Value::Null)
