@@ -100,14 +100,7 @@ async fn job_runs(
     State(svc): State<Arc<ApiContext>>,
     Query(q): Query<JobRunsQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = match q.limit.as_deref() {
-        None | Some("") => 50,
-        Some(l) => l
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=LIMIT_MAX).contains(n))
-            .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1 to {LIMIT_MAX}")))?,
-    };
+    let limit = super::error::parse_limit(q.limit.as_deref(), 50, LIMIT_MAX)?;
     let job = q.job.as_deref().filter(|j| !j.is_empty());
     let runs = svc.store.job_runs(job, limit).await?;
     Ok(Json(json!({

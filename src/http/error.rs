@@ -58,3 +58,15 @@ impl IntoResponse for ApiError {
         (status, Json(json!({ "error": self.to_string() }))).into_response()
     }
 }
+
+/// A `limit` query value: `default` when absent or empty, else 1 to `max`.
+pub fn parse_limit(value: Option<&str>, default: i64, max: i64) -> Result<i64, ApiError> {
+    match value {
+        None | Some("") => Ok(default),
+        Some(l) => l
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1 to {max}"))),
+    }
+}

@@ -158,14 +158,7 @@ async fn audit_trail(
         .as_deref()
         .filter(|t| !t.is_empty() && t.len() <= 128)
         .ok_or_else(|| ApiError::BadRequest("`target_id` is required (1-128 bytes)".into()))?;
-    let limit = match q.limit.as_deref() {
-        None | Some("") => 100,
-        Some(l) => l
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=LIMIT_MAX).contains(n))
-            .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1 to {LIMIT_MAX}")))?,
-    };
+    let limit = super::error::parse_limit(q.limit.as_deref(), 100, LIMIT_MAX)?;
     let rows = svc
         .store
         .target_audit(target_type, target_id, limit)

@@ -454,11 +454,6 @@ async fn task_action(
     }
     let actor = "admin:web";
     let outcome: Option<String> = match action.as_str() {
-        "resume" => conflict_text(crate::control::resume_task(&svc.control, id, actor).await?),
-        "cancel" => conflict_text(crate::control::cancel_task(&svc.control, id, actor).await?),
-        "pause" => conflict_text(crate::control::pause_task(&svc.control, id, actor).await?),
-        "unpause" => conflict_text(crate::control::unpause_task(&svc.control, id, actor).await?),
-        "restart" => conflict_text(crate::control::restart_task(&svc.control, id, actor).await?),
         "confirm" => {
             let approve = form.get("decision").map(String::as_str) == Some("approve");
             let approver = form
@@ -475,7 +470,10 @@ async fn task_action(
                 other => Some(format!("not decided: {other:?}")),
             }
         }
-        other => return Err(ApiError::NotFound(format!("no action {other}"))),
+        other => match super::tasks::TaskAction::parse(other) {
+            Some(action) => conflict_text(action.run(&svc.control, id, actor).await?),
+            None => return Err(ApiError::NotFound(format!("no action {other}"))),
+        },
     };
     let target = match outcome {
         None => format!("/admin/tasks/{id}"),

@@ -27,12 +27,8 @@ pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/api/tasks", get(list_tasks))
         .route("/api/tasks/{id}", get(get_task))
-        .route("/api/tasks/{id}/cancel", post(cancel_task))
-        .route("/api/tasks/{id}/resume", post(resume_task))
-        .route("/api/tasks/{id}/pause", post(pause_task))
-        .route("/api/tasks/{id}/unpause", post(unpause_task))
-        .route("/api/tasks/{id}/restart", post(restart_task))
         .route("/api/tasks/{id}/confirm", post(confirm_task))
+        .route("/api/tasks/{id}/{action}", post(task_action))
 }
 
 /// The actor recorded in audit events for admin actions: `X-Assistd-Actor` when given.
@@ -64,83 +60,80 @@ fn control_result(id: i64, action: &str, control: Control, allowed: &str) -> Res
     }
 }
 
-async fn cancel_task(
-    _auth: AdminAuth,
-    State(svc): State<Arc<ApiContext>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id)?;
-    let control = crate::control::cancel_task(&svc.control, id, &actor(&headers)).await?;
-    control_result(
-        id,
-        "cancel",
-        control,
-        "PENDING, RUNNING, WAITING_HUMAN_CONFIRM or PAUSED tasks",
-    )?;
-    task_json(&svc, id).await.map(Json)
+/// The admin actions on a task's life, by the name in `POST /api/tasks/{id}/{action}` and
+/// on the admin task page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskAction {
+    Cancel,
+    Resume,
+    Pause,
+    Unpause,
+    Restart,
 }
 
-async fn resume_task(
-    _auth: AdminAuth,
-    State(svc): State<Arc<ApiContext>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id)?;
-    let control = crate::control::resume_task(&svc.control, id, &actor(&headers)).await?;
-    control_result(
-        id,
-        "resume",
-        control,
-        "FAILED tasks and tasks CANCELLED by an error",
-    )?;
-    task_json(&svc, id).await.map(Json)
+impl TaskAction {
+    pub fn parse(name: &str) -> Option<TaskAction> {
+        Some(match name {
+            "cancel" => TaskAction::Cancel,
+            "resume" => TaskAction::Resume,
+            "pause" => TaskAction::Pause,
+            "unpause" => TaskAction::Unpause,
+            "restart" => TaskAction::Restart,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            TaskAction::Cancel => "cancel",
+            TaskAction::Resume => "resume",
+            TaskAction::Pause => "pause",
+            TaskAction::Unpause => "unpause",
+            TaskAction::Restart => "restart",
+        }
+    }
+
+    /// The tasks the action applies to, for the 409 text.
+    fn applies_to(self) -> &'static str {
+        match self {
+            TaskAction::Cancel => "PENDING, RUNNING, WAITING_HUMAN_CONFIRM or PAUSED tasks",
+            TaskAction::Resume => "FAILED tasks and tasks CANCELLED by an error",
+            TaskAction::Pause => "PENDING or RUNNING tasks",
+            TaskAction::Unpause => "PAUSED tasks and RUNNING tasks asked to pause",
+            TaskAction::Restart => "SUCCEEDED, FAILED or CANCELLED tasks",
+        }
+    }
+
+    /// Carries the action out for `actor` (audited by the store).
+    pub async fn run(
+        self,
+        svc: &crate::control::TaskControl,
+        id: i64,
+        actor: &str,
+    ) -> crate::store::StoreResult<Control> {
+        use crate::control as c;
+        match self {
+            TaskAction::Cancel => c::cancel_task(svc, id, actor).await,
+            TaskAction::Resume => c::resume_task(svc, id, actor).await,
+            TaskAction::Pause => c::pause_task(svc, id, actor).await,
+            TaskAction::Unpause => c::unpause_task(svc, id, actor).await,
+            TaskAction::Restart => c::restart_task(svc, id, actor).await,
+        }
+    }
 }
 
-async fn pause_task(
+/// `POST /api/tasks/{id}/{action}`: the task as it is after the action, or 404/409.
+async fn task_action(
     _auth: AdminAuth,
     State(svc): State<Arc<ApiContext>>,
-    Path(id): Path<String>,
+    Path((id, action)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
+    let action = TaskAction::parse(&action)
+        .ok_or_else(|| ApiError::NotFound(format!("no task action {action}")))?;
     let id = parse_id(&id)?;
-    let control = crate::control::pause_task(&svc.control, id, &actor(&headers)).await?;
-    control_result(id, "pause", control, "PENDING or RUNNING tasks")?;
-    task_json(&svc, id).await.map(Json)
-}
-
-async fn unpause_task(
-    _auth: AdminAuth,
-    State(svc): State<Arc<ApiContext>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id)?;
-    let control = crate::control::unpause_task(&svc.control, id, &actor(&headers)).await?;
-    control_result(
-        id,
-        "unpause",
-        control,
-        "PAUSED tasks and RUNNING tasks asked to pause",
-    )?;
-    task_json(&svc, id).await.map(Json)
-}
-
-async fn restart_task(
-    _auth: AdminAuth,
-    State(svc): State<Arc<ApiContext>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id)?;
-    let control = crate::control::restart_task(&svc.control, id, &actor(&headers)).await?;
-    control_result(
-        id,
-        "restart",
-        control,
-        "SUCCEEDED, FAILED or CANCELLED tasks",
-    )?;
+    let control = action.run(&svc.control, id, &actor(&headers)).await?;
+    control_result(id, action.name(), control, action.applies_to())?;
     task_json(&svc, id).await.map(Json)
 }
 
@@ -241,14 +234,7 @@ async fn list_tasks(
             ))
         })?),
     };
-    let limit = match query.limit.as_deref() {
-        None | Some("") => 50,
-        Some(l) => l
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
-            .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1 to {LIST_LIMIT_MAX}")))?,
-    };
+    let limit = super::error::parse_limit(query.limit.as_deref(), 50, LIST_LIMIT_MAX)?;
     let conversation = query.conversation.as_deref().filter(|c| !c.is_empty());
     let risky = match query.risk.as_deref() {
         None | Some("") | Some("false") => false,
