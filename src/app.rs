@@ -149,6 +149,7 @@ impl App {
             wake: wake.clone(),
             running,
             slot_free: Notify::new(),
+            channels: channels.clone(),
         });
         let sender = Arc::new(Sender {
             config: config.clone(),

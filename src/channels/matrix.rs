@@ -366,6 +366,42 @@ impl Platform for MatrixChannel {
     fn chat_interval_ms(&self) -> u64 {
         self.config.per_chat_interval_ms
     }
+
+    /// Typing notifications last `timeout` (30 s here) unless renewed or cleared.
+    fn typing_every(&self) -> Option<Duration> {
+        Some(Duration::from_secs(20))
+    }
+
+    fn typing<'a>(&'a self, room: &'a str, on: bool) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let body = if on {
+                json!({ "typing": true, "timeout": 30_000 })
+            } else {
+                json!({ "typing": false })
+            };
+            let response = self
+                .http
+                .put(format!(
+                    "{}/_matrix/client/v3/rooms/{}/typing/{}",
+                    self.homeserver,
+                    encode(room),
+                    encode(&self.config.bot_user_id)
+                ))
+                .bearer_auth(&self.as_token)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| format!("typing failed: {}", crate::redaction::http_error(e)))?;
+            if response.status().is_success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "typing answered HTTP {}",
+                    response.status().as_u16()
+                ))
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -107,6 +107,24 @@ impl Channels {
         self.get(channel).is_some_and(|p| p.resend_is_blind())
     }
 
+    /// How often the typing indicator of `channel` must be renewed; `None`: it has none.
+    pub fn typing_every(&self, channel: &str) -> Option<std::time::Duration> {
+        self.get(channel).and_then(|p| p.typing_every())
+    }
+
+    /// Shows or clears the typing indicator in a conversation of `channel`, best effort.
+    pub async fn typing(
+        &self,
+        channel: &str,
+        conversation_id: &str,
+        on: bool,
+    ) -> Result<(), String> {
+        match self.get(channel) {
+            Some(platform) => platform.typing(conversation_id, on).await,
+            None => Ok(()),
+        }
+    }
+
     /// Whether replies on `channel` need their message's `reply_context`.
     pub fn wants_reply_context(&self, channel: &str) -> bool {
         self.get(channel).is_some_and(|p| p.wants_reply_context())

@@ -354,6 +354,22 @@ pub trait Platform: Send + Sync {
     fn wants_reply_context(&self) -> bool {
         false
     }
+
+    /// How often the platform's typing indicator must be shown again while a task runs
+    /// (it fades by itself); `None` when the platform has none.
+    fn typing_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Shows (`on`) or clears the typing indicator in a conversation. Best effort: a
+    /// failure is the caller's to log, never the task's.
+    fn typing<'a>(
+        &'a self,
+        _conversation_id: &'a str,
+        _on: bool,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// What is wrong with an enabled platform's settings: the key under `channels.<platform>.`

@@ -264,6 +264,40 @@ impl Platform for TelegramChannel {
     fn resend_is_blind(&self) -> bool {
         true
     }
+
+    /// `sendChatAction` shows "typing…" for five seconds (or until the bot's next message).
+    fn typing_every(&self) -> Option<Duration> {
+        Some(Duration::from_secs(4))
+    }
+
+    fn typing<'a>(&'a self, chat: &'a str, on: bool) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if !on {
+                // Telegram has no call to clear it: it ends by itself or with the answer.
+                return Ok(());
+            }
+            let response = self
+                .http
+                .post(format!("{}/sendChatAction", self.api))
+                .json(&json!({ "chat_id": chat, "action": "typing" }))
+                .send()
+                .await
+                .map_err(|e| {
+                    format!("sendChatAction failed: {}", crate::redaction::http_error(e))
+                })?;
+            let status = response.status();
+            let answer: Value = response.json().await.unwrap_or(Value::Null);
+            if answer["ok"].as_bool() == Some(true) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "sendChatAction answered HTTP {}: {}",
+                    status.as_u16(),
+                    answer["description"].as_str().unwrap_or("")
+                ))
+            }
+        })
+    }
 }
 
 #[cfg(test)]

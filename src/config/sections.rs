@@ -438,6 +438,8 @@ pub struct RepliesConfig {
     pub cancelled_notice: String,
     pub rejected_notice: String,
     pub timeout_notice: String,
+    /// Show the platform's typing indicator while a task runs (Telegram, Matrix).
+    pub typing_indicator: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -145,6 +145,7 @@ async fn run_claimed(
     // grace period; only a lost lease stops it early.
     let lost = CancellationToken::new();
     svc.running.track(task.id, Some(lost.clone()));
+    let typing = typing_indicator(&svc, &task);
     let guard = RunGuard {
         heartbeat: tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone())),
         forget: Some(Box::new({
@@ -154,6 +155,9 @@ async fn run_claimed(
     };
     let result = run_task(&svc, &fence, &lost, task, message).await;
     drop(guard);
+    if let Some(typing) = typing {
+        typing.stop();
+    }
     match result {
         Ok(()) => {}
         Err(RunError::Parked) => tracing::info!("waiting for a human decision"),
@@ -170,6 +174,64 @@ async fn run_claimed(
         Err(e) => {
             tracing::error!(error = %e, "task run aborted; it resumes when its lease expires")
         }
+    }
+}
+
+/// The typing indicator shown in the task's chat while this run lasts.
+struct Typing {
+    shown: tokio::task::JoinHandle<()>,
+    svc: Arc<Worker>,
+    channel: String,
+    conversation_id: String,
+}
+
+/// Starts showing "typing…" in the task's chat, renewed as the platform needs, when
+/// `replies.typing_indicator` is on and the platform has one.
+fn typing_indicator(svc: &Arc<Worker>, task: &TaskRow) -> Option<Typing> {
+    if !svc.config.replies.typing_indicator {
+        return None;
+    }
+    let every = svc.channels.typing_every(&task.channel)?;
+    let (channel, conversation_id) = (task.channel.clone(), task.conversation_id.clone());
+    let shown = tokio::spawn({
+        let (svc, channel, conversation_id) =
+            (svc.clone(), channel.clone(), conversation_id.clone());
+        async move {
+            loop {
+                if let Err(e) = svc.channels.typing(&channel, &conversation_id, true).await {
+                    tracing::debug!(error = %e, "typing indicator not shown");
+                }
+                tokio::time::sleep(every).await;
+            }
+        }
+        .in_current_span()
+    });
+    Some(Typing {
+        shown,
+        svc: svc.clone(),
+        channel,
+        conversation_id,
+    })
+}
+
+impl Typing {
+    /// Stops renewing and clears the indicator (where the platform can), in the background.
+    fn stop(self) {
+        self.shown.abort();
+        let Typing {
+            svc,
+            channel,
+            conversation_id,
+            ..
+        } = self;
+        tokio::spawn(
+            async move {
+                if let Err(e) = svc.channels.typing(&channel, &conversation_id, false).await {
+                    tracing::debug!(error = %e, "typing indicator not cleared");
+                }
+            }
+            .in_current_span(),
+        );
     }
 }
 

@@ -28,6 +28,8 @@ pub struct Worker {
     pub running: Arc<RunningTasks>,
     /// Rung when a worker frees a slot.
     pub slot_free: Notify,
+    /// The platforms, for the typing indicator shown while a task runs.
+    pub channels: Arc<crate::channels::Channels>,
 }
 
 /// Tasks this instance is running, with the token that stops each (cancel, lost lease).

@@ -16,6 +16,7 @@ mod pacing;
 mod secrets;
 mod slack;
 mod telegram;
+mod typing;
 mod wecom;
 
 pub(crate) use dingtalk::*;
@@ -36,6 +37,11 @@ pub(crate) async fn platform_api() -> MockServer {
                 .set_body_json(json!({"ok": true, "result": {"message_id": 99}})),
         )
         .with_priority(5)
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/bot{TG_TOKEN}/sendChatAction")))
+        .respond_with(typing::TelegramChatAction)
         .mount(&api)
         .await;
     Mock::given(method("POST"))
