@@ -11,7 +11,8 @@ use serde_json::{Map, Value, json};
 use sha2::Sha256;
 
 use super::platform::{
-    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
+    BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Progress,
+    Refused,
 };
 use crate::domain::CardAction;
 use crate::domain::NewMessage;
@@ -30,6 +31,9 @@ pub struct GenericChannelConfig {
     pub reply_url: String,
     pub agent: String,
     pub timestamp_tolerance_secs: u64,
+    /// POST progress lines of workflow nodes while a task runs (default off).
+    #[serde(default)]
+    pub progress: bool,
 }
 
 /// Longest accepted id field (event, message, conversation, sender), in bytes.
@@ -209,7 +213,8 @@ impl GenericChannel {
         }
         let bytes = serde_json::to_vec(&body)
             .map_err(|e| DeliveryError::retry(format!("cannot encode reply: {e}")))?;
-        self.post_signed(&self.reply_url, reply, bytes).await
+        self.post_signed(&self.reply_url, &reply.idempotency_key, bytes)
+            .await
     }
 
     /// POSTs an approval-timeout callback (the outbox row's content) to `url`, signed and
@@ -219,14 +224,18 @@ impl GenericChannel {
         url: &str,
         reply: &ReplyRow,
     ) -> Result<Delivered, DeliveryError> {
-        self.post_signed(url, reply, reply.content.clone().into_bytes())
-            .await
+        self.post_signed(
+            url,
+            &reply.idempotency_key,
+            reply.content.clone().into_bytes(),
+        )
+        .await
     }
 
     async fn post_signed(
         &self,
         url: &str,
-        reply: &ReplyRow,
+        key: &str,
         bytes: Vec<u8>,
     ) -> Result<Delivered, DeliveryError> {
         let timestamp = crate::domain::now_ms() / 1000;
@@ -234,7 +243,7 @@ impl GenericChannel {
             .http
             .post(url)
             .header("content-type", "application/json")
-            .header("idempotency-key", &reply.idempotency_key)
+            .header("idempotency-key", key)
             .header(TIMESTAMP_HEADER, timestamp.to_string())
             .header(SIGNATURE_HEADER, sign(&self.secret, timestamp, &bytes))
             .body(bytes)
@@ -268,6 +277,29 @@ impl GenericChannel {
 
 impl Platform for GenericChannel {
     super::platform::platform_basics!(GenericChannel);
+
+    /// With `channels.generic.progress`, a signed progress POST to `reply_url`.
+    fn progress<'a>(&'a self, update: &'a Progress) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if !self.config.progress || self.reply_url.is_empty() {
+                return Ok(());
+            }
+            let body = json!({
+                "type": "progress",
+                "task_id": update.task_id,
+                "conversation_id": update.conversation_id,
+                "in_reply_to": update.in_reply_to,
+                "revision": update.revision,
+                "text": update.text,
+            });
+            let key = format!("agent-task-{}-progress-{}", update.task_id, update.revision);
+            let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+            self.post_signed(&self.reply_url, &key, bytes)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.message)
+        })
+    }
 
     fn inbound<'a>(
         &'a self,

@@ -107,6 +107,14 @@ impl Channels {
         self.get(channel).is_some_and(|p| p.resend_is_blind())
     }
 
+    /// Shows a progress line in a conversation of `channel`, best effort.
+    pub async fn progress(&self, channel: &str, update: &platform::Progress) -> Result<(), String> {
+        match self.get(channel) {
+            Some(p) => p.progress(update).await,
+            None => Ok(()),
+        }
+    }
+
     /// How often the typing indicator of `channel` must be renewed; `None`: it has none.
     pub fn typing_every(&self, channel: &str) -> Option<std::time::Duration> {
         self.get(channel).and_then(|p| p.typing_every())

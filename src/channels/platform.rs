@@ -313,6 +313,18 @@ pub(crate) use platform_basics;
 
 /// A chat platform: its inbound checks, its sender, and its delivery properties. The
 /// registry (`Channels`) maps the channel name on messages and replies to one of these.
+/// A progress line of a running task. `revision` grows as the task goes on and is the same
+/// for the same point of the task in every run (it is the node's first step number), so a
+/// receiver can drop repeats by `agent-task-<id>-progress-<revision>`.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub task_id: i64,
+    pub conversation_id: String,
+    pub in_reply_to: String,
+    pub revision: i64,
+    pub text: String,
+}
+
 pub trait Platform: Send + Sync {
     /// The channel name stored on messages and replies, and the webhook path segment.
     fn name(&self) -> &'static str;
@@ -353,6 +365,11 @@ pub trait Platform: Send + Sync {
     /// Whether `send` needs the answered message's `reply_context` on the reply row.
     fn wants_reply_context(&self) -> bool {
         false
+    }
+
+    /// Shows a progress line of a running task (a workflow node's `progress`), best effort.
+    fn progress<'a>(&'a self, _update: &'a Progress) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
     }
 
     /// How often the platform's typing indicator must be shown again while a task runs

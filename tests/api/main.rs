@@ -20,6 +20,7 @@ mod model_contract;
 mod model_failures;
 mod pipeline;
 mod platforms;
+mod progress;
 mod real_model;
 mod reply_delivery;
 mod scheduler;

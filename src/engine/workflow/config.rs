@@ -23,6 +23,9 @@ pub struct Workflow {
 pub struct Node {
     pub id: String,
     pub kind: NodeKind,
+    /// Optional template of a progress line shown to the chat as the node starts
+    /// ("Looking up ticket T-42…"); see `channels.generic.progress`.
+    pub progress: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -183,6 +186,14 @@ impl Workflow {
             |id: &str, field: &str, value: &Value| templates_in(&sample, id, field, value);
         for node in &self.nodes {
             let id = &node.id;
+            if let Some(progress) = &node.progress {
+                if matches!(node.kind, NodeKind::Condition(_) | NodeKind::Reply(_)) {
+                    return Err(format!(
+                        "node `{id}`: field `progress` applies to llm, tool, agent and human_confirm nodes"
+                    ));
+                }
+                template(id, "progress", progress)?;
+            }
             let target = |field: &str, next: &str| -> Result<(), String> {
                 if self.node(next).is_none() {
                     return Err(format!(
@@ -359,6 +370,15 @@ fn parse_node(raw: &Value, position: usize) -> Result<Node, String> {
         Some(Value::String(s)) => s,
         _ => return Err(format!("node `{id}`: missing string field `type`")),
     };
+    let progress = match object.remove("progress") {
+        None => None,
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 500 => Some(s),
+        Some(_) => {
+            return Err(format!(
+                "node `{id}`: field `progress` must be a template of 1 to 500 characters"
+            ));
+        }
+    };
     let rest = Value::Object(object);
     fn spec<T: serde::de::DeserializeOwned>(id: &str, rest: Value) -> Result<T, String> {
         serde_json::from_value(rest).map_err(|e| format!("node `{id}`: {e}"))
@@ -376,7 +396,7 @@ fn parse_node(raw: &Value, position: usize) -> Result<Node, String> {
             ));
         }
     };
-    Ok(Node { id, kind })
+    Ok(Node { id, kind, progress })
 }
 
 fn template(sample: &minijinja::Value, id: &str, field: &str, text: &str) -> Result<(), String> {

@@ -67,6 +67,9 @@ pub(super) struct Compensable {
     pub(super) result: Value,
 }
 
+/// The longest a progress line may hold up its node.
+const PROGRESS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub(super) struct Runner<'a> {
     pub(super) svc: &'a Worker,
     pub(super) fence: &'a Fence,
@@ -202,6 +205,37 @@ impl<'a> Runner<'a> {
         })
     }
 
+    /// Sends a node's progress line to the chat when the node starts for the first time (a
+    /// replayed node was shown in its own run). Awaited, so lines arrive in order and before
+    /// the answer, but bounded by [`PROGRESS_WAIT`]: a slow receiver costs a node at most
+    /// that, and a failure only a log line.
+    async fn show_progress(&self, id: &str, template: &str, first_step: i64) {
+        if self.replay_only || self.journal.contains_key(&first_step) {
+            return;
+        }
+        let text = match self.render(template) {
+            Ok(text) => text,
+            Err(Stop::Failed(_, error)) => {
+                tracing::warn!(node = id, error = %error, "progress line not rendered");
+                return;
+            }
+            Err(Stop::Run(_)) => return,
+        };
+        let update = crate::channels::platform::Progress {
+            task_id: self.ctx.task.id,
+            conversation_id: self.ctx.task.conversation_id.clone(),
+            in_reply_to: self.ctx.message.external_message_id.clone(),
+            revision: first_step,
+            text,
+        };
+        let sent = self.svc.channels.progress(&self.ctx.task.channel, &update);
+        match tokio::time::timeout(PROGRESS_WAIT, sent).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(node = id, error = %e, "progress line not shown"),
+            Err(_) => tracing::debug!(node = id, "progress line not shown in time"),
+        }
+    }
+
     /// The conversation's earlier exchanges (the agent's `history_messages` at most), the
     /// newest that fit the history budget as single-turn agents count it; older ones are
     /// left out (a workflow does not fold them into a summary step, so that its journal keeps
@@ -265,6 +299,9 @@ impl<'a> Runner<'a> {
                 .cloned()
                 .ok_or_else(|| Stop::Run(RunError::Corrupt(format!("unknown node `{id}`"))))?;
             let first_step = self.step_no + 1;
+            if let Some(progress) = &node.progress {
+                self.show_progress(&id, progress, first_step).await;
+            }
             let next = match &node.kind {
                 NodeKind::Llm(n) => {
                     let prompt = self.render(&n.prompt)?;

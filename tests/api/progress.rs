@@ -1,0 +1,111 @@
+//! The generic webhook's progress contract (issue 20, item 5, for workflow nodes' `progress`
+//! lines): extra signed POSTs keyed `agent-task-<id>-progress-<revision>`, only when
+//! `channels.generic.progress` is on; the final reply unchanged.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+use crate::workflows::spawn_flow_with;
+
+const LOOK_CONFIRM_ANSWER: &str = r#"{"start": "look", "nodes": [
+  {"id": "look", "type": "tool", "tool": "lookup_a", "args": {"q": "x"}, "progress": "Looking up {{ message.text }}…", "next": "ok"},
+  {"id": "ok", "type": "human_confirm", "message": "Go on?", "progress": "Asking for approval…", "next": "think"},
+  {"id": "think", "type": "llm", "prompt": "Say {{ steps.look.value }}", "progress": "Writing the answer…", "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.think.text }}"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_lines_are_posted_signed_once_per_node_when_switched_on() {
+    let flow = spawn_flow_with(LOOK_CONFIRM_ANSWER, |c| c.channels.generic.progress = true).await;
+    let app = &flow.app;
+    let id = task_id_of(app.post_message(&message("c-prog", 1, "ticket T-42")).await).await;
+    app.wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    assert_eq!(app.confirm(id, "approve", "alice").await.status(), 200);
+    app.wait_replied(id, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let posts = received_replies(&app.receiver).await;
+    let progress: Vec<&(String, Value)> = posts
+        .iter()
+        .filter(|(_, b)| b["type"] == "progress")
+        .collect();
+    // One line per node as it first starts; the resumed run replays the first two nodes
+    // without showing them again.
+    assert_eq!(
+        progress.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        vec![
+            format!("agent-task-{id}-progress-1"),
+            format!("agent-task-{id}-progress-2"),
+            format!("agent-task-{id}-progress-3"),
+        ]
+    );
+    assert_eq!(
+        progress[0].1,
+        json!({"type": "progress", "task_id": id, "conversation_id": "c-prog",
+               "in_reply_to": "msg-c-prog-1", "revision": 1, "text": "Looking up ticket T-42…"})
+    );
+    assert_eq!(progress[2].1["text"], "Writing the answer…");
+    // Signed like replies.
+    let raw = app.receiver.received_requests().await.unwrap();
+    let first = raw
+        .iter()
+        .find(|r| {
+            r.headers.get("idempotency-key").unwrap() == &format!("agent-task-{id}-progress-1")
+        })
+        .unwrap();
+    let header = |n: &str| first.headers.get(n).unwrap().to_str().unwrap().to_string();
+    assistd::channels::generic::verify(
+        SECRET,
+        Some(&header("x-assistd-timestamp")),
+        Some(&header("x-assistd-signature")),
+        &first.body,
+        assistd::domain::now_ms() / 1000,
+        300,
+    )
+    .expect("progress is signed");
+    // The final reply is unchanged: the last POST, under the task's key.
+    let last = posts.last().unwrap();
+    assert_eq!(last.0, format!("agent-task-{id}"));
+    assert_eq!(last.1["type"], "text");
+    flow.app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receivers_see_no_progress_unless_switched_on() {
+    let flow = spawn_flow_with(LOOK_CONFIRM_ANSWER, |_| {}).await;
+    let app = &flow.app;
+    let id = task_id_of(app.post_message(&message("c-noprog", 1, "T-43")).await).await;
+    app.wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    assert_eq!(app.confirm(id, "approve", "alice").await.status(), 200);
+    app.wait_replied(id, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let posts = received_replies(&app.receiver).await;
+    assert!(
+        posts.iter().all(|(_, b)| b["type"] != "progress"),
+        "{posts:?}"
+    );
+    flow.app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_line_on_a_reply_node_is_refused_at_publish() {
+    let app = TestApp::spawn().await;
+    let resp = app
+        .http
+        .post(format!("{}/api/agents/flowy/versions", app.addr))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"mode": "workflow", "system_prompt": "You help.", "workflow": {
+            "start": "done", "nodes": [{"id": "done", "type": "reply", "text": "hi", "progress": "Replying…"}]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert!(
+        err["error"].as_str().unwrap().contains("`progress`"),
+        "{err}"
+    );
+    app.stop().await;
+}
