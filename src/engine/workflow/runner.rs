@@ -205,6 +205,30 @@ impl<'a> Runner<'a> {
         })
     }
 
+    /// An `llm` node: one model call (the history before the prompt), its text as the
+    /// node's output.
+    async fn llm_node(&mut self, id: &str, n: &super::config::LlmNode) -> Result<(), Stop> {
+        let prompt = self.render(&n.prompt)?;
+        let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
+        let mut messages = vec![system.clone()];
+        messages.extend(self.history.iter().cloned());
+        messages.push(ChatMessage::user(prompt.clone()));
+        let answer = match self.llm_call("llm", messages, Vec::new(), None).await {
+            // Refused as too long: once more, with the prompt cut to fit.
+            Err(stop) if stop.is_context_too_long() => {
+                let cut = self.cut_to_fit(&prompt)?;
+                tracing::warn!(node = %id, "the model refused the prompt as too long; asking again with it cut, without the history");
+                let messages = vec![system, ChatMessage::user(cut)];
+                self.llm_call("llm", messages, Vec::new(), None).await?
+            }
+            other => other?,
+        };
+        let text = reply::answer_text(&answer, &self.ctx.agent.fallback_text)
+            .map_err(|(f, m)| Stop::Failed(f, format!("node `{id}`: {m}")))?;
+        self.outputs.insert(id.to_string(), json!({ "text": text }));
+        Ok(())
+    }
+
     /// Sends a node's progress line to the chat when the node starts for the first time (a
     /// replayed node was shown in its own run). Awaited, so lines arrive in order and before
     /// the answer, but bounded by [`PROGRESS_WAIT`]: a slow receiver costs a node at most
@@ -304,24 +328,7 @@ impl<'a> Runner<'a> {
             }
             let next = match &node.kind {
                 NodeKind::Llm(n) => {
-                    let prompt = self.render(&n.prompt)?;
-                    let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
-                    let mut messages = vec![system.clone()];
-                    messages.extend(self.history.iter().cloned());
-                    messages.push(ChatMessage::user(prompt.clone()));
-                    let answer = match self.llm_call("llm", messages, Vec::new(), None).await {
-                        // Refused as too long: once more, with the prompt cut to fit.
-                        Err(stop) if stop.is_context_too_long() => {
-                            let cut = self.cut_to_fit(&prompt)?;
-                            tracing::warn!(node = %id, "the model refused the prompt as too long; asking again with it cut, without the history");
-                            let messages = vec![system, ChatMessage::user(cut)];
-                            self.llm_call("llm", messages, Vec::new(), None).await?
-                        }
-                        other => other?,
-                    };
-                    let text = reply::answer_text(&answer, &self.ctx.agent.fallback_text)
-                        .map_err(|(f, m)| Stop::Failed(f, format!("node `{id}`: {m}")))?;
-                    self.outputs.insert(id.clone(), json!({ "text": text }));
+                    self.llm_node(&id, n).await?;
                     Some(n.next.clone())
                 }
                 NodeKind::Tool(n) => {
