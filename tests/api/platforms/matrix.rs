@@ -92,7 +92,7 @@ async fn matrix_transactions_are_authorised_answered_and_idempotent() {
         .await
         .unwrap()
         .into_iter()
-        .filter(|r| r.method.as_str() == "PUT")
+        .filter(|r| r.method.as_str() == "PUT" && r.url.path().contains("/send/"))
         .collect();
     assert_eq!(sent.len(), 1);
     assert!(
