@@ -448,10 +448,7 @@ async fn task_action(
     Path((id, action)): Path<(i64, String)>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let given = form.get("csrf").map(String::as_str).unwrap_or("");
-    if !bool::from(given.as_bytes().ct_eq(admin.csrf.as_bytes())) {
-        return Err(ApiError::Forbidden("missing or wrong CSRF token".into()));
-    }
+    check_csrf(&admin, &form)?;
     let actor = "admin:web";
     let outcome: Option<String> = match action.as_str() {
         "confirm" => {
@@ -485,6 +482,16 @@ async fn task_action(
     Ok(Redirect::to(&target).into_response())
 }
 
+/// A form post must carry the page's CSRF token (compared in constant time).
+fn check_csrf(admin: &AdminPage, form: &HashMap<String, String>) -> Result<(), ApiError> {
+    let given = form.get("csrf").map(String::as_str).unwrap_or("");
+    if bool::from(given.as_bytes().ct_eq(admin.csrf.as_bytes())) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden("missing or wrong CSRF token".into()))
+    }
+}
+
 /// The scheduler panel's buttons: run a job now, switch it on or off (CSRF, audited).
 async fn job_action(
     admin: AdminPage,
@@ -492,10 +499,7 @@ async fn job_action(
     Path((job, action)): Path<(String, String)>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let given = form.get("csrf").map(String::as_str).unwrap_or("");
-    if !bool::from(given.as_bytes().ct_eq(admin.csrf.as_bytes())) {
-        return Err(ApiError::Forbidden("missing or wrong CSRF token".into()));
-    }
+    check_csrf(&admin, &form)?;
     let actor = "admin:web";
     let result = match action.as_str() {
         "run" => super::jobs::run_job_now(&svc, &job, actor).await.map(|r| {

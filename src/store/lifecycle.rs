@@ -18,6 +18,18 @@ pub struct SupersededStep {
     pub step: StepRow,
 }
 
+/// A task's status and whether a pause was asked, inside the caller's transaction.
+macro_rules! status_and_pause {
+    ($tx:expr, $task_id:expr) => {
+        sqlx::query_as::<_, (TaskStatus, bool)>(
+            "SELECT status, pause_requested <> 0 FROM agent_task WHERE id = $1",
+        )
+        .bind($task_id)
+        .fetch_optional($tx)
+        .await?
+    };
+}
+
 impl Store {
     /// Cancels a PENDING, RUNNING, WAITING_HUMAN_CONFIRM or PAUSED task for `actor`, queuing
     /// `notice` as its one reply. A worker running it loses its fence with the version bump.
@@ -145,13 +157,7 @@ impl Store {
     /// or one already asked to pause, is left as it is.
     pub async fn pause_task(&self, task_id: i64, actor: &str, now: i64) -> StoreResult<Control> {
         let control = write_tx!(self, tx => {
-            let current: Option<(TaskStatus, bool)> = sqlx::query_as(
-                "SELECT status, pause_requested <> 0 FROM agent_task WHERE id = $1",
-            )
-            .bind(task_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((status, requested)) = current else {
+            let Some((status, requested)) = status_and_pause!(&mut *tx, task_id) else {
                 return Ok(Control::NotFound);
             };
             match status {
@@ -245,13 +251,7 @@ impl Store {
     /// withdraws a pause a RUNNING task has not reached yet.
     pub async fn unpause_task(&self, task_id: i64, actor: &str, now: i64) -> StoreResult<Control> {
         let control = write_tx!(self, tx => {
-            let current: Option<(TaskStatus, bool)> = sqlx::query_as(
-                "SELECT status, pause_requested <> 0 FROM agent_task WHERE id = $1",
-            )
-            .bind(task_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((status, requested)) = current else {
+            let Some((status, requested)) = status_and_pause!(&mut *tx, task_id) else {
                 return Ok(Control::NotFound);
             };
             let sql = match status {
