@@ -292,9 +292,8 @@ impl Platform for GenericChannel {
                 "revision": update.revision,
                 "text": update.text,
             });
-            let key = format!("agent-task-{}-progress-{}", update.task_id, update.revision);
             let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
-            self.post_signed(&self.reply_url, &key, bytes)
+            self.post_signed(&self.reply_url, &update.key, bytes)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.message)

@@ -315,9 +315,11 @@ pub(crate) use platform_basics;
 /// registry (`Channels`) maps the channel name on messages and replies to one of these.
 /// A progress line of a running task. `revision` grows as the task goes on and is the same
 /// for the same point of the task in every run (it is the node's first step number), so a
-/// receiver can drop repeats by `agent-task-<id>-progress-<revision>`.
+/// receiver can drop repeats by `key`: `<reply key>-progress-<revision>` (a restarted task
+/// answers under a new reply key, so its lines are new too).
 #[derive(Debug, Clone)]
 pub struct Progress {
+    pub key: String,
     pub task_id: i64,
     pub conversation_id: String,
     pub in_reply_to: String,

@@ -1,5 +1,5 @@
 //! The generic webhook's progress contract (issue 20, item 5, for workflow nodes' `progress`
-//! lines): extra signed POSTs keyed `agent-task-<id>-progress-<revision>`, only when
+//! lines): extra signed POSTs keyed `<reply key>-progress-<revision>`, only when
 //! `channels.generic.progress` is on; the final reply unchanged.
 
 use std::time::Duration;
@@ -68,6 +68,25 @@ async fn progress_lines_are_posted_signed_once_per_node_when_switched_on() {
     let last = posts.last().unwrap();
     assert_eq!(last.0, format!("agent-task-{id}"));
     assert_eq!(last.1["type"], "text");
+    // A restarted task shows its lines again, under its new reply key.
+    assert_eq!(app.control(id, "restart").await.status(), 200);
+    app.wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again: Vec<String> = received_replies(&app.receiver)
+        .await
+        .into_iter()
+        .filter(|(_, b)| b["type"] == "progress")
+        .map(|(k, _)| k)
+        .skip(3)
+        .collect();
+    assert_eq!(
+        again,
+        vec![
+            format!("agent-task-{id}-r1-progress-1"),
+            format!("agent-task-{id}-r1-progress-2"),
+        ]
+    );
     flow.app.stop().await;
 }
 

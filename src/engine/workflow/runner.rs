@@ -245,7 +245,12 @@ impl<'a> Runner<'a> {
             }
             Err(Stop::Run(_)) => return,
         };
+        let task = &self.ctx.task;
         let update = crate::channels::platform::Progress {
+            key: format!(
+                "{}-progress-{first_step}",
+                crate::domain::reply_key(task.id, task.resume_count)
+            ),
             task_id: self.ctx.task.id,
             conversation_id: self.ctx.task.conversation_id.clone(),
             in_reply_to: self.ctx.message.external_message_id.clone(),
