@@ -230,14 +230,22 @@ async fn matrix_shows_the_bot_typing_and_clears_it_when_the_run_ends() {
     );
     assert_eq!(typing[0].1, json!({"typing": true, "timeout": 30000}));
     assert_eq!(typing[1].1, json!({"typing": false}));
-    let sends: Vec<String> = hs
-        .received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .filter(|r| r.url.path().contains("/send/m.room.message/"))
-        .map(|r| r.url.path().to_string())
-        .collect();
+    // The run ends (typing cleared) before the outbox delivers the answer: wait for it.
+    let room_sends = || async {
+        hs.received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.url.path().contains("/send/m.room.message/"))
+            .map(|r| r.url.path().to_string())
+            .collect::<Vec<String>>()
+    };
+    while room_sends().await.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sends = room_sends().await;
     assert_eq!(sends.len(), 1, "{sends:?}");
     app.stop().await;
 }
