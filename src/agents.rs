@@ -41,6 +41,9 @@ pub struct AgentDefinition {
     /// Sent when the model answers nothing; empty = the task fails.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub fallback_text: String,
+    /// The placeholder of a slow run (`replies.placeholder` when absent; "" = none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placeholder: Option<String>,
 }
 
 fn default_temperature() -> f64 {
@@ -70,6 +73,7 @@ impl AgentDefinition {
             approvers: c.approvers.clone(),
             confirm_deadline_secs: c.confirm_deadline_secs,
             fallback_text: c.fallback_text.clone(),
+            placeholder: c.placeholder.clone(),
         }
     }
 

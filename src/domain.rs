@@ -506,6 +506,12 @@ pub struct ReplyRow {
     pub last_error: Option<String>,
     pub created_at: i64,
     pub sent_at: Option<i64>,
+    /// The content is a slow run's placeholder, which the task's answer replaces.
+    pub placeholder: bool,
+    /// The content is shown by editing the sent message `platform_message_id`.
+    pub edit: bool,
+    /// The key the platform sees when it is not `idempotency_key` (see migration 0009).
+    pub send_key: Option<String>,
     /// The answered message's `reply_context` (DingTalk's session webhook), read by the
     /// outbox for platforms that want it; not a column of the reply.
     #[sqlx(skip)]

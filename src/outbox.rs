@@ -145,9 +145,15 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
         }
         return Some(at);
     }
+    // The answer of a placeholder whose send is in doubt goes under its own key.
+    if let Some(key) = reply.send_key.take() {
+        reply.idempotency_key = key;
+    }
     // A previous try was claimed but left no result (its instance died mid-send): where a
     // re-send could show the reply twice, its outcome is unknown and it is not repeated.
+    // An edit can be repeated: it shows the same message either way.
     let result = if svc.channels.resend_is_blind(&reply.channel)
+        && !reply.edit
         && reply.attempts > 1
         && reply.last_error.is_none()
     {
@@ -162,6 +168,8 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
         Err(DeliveryError::retry(format!(
             "reply context unavailable: {e}"
         )))
+    } else if reply.edit {
+        svc.channels.edit(&reply).await
     } else {
         svc.channels.send(&reply).await
     };

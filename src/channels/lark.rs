@@ -310,7 +310,6 @@ impl LarkChannel {
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
-        let token = self.tenant_token().await?;
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("");
         let card = content
@@ -320,33 +319,79 @@ impl LarkChannel {
             .transpose()
             .map_err(DeliveryError::retry)?
             .flatten();
+        // A placeholder goes as a card the answer can replace: Lark updates cards
+        // (`PATCH`) but cannot turn a text message into one.
         let (msg_type, body_content) = match card {
             Some(card) => ("interactive", card.to_string()),
+            None if reply.placeholder => ("interactive", Self::editable_card(reply)?.to_string()),
             None => ("text", json!({ "text": text }).to_string()),
         };
         let uuid: String = reply.idempotency_key.chars().take(UUID_MAX).collect();
+        let url = format!(
+            "{}/open-apis/im/v1/messages/{}/reply",
+            self.api, reply.in_reply_to
+        );
+        let body = json!({ "msg_type": msg_type, "content": body_content, "uuid": uuid });
+        self.call("message reply", reqwest::Method::POST, url, &body)
+            .await
+            .map(|answer| Delivered {
+                platform_message_id: answer["data"]["message_id"].as_str().map(str::to_string),
+            })
+    }
+
+    /// Updates the card `message_id` (a placeholder) to `reply`: a card answer as its card,
+    /// a text answer as a card with the text (`PATCH /im/v1/messages/{id}`, which updates
+    /// shared cards, those sent with `config.update_multi`).
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn edit(&self, reply: &ReplyRow, message_id: &str) -> Result<Delivered, DeliveryError> {
+        let url = format!("{}/open-apis/im/v1/messages/{message_id}", self.api);
+        let body = json!({ "content": Self::editable_card(reply)?.to_string() });
+        self.call("message update", reqwest::Method::PATCH, url, &body)
+            .await?;
+        Ok(Delivered {
+            platform_message_id: Some(message_id.to_string()),
+        })
+    }
+
+    /// `reply` as a shared card (one that can be updated): its card, or its text.
+    fn editable_card(reply: &ReplyRow) -> Result<Value, DeliveryError> {
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let text = content["text"].as_str().unwrap_or("");
+        let rendered = match content.get("card").filter(|c| c.is_object()) {
+            Some(card) => super::cards::render(CHANNEL, card, text, &reply.idempotency_key)
+                .map_err(DeliveryError::retry)?,
+            None => None,
+        };
+        let mut card = rendered.unwrap_or_else(|| {
+            json!({ "elements": [{ "tag": "div", "text": { "tag": "lark_md", "content": text } }] })
+        });
+        card["config"]["update_multi"] = json!(true);
+        Ok(card)
+    }
+
+    /// One authenticated Open API call; its answer when `code` is 0.
+    async fn call(
+        &self,
+        what: &str,
+        method: reqwest::Method,
+        url: String,
+        body: &Value,
+    ) -> Result<Value, DeliveryError> {
+        let token = self.tenant_token().await?;
         let response = self
             .http
-            .post(format!(
-                "{}/open-apis/im/v1/messages/{}/reply",
-                self.api, reply.in_reply_to
-            ))
+            .request(method, url)
             .bearer_auth(token)
-            .json(&json!({ "msg_type": msg_type, "content": body_content, "uuid": uuid }))
+            .json(body)
             .send()
             .await
             .map_err(|e| {
-                DeliveryError::retry(format!(
-                    "message reply failed: {}",
-                    crate::redaction::http_error(e)
-                ))
+                DeliveryError::retry(format!("{what} failed: {}", crate::redaction::http_error(e)))
             })?;
         let status = response.status();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() && answer["code"].as_i64() == Some(0) {
-            return Ok(Delivered {
-                platform_message_id: answer["data"]["message_id"].as_str().map(str::to_string),
-            });
+            return Ok(answer);
         }
         if matches!(answer["code"].as_i64(), Some(99991663 | 99991661)) {
             // The token was revoked or expired early: fetch a new one next time.
@@ -354,7 +399,7 @@ impl LarkChannel {
         }
         Err(DeliveryError {
             message: format!(
-                "message reply answered HTTP {}: code {} {}",
+                "{what} answered HTTP {}: code {} {}",
                 status.as_u16(),
                 answer["code"],
                 answer["msg"].as_str().unwrap_or("")
@@ -367,6 +412,18 @@ impl LarkChannel {
 
 impl Platform for LarkChannel {
     super::platform::platform_basics!(LarkChannel);
+
+    fn can_edit(&self) -> bool {
+        true
+    }
+
+    fn edit<'a>(
+        &'a self,
+        reply: &'a ReplyRow,
+        message_id: &'a str,
+    ) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(LarkChannel::edit(self, reply, message_id))
+    }
 
     fn inbound<'a>(
         &'a self,

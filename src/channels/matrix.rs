@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use sha2::Digest;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
@@ -234,6 +235,33 @@ impl MatrixChannel {
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        let mut body = Self::message_content(reply)?;
+        body["m.relates_to"] = json!({ "m.in_reply_to": { "event_id": reply.in_reply_to } });
+        self.room_send(reply, &reply.idempotency_key, &body).await
+    }
+
+    /// Replaces the event `event_id` with `reply`'s content: an `m.replace` edit (the
+    /// client-server API's "Event replacements"), whose fallback body is the new text
+    /// marked `* `. Its transaction id is derived from the key and the new content, so a
+    /// repeated edit is dropped by the homeserver and a different one is not.
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn edit(&self, reply: &ReplyRow, event_id: &str) -> Result<Delivered, DeliveryError> {
+        let new_content = Self::message_content(reply)?;
+        let mut body = new_content.clone();
+        body["body"] = json!(format!("* {}", new_content["body"].as_str().unwrap_or("")));
+        body["m.new_content"] = new_content;
+        body["m.relates_to"] = json!({ "rel_type": "m.replace", "event_id": event_id });
+        let digest = hex::encode(sha2::Sha256::digest(reply.content.as_bytes()));
+        let txn = format!("{}-edit-{}", reply.idempotency_key, &digest[..16]);
+        self.room_send(reply, &txn, &body).await?;
+        // The message is still known by the event it replaced.
+        Ok(Delivered {
+            platform_message_id: Some(event_id.to_string()),
+        })
+    }
+
+    /// The `m.room.message` content of `reply`: text, or a card's rendering.
+    fn message_content(reply: &ReplyRow) -> Result<Value, DeliveryError> {
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("");
         let rendered = match content.get("card").filter(|c| c.is_object()) {
@@ -241,19 +269,27 @@ impl MatrixChannel {
                 .map_err(DeliveryError::retry)?,
             None => None,
         };
-        let mut body = rendered.unwrap_or_else(|| json!({ "msgtype": "m.text", "body": text }));
-        body["m.relates_to"] = json!({ "m.in_reply_to": { "event_id": reply.in_reply_to } });
+        Ok(rendered.unwrap_or_else(|| json!({ "msgtype": "m.text", "body": text })))
+    }
+
+    /// `PUT /rooms/{room}/send/m.room.message/{txn}` into the reply's room.
+    async fn room_send(
+        &self,
+        reply: &ReplyRow,
+        txn: &str,
+        body: &Value,
+    ) -> Result<Delivered, DeliveryError> {
         let url = format!(
             "{}/_matrix/client/v3/rooms/{}/send/m.room.message/{}",
             self.homeserver,
             encode(&reply.conversation_id),
-            encode(&reply.idempotency_key)
+            encode(txn)
         );
         let response = self
             .http
             .put(url)
             .bearer_auth(&self.as_token)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .map_err(|e| {
@@ -283,6 +319,18 @@ impl MatrixChannel {
 
 impl Platform for MatrixChannel {
     super::platform::platform_basics!(MatrixChannel);
+
+    fn can_edit(&self) -> bool {
+        true
+    }
+
+    fn edit<'a>(
+        &'a self,
+        reply: &'a ReplyRow,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(MatrixChannel::edit(self, reply, event_id))
+    }
 
     /// A transaction (`PUT .../transactions/{txn}`, with or without the
     /// `_matrix/app/v1/` prefix): every event is handled; a repeated transaction repeats

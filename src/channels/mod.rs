@@ -138,6 +138,25 @@ impl Channels {
         self.get(channel).is_some_and(|p| p.wants_reply_context())
     }
 
+    /// Whether replies on `channel` can be edited after they were sent (placeholders and
+    /// streamed answers need it).
+    pub fn can_edit(&self, channel: &str) -> bool {
+        self.get(channel).is_some_and(|p| p.can_edit())
+    }
+
+    /// Shows `reply` by editing the message it names (`platform_message_id`).
+    pub async fn edit(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        let (Some(platform), Some(message_id)) =
+            (self.get(&reply.channel), reply.platform_message_id.as_deref())
+        else {
+            return Err(DeliveryError::retry(format!(
+                "reply {} cannot be edited on {}",
+                reply.idempotency_key, reply.channel
+            )));
+        };
+        platform.edit(reply, message_id).await
+    }
+
     /// Sends one outbox reply through the platform it belongs to.
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
         match reply.channel.as_str() {

@@ -311,8 +311,6 @@ macro_rules! platform_basics {
 }
 pub(crate) use platform_basics;
 
-/// A chat platform: its inbound checks, its sender, and its delivery properties. The
-/// registry (`Channels`) maps the channel name on messages and replies to one of these.
 /// A progress line of a running task. `revision` grows as the task goes on and is the same
 /// for the same point of the task in every run (it is the node's first step number), so a
 /// receiver can drop repeats by `key`: `<reply key>-progress-<revision>` (a restarted task
@@ -327,6 +325,8 @@ pub struct Progress {
     pub text: String,
 }
 
+/// A chat platform: its inbound checks, its sender, and its delivery properties. The
+/// registry (`Channels`) maps the channel name on messages and replies to one of these.
 pub trait Platform: Send + Sync {
     /// The channel name stored on messages and replies, and the webhook path segment.
     fn name(&self) -> &'static str;
@@ -342,6 +342,27 @@ pub trait Platform: Send + Sync {
 
     /// Sends one reply under its idempotency key (`reply.idempotency_key`).
     fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>>;
+
+    /// Whether a sent reply can be edited (`edit`): a slow run then shows a placeholder
+    /// that becomes the answer, and a streamed answer is shown as it comes.
+    fn can_edit(&self) -> bool {
+        false
+    }
+
+    /// Replaces the message `message_id` (what `send` returned) with `reply`'s content.
+    /// Editing twice to the same content must succeed both times.
+    fn edit<'a>(
+        &'a self,
+        reply: &'a ReplyRow,
+        _message_id: &'a str,
+    ) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(async move {
+            Err(DeliveryError::retry(format!(
+                "{} cannot edit a sent message",
+                reply.channel
+            )))
+        })
+    }
 
     /// Acknowledges a card action (`Inbound::Action::ack`) with its outcome in words.
     fn acknowledge<'a>(&'a self, _ack: &'a str, _outcome: &'a str) -> BoxFuture<'a, ()> {

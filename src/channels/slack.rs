@@ -286,34 +286,53 @@ impl SlackChannel {
                 platform_message_id: Some(ts),
             });
         }
-        let (channel, thread) = Self::target(reply);
-        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
-        let text = content["text"].as_str().unwrap_or("").to_string();
-        let mut body = json!({
-            "channel": channel,
-            "text": text,
-            "metadata": { "event_type": METADATA_EVENT, "event_payload": { "key": reply.idempotency_key } },
-        });
+        let mut body = Self::message_body(reply)?;
+        let (_, thread) = Self::target(reply);
+        body["metadata"] =
+            json!({ "event_type": METADATA_EVENT, "event_payload": { "key": reply.idempotency_key } });
         if !thread.is_empty() {
             body["thread_ts"] = json!(thread);
         }
+        // Timeouts and lost answers are retried: the next attempt reconciles first.
+        self.call("chat.postMessage", &body).await
+    }
+
+    /// `chat.update` of the bot's message `ts` in the reply's channel. Slack accepts an
+    /// update to the same content again.
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn edit(&self, reply: &ReplyRow, ts: &str) -> Result<Delivered, DeliveryError> {
+        let mut body = Self::message_body(reply)?;
+        body["ts"] = json!(ts);
+        self.call("chat.update", &body).await
+    }
+
+    /// The message fields of `reply`: channel, text, and a card's blocks.
+    fn message_body(reply: &ReplyRow) -> Result<Value, DeliveryError> {
+        let (channel, _) = Self::target(reply);
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let text = content["text"].as_str().unwrap_or("").to_string();
+        let mut body = json!({ "channel": channel, "text": text });
         if let Some(card) = content.get("card").filter(|c| c.is_object())
             && let Some(blocks) = super::cards::render(CHANNEL, card, &text, &reply.idempotency_key)
                 .map_err(DeliveryError::retry)?
         {
             body["blocks"] = blocks;
         }
-        // Timeouts and lost answers are retried: the next attempt reconciles first.
+        Ok(body)
+    }
+
+    /// One Web API call answering a message (`ts`).
+    async fn call(&self, method: &str, body: &Value) -> Result<Delivered, DeliveryError> {
         let response = self
             .http
-            .post(format!("{}/chat.postMessage", self.api))
+            .post(format!("{}/{method}", self.api))
             .bearer_auth(&self.token)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .map_err(|e| {
                 DeliveryError::retry(format!(
-                    "chat.postMessage failed: {}",
+                    "{method} failed: {}",
                     crate::redaction::http_error(e)
                 ))
             })?;
@@ -332,7 +351,7 @@ impl SlackChannel {
         }
         Err(DeliveryError {
             message: format!(
-                "chat.postMessage answered HTTP {}: {}",
+                "{method} answered HTTP {}: {}",
                 status.as_u16(),
                 answer["error"].as_str().unwrap_or("")
             ),
@@ -365,6 +384,18 @@ impl Platform for SlackChannel {
                 parse_event(request.body, &self.config.bot_user_id)?
             }))
         })
+    }
+
+    fn can_edit(&self) -> bool {
+        true
+    }
+
+    fn edit<'a>(
+        &'a self,
+        reply: &'a ReplyRow,
+        ts: &'a str,
+    ) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(SlackChannel::edit(self, reply, ts))
     }
 
     fn chat_interval_ms(&self) -> u64 {

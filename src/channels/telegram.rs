@@ -181,8 +181,8 @@ impl TelegramChannel {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
-    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+    /// The message fields of `reply`: its text, and a card's inline keyboard.
+    fn message_body(reply: &ReplyRow) -> Result<Value, DeliveryError> {
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("").to_string();
         let mut body = json!({ "chat_id": reply.conversation_id, "text": text });
@@ -195,6 +195,12 @@ impl TelegramChannel {
                 }
             }
         }
+        Ok(body)
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        let mut body = Self::message_body(reply)?;
         if let Some(mid) = reply
             .in_reply_to
             .rsplit(':')
@@ -204,16 +210,39 @@ impl TelegramChannel {
             body["reply_parameters"] =
                 json!({ "message_id": mid, "allow_sending_without_reply": true });
         }
+        self.call("sendMessage", &body).await
+    }
+
+    /// `editMessageText` of the bot's message `message_id` in the reply's chat. An edit to
+    /// the text the message already shows is refused by Telegram as "message is not
+    /// modified": the message shows the reply, so that is a success.
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn edit(&self, reply: &ReplyRow, message_id: &str) -> Result<Delivered, DeliveryError> {
+        let mut body = Self::message_body(reply)?;
+        body["message_id"] = message_id
+            .parse::<i64>()
+            .map_err(|_| DeliveryError::retry(format!("not a Telegram message id: {message_id}")))?
+            .into();
+        match self.call("editMessageText", &body).await {
+            Err(e) if e.message.contains("message is not modified") => Ok(Delivered {
+                platform_message_id: Some(message_id.to_string()),
+            }),
+            other => other,
+        }
+    }
+
+    /// One Bot API call answering a message (`result.message_id`).
+    async fn call(&self, method: &str, body: &Value) -> Result<Delivered, DeliveryError> {
         let response = self
             .http
-            .post(format!("{}/sendMessage", self.api))
-            .json(&body)
+            .post(format!("{}/{method}", self.api))
+            .json(body)
             .send()
             .await
             .map_err(|e| DeliveryError {
                 // Refused connections never reached Telegram; anything later might have.
                 unknown: !e.is_connect(),
-                message: format!("sendMessage failed: {}", crate::redaction::http_error(e)),
+                message: format!("{method} failed: {}", crate::redaction::http_error(e)),
                 retry_after: None,
             })?;
         let status = response.status();
@@ -227,7 +256,7 @@ impl TelegramChannel {
         }
         Err(DeliveryError {
             message: format!(
-                "sendMessage answered HTTP {}: {}",
+                "{method} answered HTTP {}: {}",
                 status.as_u16(),
                 answer["description"].as_str().unwrap_or("")
             ),
@@ -255,6 +284,18 @@ impl Platform for TelegramChannel {
 
     fn acknowledge<'a>(&'a self, ack: &'a str, outcome: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(self.answer_callback(ack, outcome))
+    }
+
+    fn can_edit(&self) -> bool {
+        true
+    }
+
+    fn edit<'a>(
+        &'a self,
+        reply: &'a ReplyRow,
+        message_id: &'a str,
+    ) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(TelegramChannel::edit(self, reply, message_id))
     }
 
     fn chat_interval_ms(&self) -> u64 {

@@ -440,6 +440,13 @@ pub struct RepliesConfig {
     pub timeout_notice: String,
     /// Show the platform's typing indicator while a task runs (Telegram, Matrix).
     pub typing_indicator: bool,
+    /// The placeholder a slow run shows where the platform can edit it into the answer;
+    /// empty = none (an agent's `placeholder` overrides it).
+    pub placeholder: String,
+    /// How long a run goes before its placeholder is sent (0 = at once).
+    pub placeholder_after_ms: u64,
+    /// The least time between two edits of a streamed answer; 0 = no streaming.
+    pub stream_edit_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -514,6 +521,9 @@ pub struct AgentConfig {
     /// Sent when the model answers nothing; empty = the task fails (INVALID_RESPONSE).
     #[serde(default)]
     pub fallback_text: String,
+    /// This agent's placeholder (`replies.placeholder` when absent; "" = none).
+    #[serde(default)]
+    pub placeholder: Option<String>,
 }
 
 fn default_mode() -> AgentMode {

@@ -13,19 +13,23 @@ use tracing::Instrument;
 use crate::config::AgentMode;
 use crate::domain::{Fence, MessageRow, TaskRow, now_ms};
 
+use super::feedback::{Feedback, Typing};
 use super::task::{RunError, context_of};
 use super::worker::Worker;
 use super::{single_turn, workflow};
 
 async fn run_task(
-    svc: &Worker,
+    svc: &Arc<Worker>,
     fence: &Fence,
     lost: &CancellationToken,
     task: TaskRow,
     message: Option<MessageRow>,
 ) -> Result<(), RunError> {
-    let ctx = context_of(svc, task, message).await?;
+    let mut ctx = context_of(svc, task, message).await?;
     tracing::Span::current().record("conversation", ctx.task.conversation_id.as_str());
+    ctx.feedback = Feedback::start(svc, fence, &ctx);
+    // Ends with the run: a placeholder is only ever queued while its run goes on.
+    let _timer = AbortOnDrop(ctx.feedback.as_ref().and_then(Feedback::timer));
     match ctx.agent.mode {
         AgentMode::SingleTurn => single_turn::run(svc, fence, lost, &ctx).await,
         AgentMode::Workflow => workflow::runner::run(svc, fence, lost, &ctx).await,
@@ -145,7 +149,7 @@ async fn run_claimed(
     // grace period; only a lost lease stops it early.
     let lost = CancellationToken::new();
     svc.running.track(task.id, Some(lost.clone()));
-    let typing = typing_indicator(&svc, &task);
+    let typing = Typing::start(&svc, &task);
     let guard = RunGuard {
         heartbeat: tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone())),
         forget: Some(Box::new({
@@ -177,61 +181,14 @@ async fn run_claimed(
     }
 }
 
-/// The typing indicator shown in the task's chat while this run lasts.
-struct Typing {
-    shown: tokio::task::JoinHandle<()>,
-    svc: Arc<Worker>,
-    channel: String,
-    conversation_id: String,
-}
+/// Aborts a background task when dropped.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
 
-/// Starts showing "typing…" in the task's chat, renewed as the platform needs, when
-/// `replies.typing_indicator` is on and the platform has one.
-fn typing_indicator(svc: &Arc<Worker>, task: &TaskRow) -> Option<Typing> {
-    if !svc.config.replies.typing_indicator {
-        return None;
-    }
-    let every = svc.channels.typing_every(&task.channel)?;
-    let (channel, conversation_id) = (task.channel.clone(), task.conversation_id.clone());
-    let shown = tokio::spawn({
-        let (svc, channel, conversation_id) =
-            (svc.clone(), channel.clone(), conversation_id.clone());
-        async move {
-            loop {
-                if let Err(e) = svc.channels.typing(&channel, &conversation_id, true).await {
-                    tracing::debug!(error = %e, "typing indicator not shown");
-                }
-                tokio::time::sleep(every).await;
-            }
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            handle.abort();
         }
-        .in_current_span()
-    });
-    Some(Typing {
-        shown,
-        svc: svc.clone(),
-        channel,
-        conversation_id,
-    })
-}
-
-impl Typing {
-    /// Stops renewing and clears the indicator (where the platform can), in the background.
-    fn stop(self) {
-        self.shown.abort();
-        let Typing {
-            svc,
-            channel,
-            conversation_id,
-            ..
-        } = self;
-        tokio::spawn(
-            async move {
-                if let Err(e) = svc.channels.typing(&channel, &conversation_id, false).await {
-                    tracing::debug!(error = %e, "typing indicator not cleared");
-                }
-            }
-            .in_current_span(),
-        );
     }
 }
 

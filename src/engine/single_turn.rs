@@ -2,8 +2,11 @@
 //! conversation's recent history, retried on transient failures, then the task's terminal
 //! status and its one reply in one transaction.
 
+use std::sync::Arc;
+
 use tokio_util::sync::CancellationToken;
 
+use super::feedback::Feedback;
 use super::reply;
 use super::step::{self, CallErr, StepExec};
 use super::task::{RunError, TaskContext, model_of};
@@ -75,7 +78,8 @@ pub async fn run(
         tools: Vec::new(),
         tool_choice: None,
     };
-    let mut call = chat_step_call(svc, &exec, provider, chat_step, TOOL, &request).await?;
+    let stream = ctx.feedback.as_ref().filter(|f| f.streams());
+    let mut call = chat_step_call(svc, &exec, provider, chat_step, TOOL, &request, stream).await?;
     // The model refused the context after all (our estimate is not its tokenizer): journal
     // the refusal and ask once more with the question alone, as a step of its own.
     let shrunk = ChatRequest {
@@ -90,9 +94,12 @@ pub async fn run(
             step = call.step.step_no,
             "the model refused the context as too long; asking again with the question alone"
         );
-        call = chat_step_call(svc, &exec, provider, chat_step + 1, SHRUNK, &shrunk).await?;
+        call = chat_step_call(svc, &exec, provider, chat_step + 1, SHRUNK, &shrunk, stream).await?;
     }
     let outcome = outcome_of(svc, ctx, call);
+    if let Some(feedback) = &ctx.feedback {
+        feedback.settle().await;
+    }
     if !svc.journal.finish_task(fence, &outcome).await? {
         return Err(RunError::LostLease);
     }
@@ -245,7 +252,8 @@ impl ChatCall {
 
 /// Begins step `step_no` with `request` and calls the model, or takes what the journal holds:
 /// a finished answer is reused, never asked again; a journalled CONTEXT_TOO_LONG stands (the
-/// same request would be refused again).
+/// same request would be refused again). With `stream`, the answer is streamed and shown
+/// as it comes (the journal keeps the request as first written, without `stream`).
 async fn chat_step_call(
     svc: &Worker,
     exec: &StepExec<'_>,
@@ -253,6 +261,7 @@ async fn chat_step_call(
     step_no: i64,
     name: &str,
     request: &ChatRequest,
+    stream: Option<&Arc<Feedback>>,
 ) -> Result<ChatCall, RunError> {
     let fresh = request.to_wire();
     let input = serde_json::to_string(&fresh).unwrap_or_default();
@@ -311,10 +320,15 @@ async fn chat_step_call(
     let wire_ref = &wire;
     let attempted = exec
         .attempt(&step, |key| async move {
-            provider
-                .chat(wire_ref, &key)
-                .await
-                .map_err(|e| CallErr::from_model(e, retry))
+            let answer = match stream {
+                Some(feedback) => {
+                    provider
+                        .chat_stream(wire_ref, &key, &|text| feedback.show(text))
+                        .await
+                }
+                None => provider.chat(wire_ref, &key).await,
+            };
+            answer.map_err(|e| CallErr::from_model(e, retry))
         })
         .await?;
     Ok(ChatCall {
@@ -351,7 +365,7 @@ async fn summarize_history(
         tools: Vec::new(),
         tool_choice: None,
     };
-    let call = chat_step_call(svc, exec, provider, STEP_NO, SUMMARY, &request).await?;
+    let call = chat_step_call(svc, exec, provider, STEP_NO, SUMMARY, &request, None).await?;
     if !call.journalled {
         exec.complete(&call.record()).await?;
     }

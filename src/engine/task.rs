@@ -34,6 +34,8 @@ pub struct TaskContext {
     pub agent: AgentDefinition,
     /// Running since this run took the task over from an instance that lost it.
     pub recovery: Option<Recovery>,
+    /// The placeholder and streamed edits of this run, where the platform can edit.
+    pub feedback: Option<std::sync::Arc<super::feedback::Feedback>>,
 }
 
 pub(crate) async fn load_context(svc: &Worker, task_id: i64) -> Result<TaskContext, RunError> {
@@ -68,6 +70,7 @@ pub(crate) async fn context_of(
         .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
     Ok(TaskContext {
         recovery: task.taken_over.then(Recovery::start),
+        feedback: None,
         task,
         message,
         agent,

@@ -388,6 +388,97 @@ impl OpenAiClient {
         request: &WireRequest,
         idempotency_key: &str,
     ) -> Result<ChatResponse, LlmError> {
+        let response = self.post(request, idempotency_key).await?;
+        let body = response.text().await.map_err(classify_transport)?;
+        parse_completion(&body)
+    }
+
+    /// One chat completion streamed (`stream: true`, with the usage chunk): `on_text` is
+    /// given the answer so far each time a chunk adds to it, and the whole answer is
+    /// returned as [`ChatResponse`] once the stream ends with `[DONE]`. For calls that
+    /// offer no tools: a streamed tool call is an INVALID_RESPONSE.
+    #[tracing::instrument(skip_all, fields(model = %request.model))]
+    pub async fn chat_stream(
+        &self,
+        request: &WireRequest,
+        idempotency_key: &str,
+        on_text: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<ChatResponse, LlmError> {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
+        let invalid = |m: String| LlmError::new(FailureType::InvalidResponse, m);
+        let mut request = request.clone();
+        request.stream = Some(true);
+        request.stream_options = Some(wire::ChatCompletionStreamOptions {
+            include_usage: Some(true),
+            include_obfuscation: None,
+        });
+        let response = self.post(&request, idempotency_key).await?;
+        let mut events = response.bytes_stream().eventsource();
+        let mut answer = ChatResponse {
+            content: String::new(),
+            tool_calls: Vec::new(),
+            finish_reason: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+        };
+        let mut done = false;
+        while let Some(event) = events.next().await {
+            let event = event.map_err(|e| match e {
+                eventsource_stream::EventStreamError::Transport(e) => classify_transport(e),
+                other => invalid(format!("model stream unreadable: {other}")),
+            })?;
+            if event.data.trim() == "[DONE]" {
+                done = true;
+                break;
+            }
+            let chunk: wire::CreateChatCompletionStreamResponse =
+                serde_json::from_str(&event.data).map_err(|e| {
+                    let data = crate::domain::truncate(&event.data, ERROR_BODY_LIMIT);
+                    LlmError::new(
+                        FailureType::ProviderError,
+                        format!("model stream sent something other than a chunk ({e}): {data}"),
+                    )
+                })?;
+            if let Some(usage) = chunk.usage {
+                answer.prompt_tokens = Some(i64::from(usage.prompt_tokens));
+                answer.completion_tokens = Some(i64::from(usage.completion_tokens));
+            }
+            let Some(choice) = chunk.choices.into_iter().find(|c| c.index == 0) else {
+                continue;
+            };
+            if choice.delta.tool_calls.is_some() {
+                return Err(invalid("the model streamed a tool call, but no tools were offered".into()));
+            }
+            if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+                answer.content.push_str(&text);
+                on_text(&answer.content);
+            }
+            if let Some(reason) = choice.finish_reason {
+                if reason == wire::FinishReason::ContentFilter {
+                    return Err(LlmError::new(
+                        FailureType::ContentFiltered,
+                        "the model's content filter stopped the answer",
+                    ));
+                }
+                answer.finish_reason = Some(finish_reason_str(reason).to_string());
+            }
+        }
+        if !done {
+            return Err(LlmError::new(
+                FailureType::ProviderError,
+                "the model's stream ended before [DONE]",
+            ));
+        }
+        Ok(answer)
+    }
+
+    /// Sends `request` with the provider's credentials; the response when it is a 2xx.
+    async fn post(
+        &self,
+        request: &WireRequest,
+        idempotency_key: &str,
+    ) -> Result<reqwest::Response, LlmError> {
         let body = serde_json::to_vec(request).map_err(|e| {
             LlmError::new(
                 FailureType::Unknown,
@@ -418,14 +509,14 @@ impl OpenAiClient {
         crate::metrics::MODEL_CALL_SECONDS.observe(started.elapsed());
         let response = response?;
         let status = response.status();
-        let retry_after = parse_retry_after(response.headers());
-        let body = response.text().await.map_err(classify_transport)?;
         if !status.is_success() {
+            let retry_after = parse_retry_after(response.headers());
+            let body = response.text().await.map_err(classify_transport)?;
             let mut err = classify_status(status.as_u16(), &body);
             err.retry_after = retry_after;
             return Err(err);
         }
-        parse_completion(&body)
+        Ok(response)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 
 const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
      reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \
-     created_at, sent_at";
+     created_at, sent_at, (placeholder = 1) AS placeholder, (edit = 1) AS edit, send_key";
 
 /// The claim's choice of due replies (parameters: `$3` now, `$4` limit, `$5` the creation
 /// time before which a reply stops waiting for older ones): PENDING, due, not leased, and
@@ -32,7 +32,69 @@ pub fn reply_pick_sql(dialect: Dialect) -> String {
     )
 }
 
+/// A slow run's placeholder, queued under the run's reply key.
+pub struct NewPlaceholder<'a> {
+    pub key: &'a str,
+    pub channel: &'a str,
+    pub conversation_id: &'a str,
+    pub in_reply_to: &'a str,
+    /// The outbox content (`{"text": …}`).
+    pub content: &'a str,
+}
+
 impl Store {
+    /// Queues a placeholder for the run `fence` holds, due now: only while the run still
+    /// owns its task and nothing was queued under its reply key (the answer, or the
+    /// placeholder of an earlier run, which the answer then edits). Returns whether it was
+    /// queued.
+    pub async fn queue_placeholder(
+        &self,
+        fence: &crate::domain::Fence,
+        placeholder: &NewPlaceholder<'_>,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
+                 in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at, \
+                 placeholder) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $9, 1 WHERE EXISTS \
+                 (SELECT 1 FROM agent_task WHERE id = $1 AND owner = $10 AND version = $11 \
+                 AND status = 'RUNNING') ON CONFLICT (idempotency_key) DO NOTHING",
+            )
+            .bind(fence.task_id)
+            .bind(placeholder.key)
+            .bind(placeholder.channel)
+            .bind(placeholder.conversation_id)
+            .bind(placeholder.in_reply_to)
+            .bind(crate::domain::ReplyType::Text)
+            .bind(placeholder.content)
+            .bind(ReplyStatus::Pending)
+            .bind(now)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
+    /// The platform message id of the placeholder under `key`, once it was sent and while
+    /// it is still the placeholder (the answer has not replaced it).
+    pub async fn placeholder_message(&self, key: &str) -> StoreResult<Option<String>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT platform_message_id FROM outbound_reply WHERE idempotency_key = $1 \
+                 AND placeholder = 1 AND status = 'SENT'",
+            )
+            .bind(key)
+            .fetch_optional(pool)
+            .await?
+            .flatten()
+        }))
+    }
+
     /// Takes up to `limit` due PENDING replies for `owner` until `lease_until`, counting the
     /// attempt. A reply whose lease lapsed (its sender died) is due again. A conversation's
     /// replies go in task order (a task's own replies in the order they were queued): a reply

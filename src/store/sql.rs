@@ -49,16 +49,38 @@ macro_rules! insert_audit {
 }
 pub(crate) use insert_audit;
 
+/// What a reply inserted under a key that is taken does: a placeholder under that key (a
+/// slow run's "Thinking…") becomes the reply. It is edited into the reply when it was sent
+/// and the platform gave its message id; it is simply replaced when it was never tried; and
+/// when its send is in doubt (tried, not known to have arrived, or arrived without an id)
+/// the reply goes as a new message under `<key>-answer`. Any other row under the key stands:
+/// a second insert of a reply is a no-op.
+macro_rules! reply_upsert {
+    () => {
+        " ON CONFLICT (idempotency_key) DO UPDATE SET content = excluded.content, \
+         reply_type = excluded.reply_type, placeholder = 0, status = 'PENDING', \
+         edit = CASE WHEN outbound_reply.status = 'SENT' \
+             AND outbound_reply.platform_message_id IS NOT NULL THEN 1 ELSE 0 END, \
+         send_key = CASE WHEN outbound_reply.attempts > 0 AND NOT (outbound_reply.status = 'SENT' \
+             AND outbound_reply.platform_message_id IS NOT NULL) \
+             THEN outbound_reply.idempotency_key || '-answer' ELSE NULL END, \
+         attempts = 0, last_error = NULL, next_attempt_at = excluded.next_attempt_at \
+         WHERE outbound_reply.placeholder = 1"
+    };
+}
+pub(crate) use reply_upsert;
+
 /// Queues a task's reply inside the caller's transaction; a second insert under the same key
-/// is a no-op. A macro for the same reason as `insert_audit!`.
+/// is a no-op, except that it replaces a placeholder (see `reply_upsert!`). A macro for the
+/// same reason as `insert_audit!`.
 macro_rules! insert_reply {
     ($tx:expr, $task_id:expr, $reply:expr, $now:expr) => {
-        sqlx::query(
+        sqlx::query(concat!(
             "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
              in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $9) \
-             ON CONFLICT (idempotency_key) DO NOTHING",
-        )
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $9)",
+            $crate::store::sql::reply_upsert!()
+        ))
         .bind($task_id)
         .bind(&$reply.idempotency_key)
         .bind(&$reply.channel)
@@ -204,8 +226,7 @@ impl BatchSql {
             "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
              in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
              SELECT v.task_id, v.idempotency_key, v.channel, v.conversation_id, v.in_reply_to, \
-             v.reply_type, v.content, $3, 0, $2, $2 FROM {} WHERE true \
-             ON CONFLICT (idempotency_key) DO NOTHING",
+             v.reply_type, v.content, $3, 0, $2, $2 FROM {} WHERE true{}",
             rows(&[
                 ("task_id", "bigint"),
                 ("idempotency_key", "text"),
@@ -214,10 +235,21 @@ impl BatchSql {
                 ("in_reply_to", "text"),
                 ("reply_type", "text"),
                 ("content", "text"),
-            ])
+            ]),
+            reply_upsert!()
         );
+        // A placeholder that went out after the answer took its row (`reply_upsert!`) is
+        // not the end: the row stays PENDING, to edit the message just sent into the answer
+        // (or, without its id, to send the answer as a new message).
+        let superseded = "v.placeholder = 1 AND outbound_reply.placeholder = 0";
         let mark_sent = format!(
-            "UPDATE outbound_reply SET status = $3, platform_message_id = v.platform_message_id, \
+            "UPDATE outbound_reply SET \
+             status = CASE WHEN {superseded} THEN 'PENDING' ELSE $3 END, \
+             edit = CASE WHEN {superseded} AND v.platform_message_id IS NOT NULL THEN 1 ELSE 0 END, \
+             send_key = CASE WHEN {superseded} AND v.platform_message_id IS NOT NULL THEN NULL \
+                 ELSE outbound_reply.send_key END, \
+             platform_message_id = COALESCE(v.platform_message_id, \
+                 outbound_reply.platform_message_id), \
              sent_at = $2, locked_by = NULL, locked_until = NULL, last_error = NULL FROM {} \
              WHERE outbound_reply.id = v.reply_id AND outbound_reply.locked_by = v.owner \
              AND outbound_reply.status = 'PENDING' RETURNING outbound_reply.id",
@@ -225,6 +257,7 @@ impl BatchSql {
                 ("reply_id", "bigint"),
                 ("owner", "text"),
                 ("platform_message_id", "text"),
+                ("placeholder", "bigint"),
             ])
         );
         let insert_audits = format!(

@@ -60,7 +60,19 @@ pub enum WriteOp {
         attempts: i64,
         owner: String,
         platform_message_id: Option<String>,
+        kind: SentKind,
     },
+}
+
+/// What a delivery showed in the chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SentKind {
+    /// A new message with the reply.
+    New,
+    /// A slow run's placeholder (the reply replaces it later).
+    Placeholder,
+    /// The reply, by editing its placeholder.
+    Edit,
 }
 
 /// What an operation came to.
@@ -178,6 +190,7 @@ impl Store {
                 reply_id,
                 owner,
                 platform_message_id,
+                kind,
                 ..
             } => Some((
                 *reply_id,
@@ -185,6 +198,7 @@ impl Store {
                     "reply_id": reply_id,
                     "owner": owner,
                     "platform_message_id": platform_message_id,
+                    "placeholder": i64::from(*kind == SentKind::Placeholder),
                 }),
             )),
             _ => None,
@@ -321,6 +335,7 @@ impl Store {
                         idempotency_key,
                         attempts,
                         owner,
+                        kind,
                         ..
                     } = &ops[i]
                     else {
@@ -329,8 +344,15 @@ impl Store {
                     let done = held.contains(reply_id);
                     answers[i] = Some(WriteOut::Done(done));
                     if done {
-                        let summary =
-                            format!("reply {idempotency_key} delivered after {attempts} attempt(s)");
+                        let summary = format!(
+                            "{} {idempotency_key} {} after {attempts} attempt(s)",
+                            if *kind == SentKind::Placeholder { "placeholder" } else { "reply" },
+                            if *kind == SentKind::Edit {
+                                "delivered by editing its placeholder"
+                            } else {
+                                "delivered"
+                            }
+                        );
                         audits.push(audit_row(
                             *task_id,
                             AuditEvent::ReplySent,
@@ -465,6 +487,13 @@ impl WriteOp {
         platform_message_id: Option<&str>,
     ) -> WriteOp {
         WriteOp::MarkReplySent {
+            kind: if reply.placeholder {
+                SentKind::Placeholder
+            } else if reply.edit {
+                SentKind::Edit
+            } else {
+                SentKind::New
+            },
             reply_id: reply.id,
             task_id: reply.task_id,
             idempotency_key: reply.idempotency_key.clone(),

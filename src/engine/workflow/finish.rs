@@ -156,6 +156,9 @@ impl Runner<'_> {
     }
 
     pub(super) async fn finish(&mut self, outcome: TaskOutcome) -> Result<(), RunError> {
+        if let Some(feedback) = &self.ctx.feedback {
+            feedback.settle().await;
+        }
         if !self.svc.journal.finish_task(self.fence, &outcome).await? {
             return Err(RunError::LostLease);
         }

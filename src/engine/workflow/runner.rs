@@ -245,6 +245,10 @@ impl<'a> Runner<'a> {
             }
             Err(Stop::Run(_)) => return,
         };
+        // Where the platform can edit, the line shows in the run's placeholder.
+        if let Some(feedback) = &self.ctx.feedback {
+            feedback.show(&text);
+        }
         let task = &self.ctx.task;
         let update = crate::channels::platform::Progress {
             key: format!(

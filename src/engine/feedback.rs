@@ -1,0 +1,335 @@
+//! What the chat sees while a task runs, before its answer: the platform's typing
+//! indicator (`Typing`), and on platforms that can edit a sent message a placeholder that
+//! becomes the answer, edited with the streamed text as it comes (`Feedback`).
+//!
+//! Exactly one message per question holds through crashes because the placeholder is an
+//! outbox row under the run's reply key (`Store::queue_placeholder`): the outbox sends it
+//! and records its message id, and the task's answer takes over the same row
+//! (`reply_upsert!`), so it is delivered by editing that message. A run resumed after a
+//! crash finds the row taken and edits the same message. The edits of streamed text are
+//! best effort and go straight to the platform; they stop (and the one in flight is awaited)
+//! before the answer is committed, so none can land after the answer's edit.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::domain::{Fence, ReplyRow, ReplyStatus, ReplyType, TaskRow, now_ms, reply_key};
+use crate::store::outbox::NewPlaceholder;
+
+use super::task::TaskContext;
+use super::worker::Worker;
+
+/// The placeholder and streamed edits of one run.
+pub struct Feedback {
+    svc: Arc<Worker>,
+    fence: Fence,
+    key: String,
+    channel: String,
+    conversation_id: String,
+    in_reply_to: String,
+    placeholder: String,
+    /// How long the run goes before its placeholder is sent.
+    after: Duration,
+    started: Instant,
+    /// The least time between two edits of streamed text; `None`: no streaming.
+    stream_every: Option<Duration>,
+    /// The platform shows "typing…" meanwhile: the placeholder waits for streamed text.
+    typing: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The placeholder was queued (by this run, or an earlier run of the task did).
+    queued: bool,
+    /// The placeholder's platform message id, once known.
+    message_id: Option<String>,
+    looked_up: Option<Instant>,
+    last_edit: Option<Instant>,
+    /// The text the chat shows (as far as this run knows).
+    shown: String,
+    /// The text so far (streamed, or a workflow node's progress line).
+    latest: String,
+    /// The queueing or edit in flight; one at a time.
+    busy: Option<JoinHandle<()>>,
+    /// The answer is about to be committed: nothing more is shown.
+    settled: bool,
+}
+
+impl Feedback {
+    /// The feedback of a run on a platform that can edit, unless the agent's placeholder
+    /// (or `replies.placeholder`) is empty. The placeholder timer runs until `stop`.
+    pub fn start(svc: &Arc<Worker>, fence: &Fence, ctx: &TaskContext) -> Option<Arc<Feedback>> {
+        let task = &ctx.task;
+        let replies = &svc.config.replies;
+        let placeholder = ctx
+            .agent
+            .placeholder
+            .clone()
+            .unwrap_or_else(|| replies.placeholder.clone());
+        if placeholder.trim().is_empty() || !svc.channels.can_edit(&task.channel) {
+            return None;
+        }
+        let typing = replies.typing_indicator && svc.channels.typing_every(&task.channel).is_some();
+        let feedback = Arc::new(Feedback {
+            svc: svc.clone(),
+            fence: fence.clone(),
+            key: reply_key(task.id, task.resume_count),
+            channel: task.channel.clone(),
+            conversation_id: task.conversation_id.clone(),
+            in_reply_to: ctx.message.external_message_id.clone(),
+            placeholder,
+            after: Duration::from_millis(replies.placeholder_after_ms),
+            started: Instant::now(),
+            stream_every: (replies.stream_edit_ms > 0)
+                .then(|| Duration::from_millis(replies.stream_edit_ms)),
+            typing,
+            state: Mutex::new(State::default()),
+        });
+        Some(feedback)
+    }
+
+    /// Sends the placeholder once `placeholder_after_ms` has passed, unless the platform
+    /// shows typing (then streamed text brings it). Abort the handle when the run ends.
+    pub fn timer(self: &Arc<Self>) -> Option<JoinHandle<()>> {
+        if self.typing {
+            return None;
+        }
+        let me = self.clone();
+        Some(tokio::spawn(
+            async move {
+                tokio::time::sleep(me.after).await;
+                me.poke();
+            }
+            .in_current_span(),
+        ))
+    }
+
+    /// Whether model calls should stream their answer here.
+    pub fn streams(&self) -> bool {
+        self.stream_every.is_some()
+    }
+
+    /// The answer so far (or a progress line): shown when the pace allows.
+    pub fn show(self: &Arc<Self>, text: &str) {
+        self.lock().latest = text.to_string();
+        self.poke();
+    }
+
+    /// Stops showing anything and waits for the queueing or edit in flight, so that the
+    /// answer, committed next, is the last thing the chat shows.
+    pub async fn settle(&self) {
+        let busy = {
+            let mut state = self.lock();
+            state.settled = true;
+            state.busy.take()
+        };
+        if let Some(busy) = busy {
+            let wait = Duration::from_secs(self.svc.config.outbox.timeout_secs.max(1));
+            if tokio::time::timeout(wait, busy).await.is_err() {
+                tracing::warn!(key = %self.key, "a streamed edit did not end in time");
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Does the next thing due, if nothing is in flight: queue the placeholder, find its
+    /// message id, or edit it to the latest text.
+    fn poke(self: &Arc<Self>) {
+        let mut state = self.lock();
+        if state.settled || state.busy.as_ref().is_some_and(|b| !b.is_finished()) {
+            return;
+        }
+        let now = Instant::now();
+        let job = if !state.queued {
+            let due = now.duration_since(self.started) >= self.after;
+            if !due || (self.typing && state.latest.is_empty()) {
+                return;
+            }
+            state.queued = true;
+            let text = if state.latest.is_empty() {
+                self.placeholder.clone()
+            } else {
+                state.latest.clone()
+            };
+            state.shown = text.clone();
+            Job::Queue(text)
+        } else {
+            let Some(every) = self.stream_every else {
+                return;
+            };
+            if state.latest == state.shown || state.last_edit.is_some_and(|t| now - t < every) {
+                return;
+            }
+            match state.message_id.clone() {
+                Some(id) => {
+                    state.last_edit = Some(now);
+                    state.shown = state.latest.clone();
+                    Job::Edit(id, state.latest.clone())
+                }
+                None if state.looked_up.is_none_or(|t| now - t >= every) => {
+                    state.looked_up = Some(now);
+                    Job::Find
+                }
+                None => return,
+            }
+        };
+        let me = self.clone();
+        state.busy = Some(tokio::spawn(
+            async move { me.run(job).await }.in_current_span(),
+        ));
+    }
+
+    async fn run(self: Arc<Self>, job: Job) {
+        let svc = &self.svc;
+        match job {
+            Job::Queue(text) => {
+                let content = serde_json::json!({ "text": text }).to_string();
+                let placeholder = NewPlaceholder {
+                    key: &self.key,
+                    channel: &self.channel,
+                    conversation_id: &self.conversation_id,
+                    in_reply_to: &self.in_reply_to,
+                    content: &content,
+                };
+                match svc
+                    .store
+                    .queue_placeholder(&self.fence, &placeholder, now_ms())
+                    .await
+                {
+                    Ok(true) => {
+                        tracing::info!(key = %self.key, "placeholder queued");
+                        svc.wake.replies.notify_one();
+                    }
+                    // The key is taken: an earlier run's placeholder (edited below) or the
+                    // answer; or the run lost its task.
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "queueing the placeholder failed"),
+                }
+            }
+            Job::Find => match svc.store.placeholder_message(&self.key).await {
+                Ok(Some(id)) => {
+                    self.lock().message_id = Some(id);
+                    self.poke();
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "placeholder lookup failed"),
+            },
+            Job::Edit(message_id, text) => {
+                let interval = svc.channels.chat_interval_ms(&self.channel);
+                if svc
+                    .channels
+                    .pacer
+                    .admit(&self.channel, &self.conversation_id, interval, now_ms())
+                    .is_err()
+                {
+                    // The chat's pace is used up: the next text tries again.
+                    self.lock().shown.clear();
+                    return;
+                }
+                let edit = self.partial_reply(message_id, text);
+                if let Err(e) = svc.channels.edit(&edit).await {
+                    tracing::debug!(error = %e, "streamed edit not shown");
+                }
+            }
+        }
+    }
+
+    /// A streamed edit as the platform's `edit` takes it.
+    fn partial_reply(&self, message_id: String, text: String) -> ReplyRow {
+        ReplyRow {
+            id: 0,
+            task_id: self.fence.task_id,
+            idempotency_key: self.key.clone(),
+            channel: self.channel.clone(),
+            conversation_id: self.conversation_id.clone(),
+            in_reply_to: self.in_reply_to.clone(),
+            reply_type: ReplyType::Text,
+            content: serde_json::json!({ "text": text }).to_string(),
+            status: ReplyStatus::Pending,
+            platform_message_id: Some(message_id),
+            attempts: 1,
+            next_attempt_at: 0,
+            last_error: None,
+            created_at: 0,
+            sent_at: None,
+            placeholder: false,
+            edit: true,
+            send_key: None,
+            reply_context: None,
+        }
+    }
+}
+
+enum Job {
+    /// Queue the placeholder with this text.
+    Queue(String),
+    /// Look up the placeholder's message id.
+    Find,
+    /// Edit the placeholder to this text.
+    Edit(String, String),
+}
+
+/// The typing indicator shown in the task's chat while this run lasts.
+pub struct Typing {
+    shown: JoinHandle<()>,
+    svc: Arc<Worker>,
+    channel: String,
+    conversation_id: String,
+}
+
+impl Typing {
+    /// Starts showing "typing…" in the task's chat, renewed as the platform needs, when
+    /// `replies.typing_indicator` is on and the platform has one.
+    pub fn start(svc: &Arc<Worker>, task: &TaskRow) -> Option<Typing> {
+        if !svc.config.replies.typing_indicator {
+            return None;
+        }
+        let every = svc.channels.typing_every(&task.channel)?;
+        let (channel, conversation_id) = (task.channel.clone(), task.conversation_id.clone());
+        let shown = tokio::spawn({
+            let (svc, channel, conversation_id) =
+                (svc.clone(), channel.clone(), conversation_id.clone());
+            async move {
+                loop {
+                    if let Err(e) = svc.channels.typing(&channel, &conversation_id, true).await {
+                        tracing::debug!(error = %e, "typing indicator not shown");
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            }
+            .in_current_span()
+        });
+        Some(Typing {
+            shown,
+            svc: svc.clone(),
+            channel,
+            conversation_id,
+        })
+    }
+
+    /// Stops renewing and clears the indicator (where the platform can), in the background.
+    pub fn stop(self) {
+        self.shown.abort();
+        let Typing {
+            svc,
+            channel,
+            conversation_id,
+            ..
+        } = self;
+        tokio::spawn(
+            async move {
+                if let Err(e) = svc.channels.typing(&channel, &conversation_id, false).await {
+                    tracing::debug!(error = %e, "typing indicator not cleared");
+                }
+            }
+            .in_current_span(),
+        );
+    }
+}
