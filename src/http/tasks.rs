@@ -319,6 +319,10 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
             "last_error": r.last_error.as_deref().map(redact),
             "sent_at": r.sent_at,
             "content": serde_json::from_str::<Value>(&r.content).unwrap_or(Value::Null),
+            "platform_message_id": r.platform_message_id,
+            // Still the run's placeholder; `edit`: the answer replaces its message.
+            "placeholder": r.placeholder,
+            "edit": r.edit,
         })
     };
     Ok(json!({

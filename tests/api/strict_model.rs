@@ -13,6 +13,8 @@
 //! OpenAI's `context_length_exceeded` error, as llama.cpp's server refuses it.
 
 use std::collections::HashSet;
+
+use futures::StreamExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -178,8 +180,23 @@ pub fn check_request(body: &Value) -> Result<(), String> {
         Some(m) if !m.is_empty() => {}
         _ => return Err("you must provide a model parameter".into()),
     }
-    if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err("this double does not stream; the request asked for stream: true".into());
+    let streams = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(format!("Invalid type for 'stream': {other}")),
+    };
+    if let Some(options) = body.get("stream_options").filter(|o| !o.is_null()) {
+        if !streams {
+            return Err("The 'stream_options' parameter is only allowed when 'stream' is enabled.".into());
+        }
+        let known = options.as_object().is_some_and(|o| {
+            o.iter().all(|(k, v)| {
+                ["include_usage", "include_obfuscation"].contains(&k.as_str()) && v.is_boolean()
+            })
+        });
+        if !known {
+            return Err(format!("Invalid 'stream_options': {options}"));
+        }
     }
     if let Some(t) = body.get("temperature") {
         match t.as_f64() {
@@ -454,14 +471,21 @@ impl<S: ModelScript> Respond for StrictModel<S> {
                 )
             }
         };
-        let mut t = ResponseTemplate::new(200).set_body_json(json!({
+        let mut t = if body["stream"] == true {
+            ResponseTemplate::new(200).set_body_raw(
+                sse_body(&body, n, &message, finish_reason, prompt, None).concat(),
+                "text/event-stream",
+            )
+        } else {
+            ResponseTemplate::new(200).set_body_json(json!({
             "id": format!("chatcmpl-{n}"),
             "object": "chat.completion",
             "created": 1_700_000_000u32,
             "model": body["model"],
             "choices": [{ "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason }],
             "usage": { "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7 }
-        }));
+        }))
+        };
         for (k, v) in &reply.headers {
             t = t.insert_header(k.as_str(), v.as_str());
         }
@@ -469,5 +493,155 @@ impl<S: ModelScript> Respond for StrictModel<S> {
             Some(d) => t.set_delay(d),
             None => t,
         }
+    }
+}
+
+/// A streamed answer as OpenAI sends it: `chat.completion.chunk` events, the first with the
+/// role, the text in pieces of about `piece` bytes (words, by default), tool calls whole,
+/// then the finish reason, the usage chunk (empty `choices`) when
+/// `stream_options.include_usage` asked for it, and `data: [DONE]`. One string per event.
+pub fn sse_body(
+    body: &Value,
+    n: u64,
+    message: &Value,
+    finish_reason: &str,
+    prompt: usize,
+    piece: Option<usize>,
+) -> Vec<String> {
+    let chunk = |choices: Value, usage: Value| {
+        let c = json!({
+            "id": format!("chatcmpl-{n}"), "object": "chat.completion.chunk",
+            "created": 1_700_000_000u32, "model": body["model"], "choices": choices, "usage": usage
+        });
+        format!("data: {c}\n\n")
+    };
+    let mut events = vec![chunk(
+        json!([{ "index": 0, "delta": { "role": "assistant", "content": "" }, "finish_reason": null }]),
+        Value::Null,
+    )];
+    let text = message["content"].as_str().unwrap_or("");
+    let mut pieces: Vec<String> = Vec::new();
+    match piece {
+        Some(size) => {
+            let mut current = String::new();
+            for ch in text.chars() {
+                current.push(ch);
+                if current.len() >= size {
+                    pieces.push(std::mem::take(&mut current));
+                }
+            }
+            if !current.is_empty() {
+                pieces.push(current);
+            }
+        }
+        None => pieces.extend(text.split_inclusive(' ').map(str::to_string)),
+    }
+    for p in pieces {
+        events.push(chunk(
+            json!([{ "index": 0, "delta": { "content": p }, "finish_reason": null }]),
+            Value::Null,
+        ));
+    }
+    if let Some(calls) = message["tool_calls"].as_array() {
+        let deltas: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut c = c.clone();
+                c["index"] = json!(i);
+                c
+            })
+            .collect();
+        events.push(chunk(
+            json!([{ "index": 0, "delta": { "tool_calls": deltas }, "finish_reason": null }]),
+            Value::Null,
+        ));
+    }
+    events.push(chunk(
+        json!([{ "index": 0, "delta": {}, "finish_reason": finish_reason }]),
+        Value::Null,
+    ));
+    if body.pointer("/stream_options/include_usage") == Some(&json!(true)) {
+        events.push(chunk(
+            json!([]),
+            json!({ "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7 }),
+        ));
+    }
+    events.push("data: [DONE]\n\n".to_string());
+    events
+}
+
+/// A model that streams its answer over time (wiremock answers at once): a server on
+/// 127.0.0.1 holding requests to the same contract (`check_request`), answering every
+/// chat with `text`, one piece of `piece` bytes every `every`. Non-streamed requests get
+/// the whole answer after the same total time. Stops when dropped.
+pub struct SlowStreamingModel {
+    pub uri: String,
+    pub calls: std::sync::Arc<AtomicU64>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl SlowStreamingModel {
+    pub async fn start(text: &str, piece: usize, every: Duration) -> SlowStreamingModel {
+        use axum::response::IntoResponse;
+        let calls = std::sync::Arc::new(AtomicU64::new(0));
+        let text = text.to_string();
+        let counter = calls.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |raw: axum::body::Bytes| {
+                let (text, counter) = (text.clone(), counter.clone());
+                async move {
+                    let body: Value = match serde_json::from_slice(&raw) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            return (axum::http::StatusCode::BAD_REQUEST, e.to_string())
+                                .into_response();
+                        }
+                    };
+                    if let Err(m) = check_request(&body) {
+                        return (
+                            axum::http::StatusCode::BAD_REQUEST,
+                            axum::Json(json!({"error": {"message": m, "type": "invalid_request_error"}})),
+                        )
+                            .into_response();
+                    }
+                    let n = counter.fetch_add(1, Ordering::SeqCst);
+                    let message = json!({ "role": "assistant", "content": text });
+                    let prompt = prompt_tokens(&body);
+                    let events = sse_body(&body, n, &message, "stop", prompt, Some(piece));
+                    if body["stream"] != true {
+                        tokio::time::sleep(every * events.len() as u32).await;
+                        return axum::Json(json!({
+                            "id": format!("chatcmpl-{n}"), "object": "chat.completion",
+                            "created": 1_700_000_000u32, "model": body["model"],
+                            "choices": [{ "index": 0, "message": message, "finish_reason": "stop" }],
+                            "usage": { "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7 }
+                        }))
+                        .into_response();
+                    }
+                    let stream = futures::stream::iter(events).then(move |e| async move {
+                        tokio::time::sleep(every).await;
+                        Ok::<_, std::convert::Infallible>(e)
+                    });
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(axum::body::Body::from_stream(stream))
+                        .unwrap()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.ok();
+        });
+        SlowStreamingModel { uri, calls, server }
+    }
+}
+
+impl Drop for SlowStreamingModel {
+    fn drop(&mut self) {
+        self.server.abort();
     }
 }

@@ -71,11 +71,15 @@ pub(crate) async fn lark_api() -> MockServer {
         ))
         .mount(&api)
         .await;
+    let messages = super::chat_doubles::LarkMessages::default();
     Mock::given(method("POST"))
-        .and(path_regex(r"^/open-apis/im/v1/messages/.*/reply$"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"code": 0, "msg": "success", "data": {"message_id": "om_reply"}}),
-        ))
+        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+/reply$"))
+        .respond_with(messages.clone())
+        .mount(&api)
+        .await;
+    Mock::given(method("PATCH"))
+        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+$"))
+        .respond_with(messages)
         .mount(&api)
         .await;
     api

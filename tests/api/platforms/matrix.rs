@@ -26,7 +26,7 @@ async fn matrix_transactions_are_authorised_answered_and_idempotent() {
         .and(path_regex(
             r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
         ))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"event_id": "$reply"})))
+        .respond_with(super::chat_doubles::MatrixRoomSends::default())
         .mount(&hs)
         .await;
     Mock::given(method("POST"))
@@ -141,7 +141,7 @@ pub(crate) async fn matrix_homeserver() -> MockServer {
         .and(path_regex(
             r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
         ))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"event_id": "$reply"})))
+        .respond_with(super::chat_doubles::MatrixRoomSends::default())
         .with_priority(5)
         .mount(&hs)
         .await;

@@ -9,6 +9,7 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::helpers::*;
 
+mod chat_doubles;
 mod dingtalk;
 mod lark;
 mod matrix;
@@ -30,15 +31,15 @@ pub(crate) const SLACK_SECRET: &str = "slack-signing-secret";
 
 pub(crate) async fn platform_api() -> MockServer {
     let api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path(format!("/bot{TG_TOKEN}/sendMessage")))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"ok": true, "result": {"message_id": 99}})),
-        )
-        .with_priority(5)
-        .mount(&api)
-        .await;
+    let telegram = chat_doubles::TelegramMessages::default();
+    for call in ["sendMessage", "editMessageText"] {
+        Mock::given(method("POST"))
+            .and(path(format!("/bot{TG_TOKEN}/{call}")))
+            .respond_with(telegram.clone())
+            .with_priority(5)
+            .mount(&api)
+            .await;
+    }
     Mock::given(method("POST"))
         .and(path(format!("/bot{TG_TOKEN}/sendChatAction")))
         .respond_with(typing::TelegramChatAction)
@@ -49,14 +50,15 @@ pub(crate) async fn platform_api() -> MockServer {
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": true})))
         .mount(&api)
         .await;
-    Mock::given(method("POST"))
-        .and(path("/chat.postMessage"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({"ok": true, "ts": "1700.9999"})),
-        )
-        .with_priority(5)
-        .mount(&api)
-        .await;
+    let slack = chat_doubles::SlackMessages::default();
+    for call in ["/chat.postMessage", "/chat.update"] {
+        Mock::given(method("POST"))
+            .and(path(call))
+            .respond_with(slack.clone())
+            .with_priority(5)
+            .mount(&api)
+            .await;
+    }
     Mock::given(method("GET"))
         .and(path("/conversations.replies"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "messages": []})))

@@ -1,0 +1,302 @@
+//! Stateful doubles of the platforms' message APIs, sends and edits together, held to what
+//! each platform documents: a message can only be edited once it exists, by its id, in its
+//! chat; an edit must carry what the platform requires; every answer is the platform's own
+//! shape. Every test that sends through these platforms uses them (see `platform_api`,
+//! `lark_api`, `matrix_homeserver`).
+//!
+//! Sources: Telegram Bot API (`sendMessage`, `editMessageText` and its "message is not
+//! modified" refusal), Slack Web API (`chat.postMessage`, `chat.update` and their `no_text`,
+//! `message_not_found`, `cant_update_message` errors), Lark Open API (reply to a message,
+//! `PATCH /im/v1/messages/{id}`, which only updates cards sent as shared cards —
+//! `config.update_multi`), Matrix client-server API (room send with transaction ids,
+//! event replacements `m.replace` with `m.new_content`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use wiremock::{Request, Respond, ResponseTemplate};
+
+/// One message a double holds: its chat, what it shows, and its kind.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub chat: String,
+    pub content: Value,
+    /// Lark: `interactive` or `text`; Matrix: the sender.
+    pub kind: String,
+}
+
+#[derive(Default)]
+pub(crate) struct Messages {
+    next: u64,
+    by_id: HashMap<String, Held>,
+    /// Idempotency keys already used (Lark `uuid`, Matrix transaction ids) → message id.
+    keys: HashMap<String, String>,
+}
+
+type Shared = Arc<Mutex<Messages>>;
+
+fn body_of(request: &Request) -> Value {
+    serde_json::from_slice(&request.body).unwrap_or(Value::Null)
+}
+
+/// Telegram `sendMessage` and `editMessageText` on one message store; ids start at 99.
+#[derive(Clone, Default)]
+pub(crate) struct TelegramMessages(Shared);
+
+impl Respond for TelegramMessages {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body = body_of(request);
+        let refuse = |description: &str| {
+            ResponseTemplate::new(400).set_body_json(json!({
+                "ok": false, "error_code": 400, "description": format!("Bad Request: {description}")
+            }))
+        };
+        let chat = match &body["chat_id"] {
+            Value::String(s) if !s.is_empty() => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => return refuse("chat not found"),
+        };
+        let Some(text) = body["text"].as_str().filter(|t| !t.trim().is_empty()) else {
+            return refuse("message text is empty");
+        };
+        if text.chars().count() > 4096 {
+            return refuse("message is too long");
+        }
+        let shown = json!({ "text": text, "reply_markup": body["reply_markup"] });
+        let mut messages = self.0.lock().unwrap();
+        let id = if request.url.path().ends_with("/editMessageText") {
+            let id = match &body["message_id"] {
+                Value::Number(n) => n.to_string(),
+                _ => return refuse("message identifier is not specified"),
+            };
+            match messages.by_id.get_mut(&id) {
+                Some(held) if held.chat == chat => {
+                    if held.content == shown {
+                        return refuse(
+                            "message is not modified: specified new message content and reply markup of the message are exactly the same as a current content and reply markup of the message",
+                        );
+                    }
+                    held.content = shown;
+                }
+                _ => return refuse("message to edit not found"),
+            }
+            id
+        } else {
+            let id = (99 + messages.next).to_string();
+            messages.next += 1;
+            messages.by_id.insert(
+                id.clone(),
+                Held {
+                    chat: chat.clone(),
+                    content: shown,
+                    kind: "text".into(),
+                },
+            );
+            id
+        };
+        ResponseTemplate::new(200).set_body_json(json!({"ok": true, "result": {
+            "message_id": id.parse::<i64>().unwrap(), "date": 1,
+            "chat": {"id": chat.parse::<i64>().unwrap_or(0), "type": "group"}, "text": text
+        }}))
+    }
+}
+
+/// Slack `chat.postMessage` and `chat.update` on one message store (`ts` 1700.000N).
+#[derive(Clone, Default)]
+pub(crate) struct SlackMessages(Shared);
+
+impl Respond for SlackMessages {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let error = |e: &str| ResponseTemplate::new(200).set_body_json(json!({"ok": false, "error": e}));
+        let authed = request
+            .headers
+            .get("authorization")
+            .is_some_and(|v| v.to_str().unwrap_or("").starts_with("Bearer xoxb-"));
+        if !authed {
+            return error("not_authed");
+        }
+        let body = body_of(request);
+        let Some(channel) = body["channel"].as_str().filter(|c| !c.is_empty()) else {
+            return error("channel_not_found");
+        };
+        let text = body["text"].as_str().unwrap_or("");
+        let blocks_ok = body["blocks"].as_array().is_some_and(|b| !b.is_empty());
+        if text.is_empty() && !blocks_ok {
+            return error("no_text");
+        }
+        let shown = json!({ "text": text, "blocks": body["blocks"] });
+        let mut messages = self.0.lock().unwrap();
+        let ts = if request.url.path() == "/chat.update" {
+            let Some(ts) = body["ts"].as_str() else {
+                return error("message_not_found");
+            };
+            match messages.by_id.get_mut(ts) {
+                Some(held) if held.chat == channel => held.content = shown,
+                Some(_) => return error("cant_update_message"),
+                None => return error("message_not_found"),
+            }
+            ts.to_string()
+        } else {
+            messages.next += 1;
+            let ts = format!("1700.{:04}", messages.next);
+            messages.by_id.insert(
+                ts.clone(),
+                Held {
+                    chat: channel.to_string(),
+                    content: shown,
+                    kind: "text".into(),
+                },
+            );
+            ts
+        };
+        ResponseTemplate::new(200).set_body_json(
+            json!({"ok": true, "channel": channel, "ts": ts, "message": {"text": text, "ts": ts}}),
+        )
+    }
+}
+
+/// Lark: replies to a message (`POST /im/v1/messages/{id}/reply`, `uuid` dropping a repeat
+/// within the hour) and card updates (`PATCH /im/v1/messages/{id}`), ids `om_<n>`.
+#[derive(Clone, Default)]
+pub(crate) struct LarkMessages(Shared);
+
+impl Respond for LarkMessages {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let refuse = |code: i64, msg: &str| {
+            ResponseTemplate::new(400).set_body_json(json!({"code": code, "msg": msg}))
+        };
+        let authed = request
+            .headers
+            .get("authorization")
+            .is_some_and(|v| v.to_str().unwrap_or("") == "Bearer t-abc");
+        if !authed {
+            return ResponseTemplate::new(400)
+                .set_body_json(json!({"code": 99991663, "msg": "Invalid access token"}));
+        }
+        let body = body_of(request);
+        let Some(content) = body["content"]
+            .as_str()
+            .and_then(|c| serde_json::from_str::<Value>(c).ok())
+        else {
+            return refuse(230001, "content is not a JSON string");
+        };
+        let path = request.url.path();
+        let mut messages = self.0.lock().unwrap();
+        if request.method.as_str() == "PATCH" {
+            let id = path.rsplit('/').next().unwrap_or("");
+            let Some(held) = messages.by_id.get_mut(id) else {
+                return refuse(230011, "the message was not found");
+            };
+            if held.kind != "interactive" {
+                return refuse(230001, "only cards can be updated with PATCH");
+            }
+            if held.content["config"]["update_multi"] != true
+                || content["config"]["update_multi"] != true
+            {
+                return refuse(230099, "only shared cards (config.update_multi) can be updated");
+            }
+            held.content = content;
+            return ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success", "data": {}}));
+        }
+        let Some(msg_type) = body["msg_type"].as_str() else {
+            return refuse(230001, "msg_type is required");
+        };
+        if !["text", "post", "interactive"].contains(&msg_type) {
+            return refuse(230001, "unsupported msg_type");
+        }
+        if body["uuid"].as_str().is_some_and(|u| u.chars().count() > 50) {
+            return refuse(230001, "uuid is longer than 50 characters");
+        }
+        let uuid = body["uuid"].as_str().map(str::to_string);
+        let id = match uuid.as_ref().and_then(|u| messages.keys.get(u)) {
+            Some(id) => id.clone(),
+            None => {
+                messages.next += 1;
+                let id = format!("om_{}", messages.next);
+                let parent = path.split('/').nth(5).unwrap_or("").to_string();
+                messages.by_id.insert(
+                    id.clone(),
+                    Held {
+                        chat: parent,
+                        content,
+                        kind: msg_type.to_string(),
+                    },
+                );
+                if let Some(u) = uuid {
+                    messages.keys.insert(u, id.clone());
+                }
+                id
+            }
+        };
+        ResponseTemplate::new(200)
+            .set_body_json(json!({"code": 0, "msg": "success", "data": {"message_id": id}}))
+    }
+}
+
+/// Matrix room sends (`PUT /rooms/{room}/send/m.room.message/{txnId}`): a repeated
+/// transaction id answers the first event, an `m.replace` must name an event of the same
+/// room and sender and carry `m.new_content`; event ids `$e<n>`.
+#[derive(Clone, Default)]
+pub(crate) struct MatrixRoomSends(Shared);
+
+impl Respond for MatrixRoomSends {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let refuse = |status: u16, errcode: &str, error: &str| {
+            ResponseTemplate::new(status).set_body_json(json!({"errcode": errcode, "error": error}))
+        };
+        let token = request
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        if token != "Bearer as-token" {
+            return refuse(401, "M_UNKNOWN_TOKEN", "unknown token");
+        }
+        let path = request.url.path().to_string();
+        let mut parts = path.split('/');
+        let room = parts.nth(5).unwrap_or("").to_string();
+        let txn = path.rsplit('/').next().unwrap_or("").to_string();
+        let body = body_of(request);
+        let well_formed =
+            |c: &Value| c["msgtype"].is_string() && c["body"].is_string();
+        if !well_formed(&body) {
+            return refuse(400, "M_BAD_JSON", "msgtype and body are required");
+        }
+        let mut messages = self.0.lock().unwrap();
+        if let Some(id) = messages.keys.get(&format!("{token}/{txn}")) {
+            return ResponseTemplate::new(200).set_body_json(json!({"event_id": id}));
+        }
+        if body["m.relates_to"]["rel_type"] == "m.replace" {
+            let target = body["m.relates_to"]["event_id"].as_str().unwrap_or("");
+            match messages.by_id.get(target) {
+                Some(held) if held.chat == room && held.kind == token => {}
+                Some(_) => return refuse(400, "M_BAD_JSON", "an edit must be of the sender's own event in the room"),
+                None => return refuse(400, "M_BAD_JSON", "the replaced event is unknown"),
+            }
+            if !well_formed(&body["m.new_content"]) {
+                return refuse(400, "M_BAD_JSON", "an edit needs m.new_content with msgtype and body");
+            }
+            let new = body["m.new_content"].clone();
+            if let Some(held) = messages.by_id.get_mut(target) {
+                held.content = new;
+            }
+        }
+        messages.next += 1;
+        let id = format!("$e{}", messages.next);
+        let edit = body["m.relates_to"]["rel_type"] == "m.replace";
+        if !edit {
+            messages.by_id.insert(
+                id.clone(),
+                Held {
+                    chat: room,
+                    content: body,
+                    kind: token.clone(),
+                },
+            );
+        }
+        messages.keys.insert(format!("{token}/{txn}"), id.clone());
+        ResponseTemplate::new(200).set_body_json(json!({"event_id": id}))
+    }
+}
