@@ -245,7 +245,8 @@ impl BatchSql {
         let mark_sent = format!(
             "UPDATE outbound_reply SET \
              status = CASE WHEN {superseded} THEN 'PENDING' ELSE $3 END, \
-             edit = CASE WHEN {superseded} AND v.platform_message_id IS NOT NULL THEN 1 ELSE 0 END, \
+             edit = CASE WHEN {superseded} AND v.platform_message_id IS NOT NULL THEN 1 \
+                 ELSE outbound_reply.edit END, \
              send_key = CASE WHEN {superseded} AND v.platform_message_id IS NOT NULL THEN NULL \
                  ELSE outbound_reply.send_key END, \
              platform_message_id = COALESCE(v.platform_message_id, \

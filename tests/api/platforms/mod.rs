@@ -14,6 +14,7 @@ mod dingtalk;
 mod lark;
 mod matrix;
 mod pacing;
+mod placeholders;
 mod secrets;
 mod slack;
 mod telegram;

@@ -1,0 +1,313 @@
+//! Issue 20, items 1–4: a slow run shows a placeholder that becomes the answer, a streamed
+//! answer is shown as it comes by editing that one message, and a fast answer shows no
+//! placeholder at all, against the stateful platform doubles (`chat_doubles`) and a model
+//! that streams over time.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path, path_regex};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use super::*;
+use crate::strict_model::SlowStreamingModel;
+
+const ANSWER: &str = "The answer comes in several pieces and ends right here.";
+
+/// The app against `api`, answering with a model that streams `ANSWER` six bytes every
+/// `every`.
+async fn streaming_app(
+    api: &MockServer,
+    every: Duration,
+    tweak: impl FnOnce(&mut assistd::Config) + Send + 'static,
+) -> (TestApp, SlowStreamingModel) {
+    let model = SlowStreamingModel::start(ANSWER, 6, every).await;
+    let (uri, model_uri) = (api.uri(), model.uri.clone());
+    let app = TestApp::spawn_with(
+        MockServer::start().await,
+        accepting_receiver().await,
+        move |c| {
+            enable_platforms(c, &uri, "default");
+            enable_lark(c, &uri, "default");
+            enable_matrix(c, &uri);
+            c.llm.base_url = format!("{model_uri}/v1");
+            tweak(c);
+        },
+    )
+    .await;
+    (app, model)
+}
+
+/// Requests to `api` on paths ending with `suffix`, in order, with their JSON bodies.
+async fn calls_to(api: &MockServer, suffix: &str) -> Vec<(String, Value)> {
+    api.received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.url.path().ends_with(suffix))
+        .map(|r| {
+            (
+                r.url.path().to_string(),
+                serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+            )
+        })
+        .collect()
+}
+
+async fn slack_question(app: &TestApp, event: &str, ts: &str) -> i64 {
+    let mention = slack_event(
+        event,
+        json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> tell me", "ts": ts, "channel": "C7"}),
+    );
+    task_id_of(app.slack_event(&mention).await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_streams_the_answer_into_one_placeholder_message() {
+    let api = platform_api().await;
+    let (app, model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
+    let id = slack_question(&app, "EvS1", "1800.1").await;
+    let task = app.wait_replied(id, WAIT).await;
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1, "one message per question: {posts:?}");
+    let ts = task["reply"]["platform_message_id"].as_str().unwrap().to_string();
+    assert_eq!(task["reply"]["edit"], true);
+    assert_eq!(task["reply"]["placeholder"], false);
+    let updates = calls_to(&api, "/chat.update").await;
+    // Partial text, then the answer; every edit of the placeholder's own message.
+    assert!(updates.len() >= 2, "{updates:?}");
+    assert!(updates.iter().all(|(_, u)| u["ts"] == ts.as_str() && u["channel"] == "C7"));
+    assert_eq!(updates.last().unwrap().1["text"], ANSWER);
+    let first = posts[0].1["text"].as_str().unwrap();
+    assert!(
+        first == "Thinking…" || ANSWER.starts_with(first),
+        "the placeholder shows the text so far: {first}"
+    );
+    assert_eq!(posts[0].1["thread_ts"], "1800.1");
+    assert_eq!(model.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_shows_typing_then_one_streamed_message_edited_into_the_answer() {
+    let api = platform_api().await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
+    let id = task_id_of(
+        app.telegram(&tg_update(70, -300, 8, 42, "tell me"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    let order: Vec<String> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.url.path().rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(order[0], "sendChatAction", "typing comes first: {order:?}");
+    let sent = calls_to(&api, "/sendMessage").await;
+    assert_eq!(sent.len(), 1, "{order:?}");
+    let message_id: i64 = task["reply"]["platform_message_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let edits = calls_to(&api, "/editMessageText").await;
+    assert!(!edits.is_empty());
+    assert!(
+        edits
+            .iter()
+            .all(|(_, e)| e["message_id"] == message_id && e["chat_id"] == "-300")
+    );
+    assert_eq!(edits.last().unwrap().1["text"], ANSWER);
+    // Telegram has typing, so the placeholder waited for text instead of "Thinking…".
+    assert!(ANSWER.starts_with(sent[0].1["text"].as_str().unwrap()));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_streams_by_replacing_the_placeholder_event() {
+    let api = platform_api().await;
+    Mock::given(method("PUT"))
+        .and(path_regex(r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$"))
+        .respond_with(super::chat_doubles::MatrixRoomSends::default())
+        .mount(&api)
+        .await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
+    let resp = app
+        .matrix_txn(
+            "stream-1",
+            json!([{"type": "m.room.message", "room_id": "!r:hs", "sender": "@ada:hs",
+                    "event_id": "$q-stream", "origin_server_ts": 1,
+                    "content": {"msgtype": "m.text", "body": "@assistd:hs: tell me"}}]),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let tasks: Value = app.list("conversation=!r:hs").await.json().await.unwrap();
+    let id = tasks["tasks"][0]["id"].as_i64().unwrap();
+    let task = app.wait_replied(id, WAIT).await;
+    let sends = calls_to(&api, "").await;
+    let sends: Vec<&Value> = sends
+        .iter()
+        .filter(|(p, _)| p.contains("/send/m.room.message/"))
+        .map(|(_, b)| b)
+        .collect();
+    let (edits, new): (Vec<&Value>, Vec<&Value>) = sends
+        .into_iter()
+        .partition(|b| b["m.relates_to"]["rel_type"] == "m.replace");
+    assert_eq!(new.len(), 1, "{new:?}");
+    let event = task["reply"]["platform_message_id"].as_str().unwrap();
+    assert!(!edits.is_empty());
+    assert!(edits.iter().all(|e| e["m.relates_to"]["event_id"] == event));
+    let last = edits.last().unwrap();
+    assert_eq!(last["m.new_content"]["body"], ANSWER);
+    assert_eq!(last["body"], format!("* {ANSWER}"));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lark_streams_into_one_shared_card() {
+    let api = platform_api().await;
+    Mock::given(method("POST"))
+        .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"code": 0, "msg": "ok", "tenant_access_token": "t-abc", "expire": 7200}),
+        ))
+        .mount(&api)
+        .await;
+    let messages = super::chat_doubles::LarkMessages::default();
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+/reply$"))
+        .respond_with(messages.clone())
+        .mount(&api)
+        .await;
+    Mock::given(method("PATCH"))
+        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+$"))
+        .respond_with(messages)
+        .mount(&api)
+        .await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
+    let resp = app
+        .lark(
+            "/webhooks/lark",
+            &lark_message("ev-stream", "om_q1", "user", "@_user_1 tell me"),
+            LARK_KEY,
+            now(),
+        )
+        .await;
+    let id = task_id_of(resp).await;
+    let task = app.wait_replied(id, WAIT).await;
+    let replies = calls_to(&api, "/reply").await;
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    assert_eq!(replies[0].1["msg_type"], "interactive");
+    let card_id = task["reply"]["platform_message_id"].as_str().unwrap();
+    let patches: Vec<(String, Value)> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.method.as_str() == "PATCH")
+        .map(|r| (r.url.path().to_string(), serde_json::from_slice(&r.body).unwrap()))
+        .collect();
+    assert!(!patches.is_empty());
+    assert!(patches.iter().all(|(p, _)| p.ends_with(card_id)));
+    let last: Value = serde_json::from_str(patches.last().unwrap().1["content"].as_str().unwrap()).unwrap();
+    assert_eq!(last["elements"][0]["text"]["content"], ANSWER);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_answer_shows_no_placeholder() {
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |_| {}).await;
+    let id = slack_question(&app, "EvF1", "1801.1").await;
+    app.wait_replied(id, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0].1["text"], "answer to: tell me");
+    assert!(calls_to(&api, "/chat.update").await.is_empty());
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_streaming_the_placeholder_is_edited_once_into_the_answer() {
+    let api = platform_api().await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(150), |c| {
+        c.replies.stream_edit_ms = 0;
+        c.replies.placeholder = "Working on it…".into();
+    })
+    .await;
+    let id = slack_question(&app, "EvN1", "1802.1").await;
+    let task = app.wait_replied(id, WAIT).await;
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0].1["text"], "Working on it…");
+    let updates = calls_to(&api, "/chat.update").await;
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0].1["text"], ANSWER);
+    assert_eq!(updates[0].1["ts"], task["reply"]["platform_message_id"]);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_can_turn_the_placeholder_off() {
+    let api = platform_api().await;
+    let (app, model) = streaming_app(&api, Duration::from_millis(100), |c| {
+        c.agents.get_mut("default").unwrap().placeholder = Some(String::new());
+    })
+    .await;
+    let id = slack_question(&app, "EvO1", "1803.1").await;
+    app.wait_replied(id, WAIT).await;
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0].1["text"], ANSWER);
+    assert!(calls_to(&api, "/chat.update").await.is_empty());
+    assert_eq!(model.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    app.stop().await;
+}
+
+/// Answers like `inner`, `delay` later.
+struct Slow<R>(R, Duration);
+
+impl<R: Respond> Respond for Slow<R> {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        self.0.respond(request).set_delay(self.1)
+    }
+}
+
+/// The answer is committed while the placeholder's send is still in flight: the send's
+/// outcome then leaves the row to edit the message just created, not to stop at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_ready_while_the_placeholder_is_in_flight_edits_it() {
+    let api = MockServer::start().await;
+    let slack = super::chat_doubles::SlackMessages::default();
+    Mock::given(method("POST"))
+        .and(path("/chat.postMessage"))
+        .respond_with(Slow(slack.clone(), Duration::from_millis(1500)))
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/chat.update"))
+        .respond_with(slack)
+        .mount(&api)
+        .await;
+    // 13 events of 100 ms: the answer is ready at about 1.3 s, the placeholder goes at
+    // 0.2 s and its send returns at about 1.7 s.
+    let (app, _model) = streaming_app(&api, Duration::from_millis(100), |c| {
+        c.replies.stream_edit_ms = 0;
+        c.replies.placeholder_after_ms = 200;
+    })
+    .await;
+    let id = slack_question(&app, "EvR1", "1804.1").await;
+    let task = app.wait_replied(id, WAIT).await;
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert_eq!(posts[0].1["text"], "Thinking…");
+    let updates = calls_to(&api, "/chat.update").await;
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0].1["text"], ANSWER);
+    assert_eq!(updates[0].1["ts"], task["reply"]["platform_message_id"]);
+    app.stop().await;
+}
