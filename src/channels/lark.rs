@@ -343,7 +343,11 @@ impl LarkChannel {
     /// a text answer as a card with the text (`PATCH /im/v1/messages/{id}`, which updates
     /// shared cards, those sent with `config.update_multi`).
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
-    pub async fn edit(&self, reply: &ReplyRow, message_id: &str) -> Result<Delivered, DeliveryError> {
+    pub async fn edit(
+        &self,
+        reply: &ReplyRow,
+        message_id: &str,
+    ) -> Result<Delivered, DeliveryError> {
         let url = format!("{}/open-apis/im/v1/messages/{message_id}", self.api);
         let body = json!({ "content": Self::editable_card(reply)?.to_string() });
         self.call("message update", reqwest::Method::PATCH, url, &body)
@@ -386,7 +390,10 @@ impl LarkChannel {
             .send()
             .await
             .map_err(|e| {
-                DeliveryError::retry(format!("{what} failed: {}", crate::redaction::http_error(e)))
+                DeliveryError::retry(format!(
+                    "{what} failed: {}",
+                    crate::redaction::http_error(e)
+                ))
             })?;
         let status = response.status();
         let answer: Value = response.json().await.unwrap_or(Value::Null);

@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use sha2::Digest;
 use serde_json::{Value, json};
+use sha2::Digest;
 use subtle::ConstantTimeEq;
 
 use super::platform::{

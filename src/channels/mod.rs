@@ -146,9 +146,10 @@ impl Channels {
 
     /// Shows `reply` by editing the message it names (`platform_message_id`).
     pub async fn edit(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
-        let (Some(platform), Some(message_id)) =
-            (self.get(&reply.channel), reply.platform_message_id.as_deref())
-        else {
+        let (Some(platform), Some(message_id)) = (
+            self.get(&reply.channel),
+            reply.platform_message_id.as_deref(),
+        ) else {
             return Err(DeliveryError::retry(format!(
                 "reply {} cannot be edited on {}",
                 reply.idempotency_key, reply.channel

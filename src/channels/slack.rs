@@ -288,8 +288,7 @@ impl SlackChannel {
         }
         let mut body = Self::message_body(reply)?;
         let (_, thread) = Self::target(reply);
-        body["metadata"] =
-            json!({ "event_type": METADATA_EVENT, "event_payload": { "key": reply.idempotency_key } });
+        body["metadata"] = json!({ "event_type": METADATA_EVENT, "event_payload": { "key": reply.idempotency_key } });
         if !thread.is_empty() {
             body["thread_ts"] = json!(thread);
         }

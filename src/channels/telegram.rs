@@ -217,7 +217,11 @@ impl TelegramChannel {
     /// the text the message already shows is refused by Telegram as "message is not
     /// modified": the message shows the reply, so that is a success.
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
-    pub async fn edit(&self, reply: &ReplyRow, message_id: &str) -> Result<Delivered, DeliveryError> {
+    pub async fn edit(
+        &self,
+        reply: &ReplyRow,
+        message_id: &str,
+    ) -> Result<Delivered, DeliveryError> {
         let mut body = Self::message_body(reply)?;
         body["message_id"] = message_id
             .parse::<i64>()

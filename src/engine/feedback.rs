@@ -19,7 +19,6 @@ use tracing::Instrument;
 use crate::domain::{Fence, ReplyRow, ReplyStatus, ReplyType, TaskRow, now_ms, reply_key};
 use crate::store::outbox::NewPlaceholder;
 
-use super::task::TaskContext;
 use super::worker::Worker;
 
 /// The placeholder and streamed edits of one run.
@@ -60,16 +59,20 @@ struct State {
 }
 
 impl Feedback {
-    /// The feedback of a run on a platform that can edit, unless the agent's placeholder
-    /// (or `replies.placeholder`) is empty. The placeholder timer runs until `stop`.
-    pub fn start(svc: &Arc<Worker>, fence: &Fence, ctx: &TaskContext) -> Option<Arc<Feedback>> {
-        let task = &ctx.task;
+    /// The feedback of a run of `task` (answering the platform message `in_reply_to`) on a
+    /// platform that can edit, unless the agent's placeholder (`agent_placeholder`, else
+    /// `replies.placeholder`) is empty.
+    pub fn start(
+        svc: &Arc<Worker>,
+        fence: &Fence,
+        task: &TaskRow,
+        in_reply_to: &str,
+        agent_placeholder: Option<&str>,
+    ) -> Option<Arc<Feedback>> {
         let replies = &svc.config.replies;
-        let placeholder = ctx
-            .agent
-            .placeholder
-            .clone()
-            .unwrap_or_else(|| replies.placeholder.clone());
+        let placeholder = agent_placeholder
+            .unwrap_or(&replies.placeholder)
+            .to_string();
         if placeholder.trim().is_empty() || !svc.channels.can_edit(&task.channel) {
             return None;
         }
@@ -80,7 +83,7 @@ impl Feedback {
             key: reply_key(task.id, task.resume_count),
             channel: task.channel.clone(),
             conversation_id: task.conversation_id.clone(),
-            in_reply_to: ctx.message.external_message_id.clone(),
+            in_reply_to: in_reply_to.to_string(),
             placeholder,
             after: Duration::from_millis(replies.placeholder_after_ms),
             started: Instant::now(),

@@ -27,7 +27,13 @@ async fn run_task(
 ) -> Result<(), RunError> {
     let mut ctx = context_of(svc, task, message).await?;
     tracing::Span::current().record("conversation", ctx.task.conversation_id.as_str());
-    ctx.feedback = Feedback::start(svc, fence, &ctx);
+    ctx.feedback = Feedback::start(
+        svc,
+        fence,
+        &ctx.task,
+        &ctx.message.external_message_id,
+        ctx.agent.placeholder.as_deref(),
+    );
     // Ends with the run: a placeholder is only ever queued while its run goes on.
     let _timer = AbortOnDrop(ctx.feedback.as_ref().and_then(Feedback::timer));
     match ctx.agent.mode {

@@ -432,8 +432,8 @@ impl OpenAiClient {
                 done = true;
                 break;
             }
-            let chunk: wire::CreateChatCompletionStreamResponse =
-                serde_json::from_str(&event.data).map_err(|e| {
+            let chunk: wire::CreateChatCompletionStreamResponse = serde_json::from_str(&event.data)
+                .map_err(|e| {
                     let data = crate::domain::truncate(&event.data, ERROR_BODY_LIMIT);
                     LlmError::new(
                         FailureType::ProviderError,
@@ -448,7 +448,9 @@ impl OpenAiClient {
                 continue;
             };
             if choice.delta.tool_calls.is_some() {
-                return Err(invalid("the model streamed a tool call, but no tools were offered".into()));
+                return Err(invalid(
+                    "the model streamed a tool call, but no tools were offered".into(),
+                ));
             }
             if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
                 answer.content.push_str(&text);

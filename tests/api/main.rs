@@ -19,6 +19,7 @@ mod lifecycle;
 mod model_contract;
 mod model_failures;
 mod pipeline;
+mod placeholder_crash;
 mod platforms;
 mod progress;
 mod real_model;

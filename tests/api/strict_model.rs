@@ -187,7 +187,9 @@ pub fn check_request(body: &Value) -> Result<(), String> {
     };
     if let Some(options) = body.get("stream_options").filter(|o| !o.is_null()) {
         if !streams {
-            return Err("The 'stream_options' parameter is only allowed when 'stream' is enabled.".into());
+            return Err(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.".into(),
+            );
         }
         let known = options.as_object().is_some_and(|o| {
             o.iter().all(|(k, v)| {

@@ -108,7 +108,8 @@ pub(crate) struct SlackMessages(Shared);
 
 impl Respond for SlackMessages {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let error = |e: &str| ResponseTemplate::new(200).set_body_json(json!({"ok": false, "error": e}));
+        let error =
+            |e: &str| ResponseTemplate::new(200).set_body_json(json!({"ok": false, "error": e}));
         let authed = request
             .headers
             .get("authorization")
@@ -194,10 +195,14 @@ impl Respond for LarkMessages {
             if held.content["config"]["update_multi"] != true
                 || content["config"]["update_multi"] != true
             {
-                return refuse(230099, "only shared cards (config.update_multi) can be updated");
+                return refuse(
+                    230099,
+                    "only shared cards (config.update_multi) can be updated",
+                );
             }
             held.content = content;
-            return ResponseTemplate::new(200).set_body_json(json!({"code": 0, "msg": "success", "data": {}}));
+            return ResponseTemplate::new(200)
+                .set_body_json(json!({"code": 0, "msg": "success", "data": {}}));
         }
         let Some(msg_type) = body["msg_type"].as_str() else {
             return refuse(230001, "msg_type is required");
@@ -205,7 +210,10 @@ impl Respond for LarkMessages {
         if !["text", "post", "interactive"].contains(&msg_type) {
             return refuse(230001, "unsupported msg_type");
         }
-        if body["uuid"].as_str().is_some_and(|u| u.chars().count() > 50) {
+        if body["uuid"]
+            .as_str()
+            .is_some_and(|u| u.chars().count() > 50)
+        {
             return refuse(230001, "uuid is longer than 50 characters");
         }
         let uuid = body["uuid"].as_str().map(str::to_string);
@@ -259,8 +267,7 @@ impl Respond for MatrixRoomSends {
         let room = parts.nth(5).unwrap_or("").to_string();
         let txn = path.rsplit('/').next().unwrap_or("").to_string();
         let body = body_of(request);
-        let well_formed =
-            |c: &Value| c["msgtype"].is_string() && c["body"].is_string();
+        let well_formed = |c: &Value| c["msgtype"].is_string() && c["body"].is_string();
         if !well_formed(&body) {
             return refuse(400, "M_BAD_JSON", "msgtype and body are required");
         }
@@ -272,11 +279,21 @@ impl Respond for MatrixRoomSends {
             let target = body["m.relates_to"]["event_id"].as_str().unwrap_or("");
             match messages.by_id.get(target) {
                 Some(held) if held.chat == room && held.kind == token => {}
-                Some(_) => return refuse(400, "M_BAD_JSON", "an edit must be of the sender's own event in the room"),
+                Some(_) => {
+                    return refuse(
+                        400,
+                        "M_BAD_JSON",
+                        "an edit must be of the sender's own event in the room",
+                    );
+                }
                 None => return refuse(400, "M_BAD_JSON", "the replaced event is unknown"),
             }
             if !well_formed(&body["m.new_content"]) {
-                return refuse(400, "M_BAD_JSON", "an edit needs m.new_content with msgtype and body");
+                return refuse(
+                    400,
+                    "M_BAD_JSON",
+                    "an edit needs m.new_content with msgtype and body",
+                );
             }
             let new = body["m.new_content"].clone();
             if let Some(held) = messages.by_id.get_mut(target) {

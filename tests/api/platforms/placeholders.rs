@@ -70,13 +70,20 @@ async fn slack_streams_the_answer_into_one_placeholder_message() {
     let task = app.wait_replied(id, WAIT).await;
     let posts = calls_to(&api, "/chat.postMessage").await;
     assert_eq!(posts.len(), 1, "one message per question: {posts:?}");
-    let ts = task["reply"]["platform_message_id"].as_str().unwrap().to_string();
+    let ts = task["reply"]["platform_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(task["reply"]["edit"], true);
     assert_eq!(task["reply"]["placeholder"], false);
     let updates = calls_to(&api, "/chat.update").await;
     // Partial text, then the answer; every edit of the placeholder's own message.
     assert!(updates.len() >= 2, "{updates:?}");
-    assert!(updates.iter().all(|(_, u)| u["ts"] == ts.as_str() && u["channel"] == "C7"));
+    assert!(
+        updates
+            .iter()
+            .all(|(_, u)| u["ts"] == ts.as_str() && u["channel"] == "C7")
+    );
     assert_eq!(updates.last().unwrap().1["text"], ANSWER);
     let first = posts[0].1["text"].as_str().unwrap();
     assert!(
@@ -130,7 +137,9 @@ async fn telegram_shows_typing_then_one_streamed_message_edited_into_the_answer(
 async fn matrix_streams_by_replacing_the_placeholder_event() {
     let api = platform_api().await;
     Mock::given(method("PUT"))
-        .and(path_regex(r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$"))
+        .and(path_regex(
+            r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
+        ))
         .respond_with(super::chat_doubles::MatrixRoomSends::default())
         .mount(&api)
         .await;
@@ -208,11 +217,17 @@ async fn lark_streams_into_one_shared_card() {
         .unwrap()
         .iter()
         .filter(|r| r.method.as_str() == "PATCH")
-        .map(|r| (r.url.path().to_string(), serde_json::from_slice(&r.body).unwrap()))
+        .map(|r| {
+            (
+                r.url.path().to_string(),
+                serde_json::from_slice(&r.body).unwrap(),
+            )
+        })
         .collect();
     assert!(!patches.is_empty());
     assert!(patches.iter().all(|(p, _)| p.ends_with(card_id)));
-    let last: Value = serde_json::from_str(patches.last().unwrap().1["content"].as_str().unwrap()).unwrap();
+    let last: Value =
+        serde_json::from_str(patches.last().unwrap().1["content"].as_str().unwrap()).unwrap();
     assert_eq!(last["elements"][0]["text"]["content"], ANSWER);
     app.stop().await;
 }
