@@ -353,3 +353,51 @@ async fn an_llm_node_feeds_a_condition_on_a_real_model() {
     );
     app.stop().await;
 }
+
+/// Issue 20 on the real server: the answer is streamed (llama.cpp's server-sent events),
+/// shown in one Telegram message as it comes and edited into the model's whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
+    let Some(server) = LlamaServer::start("gemma", 512).await else {
+        return;
+    };
+    let api = crate::platforms::platform_api().await;
+    let uri = api.uri();
+    let app = TestApp::spawn_with(unused_mock().await, accepting_receiver().await, |c| {
+        on_real_model(c, &server, 512);
+        crate::platforms::enable_platforms(c, &uri, "default");
+        // Shown from the first streamed text, edited at most every 50 ms.
+        c.replies.placeholder_after_ms = 0;
+        c.replies.stream_edit_ms = 50;
+        let agent = c.agents.get_mut("default").unwrap();
+        agent.max_tokens = 48;
+        agent.temperature = 0.0;
+    })
+    .await;
+    let update = crate::platforms::tg_update(900, -900, 9, 42, "Describe the sea in two sentences.");
+    let id = task_id_of(
+        app.telegram(&update, Some(crate::platforms::TG_SECRET))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, REAL_WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    let output: Value =
+        serde_json::from_str(task["steps"][0]["output"].as_str().unwrap()).unwrap();
+    let words = output["content"].as_str().unwrap().trim().to_string();
+    assert!(!words.is_empty());
+    let token = crate::platforms::TG_TOKEN;
+    let sent = crate::platforms::sends(&api, &format!("/bot{token}/sendMessage")).await;
+    assert_eq!(sent.len(), 1, "one message: {sent:?}");
+    let edits = crate::platforms::sends(&api, &format!("/bot{token}/editMessageText")).await;
+    let message_id: i64 = task["reply"]["platform_message_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(edits.iter().all(|e| e["message_id"] == message_id));
+    // What the chat shows in the end is the model's whole answer.
+    let last = edits.last().unwrap_or(&sent[0]);
+    assert_eq!(last["text"].as_str().unwrap(), words);
+    app.stop().await;
+}
