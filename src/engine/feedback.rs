@@ -1,6 +1,7 @@
 //! What the chat sees while a task runs, before its answer: the platform's typing
 //! indicator (`Typing`), and on platforms that can edit a sent message a placeholder that
-//! becomes the answer, edited with the streamed text as it comes (`Feedback`).
+//! becomes the answer, edited with the streamed text as it comes (`Feedback`); on the
+//! console, the streamed text so far, which its page polls.
 //!
 //! Exactly one message per question holds through crashes because the placeholder is an
 //! outbox row under the run's reply key (`Store::queue_placeholder`): the outbox sends it
@@ -37,6 +38,8 @@ pub struct Feedback {
     stream_every: Option<Duration>,
     /// The platform shows "typing…" meanwhile: the placeholder waits for streamed text.
     typing: bool,
+    /// The console: no placeholder; the text so far is kept for the page to poll.
+    live: bool,
     state: Mutex<State>,
 }
 
@@ -73,7 +76,11 @@ impl Feedback {
         let placeholder = agent_placeholder
             .unwrap_or(&replies.placeholder)
             .to_string();
-        if placeholder.trim().is_empty() || !svc.channels.can_edit(&task.channel) {
+        let live = task.channel == crate::channels::console::CHANNEL;
+        if live && replies.stream_edit_ms == 0 {
+            return None;
+        }
+        if !live && (placeholder.trim().is_empty() || !svc.channels.can_edit(&task.channel)) {
             return None;
         }
         let typing = replies.typing_indicator && svc.channels.typing_every(&task.channel).is_some();
@@ -90,6 +97,7 @@ impl Feedback {
             stream_every: (replies.stream_edit_ms > 0)
                 .then(|| Duration::from_millis(replies.stream_edit_ms)),
             typing,
+            live,
             state: Mutex::new(State::default()),
         });
         Some(feedback)
@@ -98,7 +106,7 @@ impl Feedback {
     /// Sends the placeholder once `placeholder_after_ms` has passed, unless the platform
     /// shows typing (then streamed text brings it). Abort the handle when the run ends.
     pub fn timer(self: &Arc<Self>) -> Option<JoinHandle<()>> {
-        if self.typing {
+        if self.typing || self.live {
             return None;
         }
         let me = self.clone();
@@ -118,6 +126,11 @@ impl Feedback {
 
     /// The answer so far (or a progress line): shown when the pace allows.
     pub fn show(self: &Arc<Self>, text: &str) {
+        if self.live {
+            // Forgotten when the run ends (`RunningTasks::track`).
+            self.svc.running.set_live_text(self.fence.task_id, text);
+            return;
+        }
         self.lock().latest = text.to_string();
         self.poke();
     }

@@ -127,12 +127,18 @@ async fn conversation(
             .as_ref()
             .and_then(|r| serde_json::from_str::<Value>(&r.content).ok())
             .and_then(|c| c["text"].as_str().map(str::to_string));
+        // The streamed answer so far, while the task runs on this instance.
+        let partial = answer
+            .is_none()
+            .then(|| svc.control.running.live_text(task.id))
+            .flatten();
         out.push(json!({
             "task_id": task.id,
             "status": task.status,
             "failure_type": task.failure_type,
             "text": message.map(|m| m.text),
             "answer": answer,
+            "partial": partial,
         }));
     }
     Ok(Json(json!({ "messages": out })))

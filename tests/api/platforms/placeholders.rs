@@ -326,3 +326,154 @@ async fn an_answer_ready_while_the_placeholder_is_in_flight_edits_it() {
     assert_eq!(updates[0].1["ts"], task["reply"]["platform_message_id"]);
     app.stop().await;
 }
+
+/// Item 6: the console shows the streamed text as it comes (its page polls the
+/// conversation), then the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_streamed_text_as_it_comes() {
+    let api = platform_api().await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(200), |_| {}).await;
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{}/console/messages", app.addr))
+        .json(&json!({"conversation_id": "live-1", "text": "stream to me"}))
+        .send()
+        .await
+        .unwrap();
+    let id = task_id_of(resp).await;
+    let mut partials: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    let answer = loop {
+        let conv: Value = http
+            .get(format!("{}/console/conversations/live-1", app.addr))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let m = &conv["messages"][0];
+        assert_eq!(m["task_id"], id);
+        if let Some(answer) = m["answer"].as_str() {
+            assert!(m["partial"].is_null(), "no partial beside the answer");
+            break answer.to_string();
+        }
+        if let Some(p) = m["partial"].as_str()
+            && partials.last().map(String::as_str) != Some(p)
+        {
+            partials.push(p.to_string());
+        }
+        assert!(std::time::Instant::now() < deadline, "never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(answer, ANSWER);
+    assert!(partials.len() >= 2, "the text grew as it came: {partials:?}");
+    assert!(partials.iter().all(|p| ANSWER.starts_with(p.as_str())));
+    assert!(partials.windows(2).all(|w| w[1].len() > w[0].len()));
+    app.stop().await;
+}
+
+/// Waits until the task's placeholder was sent; returns its platform message id.
+async fn placeholder_sent(app: &TestApp, id: i64) -> String {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let replies = app.store().task_replies(id).await.unwrap();
+        if let Some(m) = replies
+            .iter()
+            .find(|r| r.placeholder && r.status == assistd::domain::ReplyStatus::Sent)
+            .and_then(|r| r.platform_message_id.clone())
+        {
+            return m;
+        }
+        assert!(std::time::Instant::now() < deadline, "no placeholder sent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A run an admin cancels: the cancel notice takes the placeholder's place, by an edit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_turns_its_placeholder_into_the_notice() {
+    let api = platform_api().await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(400), |c| {
+        c.replies.stream_edit_ms = 0;
+        c.replies.placeholder_after_ms = 0;
+    })
+    .await;
+    let id = slack_question(&app, "EvC1", "1805.1").await;
+    let ts = placeholder_sent(&app, id).await;
+    assert_eq!(app.control(id, "cancel").await.status(), 200);
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "CANCELLED");
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let updates = calls_to(&api, "/chat.update").await;
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0].1["ts"], ts.as_str());
+    assert!(
+        updates[0].1["text"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled before it was answered")
+    );
+    app.stop().await;
+}
+
+/// The placeholder is written only for a run that still owns its task (the fence), once
+/// per reply key, and never over an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_is_queued_only_under_the_runs_fence_and_never_over_an_answer() {
+    use assistd::store::outbox::NewPlaceholder;
+    let api = platform_api().await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(300), |c| {
+        // Nothing is queued by the app itself.
+        c.replies.placeholder = String::new();
+    })
+    .await;
+    let id = slack_question(&app, "EvP1", "1806.1").await;
+    let store = app.store();
+    let deadline = std::time::Instant::now() + WAIT;
+    let task = loop {
+        let task = store.task(id).await.unwrap().unwrap();
+        if task.status == assistd::domain::TaskStatus::Running {
+            break task;
+        }
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let fence = assistd::domain::Fence {
+        task_id: id,
+        owner: task.owner.clone().unwrap(),
+        version: task.version,
+    };
+    let key = format!("agent-task-{id}");
+    let placeholder = NewPlaceholder {
+        key: &key,
+        channel: "slack",
+        conversation_id: &task.conversation_id,
+        in_reply_to: "1806.1",
+        content: r#"{"text":"Thinking…"}"#,
+    };
+    let now = assistd::domain::now_ms();
+    let stale = assistd::domain::Fence {
+        version: fence.version + 1,
+        ..fence.clone()
+    };
+    assert!(!store.queue_placeholder(&stale, &placeholder, now).await.unwrap());
+    let stranger = assistd::domain::Fence {
+        owner: "another-instance".into(),
+        ..fence.clone()
+    };
+    assert!(!store.queue_placeholder(&stranger, &placeholder, now).await.unwrap());
+    assert!(store.task_replies(id).await.unwrap().is_empty());
+    assert!(store.queue_placeholder(&fence, &placeholder, now).await.unwrap());
+    assert!(!store.queue_placeholder(&fence, &placeholder, now).await.unwrap());
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["reply"]["content"]["text"], ANSWER);
+    // Over the answer: refused (the run is over), and the answer stands.
+    assert!(!store.queue_placeholder(&fence, &placeholder, now).await.unwrap());
+    let replies = store.task_replies(id).await.unwrap();
+    assert_eq!(replies.len(), 1);
+    assert!(!replies[0].placeholder);
+    assert!(replies[0].content.contains("ends right here"));
+    app.stop().await;
+}
