@@ -35,7 +35,10 @@ pub struct Worker {
 /// Tasks this instance is running, with the token that stops each (cancel, lost lease), and
 /// the streamed answer so far of those that stream to the console.
 #[derive(Default)]
-pub struct RunningTasks(Mutex<HashMap<i64, CancellationToken>>, Mutex<HashMap<i64, String>>);
+pub struct RunningTasks(
+    Mutex<HashMap<i64, CancellationToken>>,
+    Mutex<HashMap<i64, String>>,
+);
 
 impl RunningTasks {
     /// Records (`Some`) or forgets (`None`) the stop token of a task running here.

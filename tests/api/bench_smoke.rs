@@ -21,6 +21,8 @@ fn every_benchmark_scenario_runs_at_small_n() {
             "4",
             "--model-latency-ms",
             "100",
+            "--stream-ms",
+            "1500",
         ])
         .output()
         .expect("run assistd-bench");
@@ -38,6 +40,7 @@ fn every_benchmark_scenario_runs_at_small_n() {
         "steps",
         "context",
         "recovery",
+        "feedback",
     ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),

@@ -374,7 +374,8 @@ async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
         agent.temperature = 0.0;
     })
     .await;
-    let update = crate::platforms::tg_update(900, -900, 9, 42, "Describe the sea in two sentences.");
+    let update =
+        crate::platforms::tg_update(900, -900, 9, 42, "Describe the sea in two sentences.");
     let id = task_id_of(
         app.telegram(&update, Some(crate::platforms::TG_SECRET))
             .await,
@@ -382,8 +383,7 @@ async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
     .await;
     let task = app.wait_replied(id, REAL_WAIT).await;
     assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
-    let output: Value =
-        serde_json::from_str(task["steps"][0]["output"].as_str().unwrap()).unwrap();
+    let output: Value = serde_json::from_str(task["steps"][0]["output"].as_str().unwrap()).unwrap();
     let words = output["content"].as_str().unwrap().trim().to_string();
     assert!(!words.is_empty());
     let token = crate::platforms::TG_TOKEN;

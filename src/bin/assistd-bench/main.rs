@@ -3,14 +3,15 @@
 //! figures per scenario; asserts nothing about speed.
 //!
 //! ```text
-//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|all> \
-//!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS]
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|feedback|all> \
+//!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS] [--stream-ms MS]
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
 //! ASSISTD_TEST_POSTGRES_URL).
 
 use clap::{Parser, ValueEnum};
 
+mod feedback;
 mod harness;
 mod scenarios;
 
@@ -29,6 +30,9 @@ pub(crate) enum Scenario {
     Steps,
     /// Resume of a 150-step task: time to rebuild its context from the journal.
     Context,
+    /// Streamed answers on Telegram and Slack: time to the first feedback in the chat and
+    /// platform calls per answer.
+    Feedback,
     All,
 }
 
@@ -53,6 +57,9 @@ pub(crate) struct Args {
     /// Latency of the mock model for the in-flight scenario, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub(crate) model_latency_ms: u64,
+    /// How long the model streams its 50 tokens in the feedback scenario, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) stream_ms: u64,
 }
 
 pub(crate) fn db_name(db: Db) -> &'static str {
@@ -81,12 +88,14 @@ fn main() -> anyhow::Result<()> {
             Scenario::Recovery => recovery(&args).await,
             Scenario::Steps => steps(&args).await,
             Scenario::Context => context(&args).await,
+            Scenario::Feedback => feedback::feedback(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
                 end_to_end(&args).await?;
                 in_flight(&args).await?;
                 steps(&args).await?;
                 context(&args).await?;
+                feedback::feedback(&args).await?;
                 recovery(&args).await
             }
         }

@@ -367,7 +367,10 @@ async fn the_console_shows_the_streamed_text_as_it_comes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(answer, ANSWER);
-    assert!(partials.len() >= 2, "the text grew as it came: {partials:?}");
+    assert!(
+        partials.len() >= 2,
+        "the text grew as it came: {partials:?}"
+    );
     assert!(partials.iter().all(|p| ANSWER.starts_with(p.as_str())));
     assert!(partials.windows(2).all(|w| w[1].len() > w[0].len()));
     app.stop().await;
@@ -458,19 +461,44 @@ async fn a_placeholder_is_queued_only_under_the_runs_fence_and_never_over_an_ans
         version: fence.version + 1,
         ..fence.clone()
     };
-    assert!(!store.queue_placeholder(&stale, &placeholder, now).await.unwrap());
+    assert!(
+        !store
+            .queue_placeholder(&stale, &placeholder, now)
+            .await
+            .unwrap()
+    );
     let stranger = assistd::domain::Fence {
         owner: "another-instance".into(),
         ..fence.clone()
     };
-    assert!(!store.queue_placeholder(&stranger, &placeholder, now).await.unwrap());
+    assert!(
+        !store
+            .queue_placeholder(&stranger, &placeholder, now)
+            .await
+            .unwrap()
+    );
     assert!(store.task_replies(id).await.unwrap().is_empty());
-    assert!(store.queue_placeholder(&fence, &placeholder, now).await.unwrap());
-    assert!(!store.queue_placeholder(&fence, &placeholder, now).await.unwrap());
+    assert!(
+        store
+            .queue_placeholder(&fence, &placeholder, now)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .queue_placeholder(&fence, &placeholder, now)
+            .await
+            .unwrap()
+    );
     let task = app.wait_replied(id, WAIT).await;
     assert_eq!(task["reply"]["content"]["text"], ANSWER);
     // Over the answer: refused (the run is over), and the answer stands.
-    assert!(!store.queue_placeholder(&fence, &placeholder, now).await.unwrap());
+    assert!(
+        !store
+            .queue_placeholder(&fence, &placeholder, now)
+            .await
+            .unwrap()
+    );
     let replies = store.task_replies(id).await.unwrap();
     assert_eq!(replies.len(), 1);
     assert!(!replies[0].placeholder);
