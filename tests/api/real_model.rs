@@ -369,6 +369,7 @@ async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
         // Shown from the first streamed text, edited at most every 50 ms.
         c.replies.placeholder_after_ms = 0;
         c.replies.stream_edit_ms = 50;
+        c.channels.telegram.per_chat_interval_ms = 0;
         let agent = c.agents.get_mut("default").unwrap();
         agent.max_tokens = 48;
         agent.temperature = 0.0;
@@ -395,6 +396,9 @@ async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
         .unwrap()
         .parse()
         .unwrap();
+    // Streamed: the message was sent from the first text, then edited (a model that did
+    // not stream would leave nothing to send before the answer).
+    assert!(!edits.is_empty(), "no edits: {sent:?}");
     assert!(edits.iter().all(|e| e["message_id"] == message_id));
     // What the chat shows in the end is the model's whole answer.
     let last = edits.last().unwrap_or(&sent[0]);
