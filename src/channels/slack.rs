@@ -38,6 +38,8 @@ pub struct SlackChannelConfig {
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
     pub timestamp_tolerance_secs: u64,
+    /// The assistant thread status shown while a task runs; empty = none.
+    pub assistant_status: String,
 }
 
 impl SlackChannelConfig {
@@ -399,6 +401,31 @@ impl Platform for SlackChannel {
 
     fn chat_interval_ms(&self) -> u64 {
         self.config.per_chat_interval_ms
+    }
+
+    /// The assistant thread status, where configured (`assistant_status`).
+    fn typing_every(&self) -> Option<Duration> {
+        (!self.config.assistant_status.is_empty()).then(|| Duration::from_secs(60))
+    }
+
+    /// `assistant.threads.setStatus` in the question's thread; an empty status clears it.
+    fn typing<'a>(&'a self, conversation: &'a str, on: bool) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let Some((channel, thread)) = conversation.split_once(':') else {
+                // Not in a thread: there is no assistant thread to show a status in.
+                return Ok(());
+            };
+            let status = if on {
+                self.config.assistant_status.as_str()
+            } else {
+                ""
+            };
+            let body = json!({ "channel_id": channel, "thread_ts": thread, "status": status });
+            self.call("assistant.threads.setStatus", &body)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.message)
+        })
     }
 }
 

@@ -317,3 +317,29 @@ impl Respond for MatrixRoomSends {
         ResponseTemplate::new(200).set_body_json(json!({"event_id": id}))
     }
 }
+
+/// Slack `assistant.threads.setStatus`: a bot token, `channel_id`, `thread_ts` and a
+/// `status` string (empty clears it) are required; otherwise `invalid_arguments`.
+pub(crate) struct SlackAssistantStatus;
+
+impl Respond for SlackAssistantStatus {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let authed = request
+            .headers
+            .get("authorization")
+            .is_some_and(|v| v.to_str().unwrap_or("").starts_with("Bearer xoxb-"));
+        let body = body_of(request);
+        let ok = authed
+            && body["channel_id"].as_str().is_some_and(|c| !c.is_empty())
+            && body["thread_ts"].as_str().is_some_and(|t| !t.is_empty())
+            && body["status"].is_string();
+        let answer = if !authed {
+            json!({"ok": false, "error": "not_authed"})
+        } else if ok {
+            json!({"ok": true})
+        } else {
+            json!({"ok": false, "error": "invalid_arguments"})
+        };
+        ResponseTemplate::new(200).set_body_json(answer)
+    }
+}

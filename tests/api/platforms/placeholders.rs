@@ -505,3 +505,55 @@ async fn a_placeholder_is_queued_only_under_the_runs_fence_and_never_over_an_ans
     assert!(replies[0].content.contains("ends right here"));
     app.stop().await;
 }
+
+/// Slack's assistant thread status stands in for typing: shown at the claim, cleared at
+/// the end; the placeholder then waits for streamed text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_shows_the_assistant_thread_status_while_the_answer_streams() {
+    let api = platform_api().await;
+    Mock::given(method("POST"))
+        .and(path("/assistant.threads.setStatus"))
+        .respond_with(super::chat_doubles::SlackAssistantStatus)
+        .mount(&api)
+        .await;
+    let (app, _model) = streaming_app(&api, Duration::from_millis(250), |c| {
+        c.channels.slack.assistant_status = "is thinking…".into();
+    })
+    .await;
+    let id = slack_question(&app, "EvA1", "1807.1").await;
+    app.wait_replied(id, WAIT).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let statuses = loop {
+        let statuses = calls_to(&api, "/assistant.threads.setStatus").await;
+        if statuses.last().is_some_and(|(_, s)| s["status"] == "") {
+            break statuses;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "status not cleared: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        statuses[0].1,
+        json!({"channel_id": "C7", "thread_ts": "1807.1", "status": "is thinking…"})
+    );
+    let order: Vec<String> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.url.path().to_string())
+        .collect();
+    let first_post = order.iter().position(|p| p == "/chat.postMessage").unwrap();
+    assert_eq!(order[0], "/assistant.threads.setStatus", "{order:?}");
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1);
+    // The placeholder waited for text: it never said "Thinking…".
+    assert!(
+        ANSWER.starts_with(posts[0].1["text"].as_str().unwrap()),
+        "{posts:?}"
+    );
+    assert!(first_post > 0);
+    app.stop().await;
+}
