@@ -44,6 +44,10 @@ pub struct DingTalkChannelConfig {
     pub timestamp_tolerance_secs: u64,
     /// Origins (`https://oapi.dingtalk.com`) a message's `sessionWebhook` may point to.
     pub session_webhook_origins: Vec<String>,
+    /// The card template placeholders are delivered as; empty = no placeholders.
+    pub card_template_id: String,
+    /// The template variable that shows the text.
+    pub card_content_key: String,
 }
 
 impl DingTalkChannelConfig {
@@ -218,6 +222,9 @@ impl DingTalkChannel {
 
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn send(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        if reply.placeholder {
+            return self.deliver_card(reply).await;
+        }
         let context: Value = reply
             .reply_context
             .as_deref()
@@ -302,8 +309,136 @@ impl DingTalkChannel {
     }
 }
 
+impl DingTalkChannel {
+    /// The text a card shows for `reply`: its text (a card answer's text fallback).
+    fn card_text(reply: &ReplyRow) -> String {
+        let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        content["text"].as_str().unwrap_or("").to_string()
+    }
+
+    /// Creates a placeholder as a card from `card_template_id` under the reply key
+    /// (`outTrackId`) and delivers it into the question's group or single chat.
+    async fn deliver_card(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        let context: Value = reply
+            .reply_context
+            .as_deref()
+            .and_then(|c| serde_json::from_str(c).ok())
+            .unwrap_or(Value::Null);
+        let robot = &self.robot_code;
+        let mut body = json!({
+            "cardTemplateId": self.config.card_template_id,
+            "outTrackId": reply.idempotency_key,
+            "callbackType": "STREAM",
+            "userIdType": 1,
+            "cardData": { "cardParamMap": { &self.config.card_content_key: Self::card_text(reply) } },
+        });
+        if context["conversation_type"] == "1" {
+            let staff = context["staff_id"].as_str().unwrap_or("");
+            body["openSpaceId"] = json!(format!("dtv1.card//IM_ROBOT.{staff}"));
+            body["userId"] = json!(staff);
+            body["imRobotOpenSpaceModel"] = json!({ "supportForward": true });
+            body["imRobotOpenDeliverModel"] =
+                json!({ "spaceType": "IM_ROBOT", "robotCode": robot });
+        } else {
+            body["openSpaceId"] = json!(format!("dtv1.card//IM_GROUP.{}", reply.conversation_id));
+            body["imGroupOpenSpaceModel"] = json!({ "supportForward": true });
+            body["imGroupOpenDeliverModel"] = json!({ "robotCode": robot });
+        }
+        let answer = self
+            .card_call(
+                reqwest::Method::POST,
+                "/v1.0/card/instances/createAndDeliver",
+                &body,
+            )
+            .await?;
+        let refused = answer["result"]["deliverResults"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["success"] != true);
+        if let Some(refused) = refused {
+            return Err(DeliveryError::retry(format!(
+                "card delivery refused: {}",
+                refused["errorMsg"].as_str().unwrap_or("")
+            )));
+        }
+        Ok(Delivered {
+            platform_message_id: Some(reply.idempotency_key.clone()),
+        })
+    }
+
+    /// Updates the card `out_track_id` to show `reply` (`PUT /v1.0/card/instances`, by key).
+    #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
+    pub async fn edit(
+        &self,
+        reply: &ReplyRow,
+        out_track_id: &str,
+    ) -> Result<Delivered, DeliveryError> {
+        let body = json!({
+            "outTrackId": out_track_id,
+            "cardData": { "cardParamMap": { &self.config.card_content_key: Self::card_text(reply) } },
+            "cardUpdateOptions": { "updateCardDataByKey": true },
+        });
+        self.card_call(reqwest::Method::PUT, "/v1.0/card/instances", &body)
+            .await?;
+        Ok(Delivered {
+            platform_message_id: Some(out_track_id.to_string()),
+        })
+    }
+
+    /// One card API call with the app's access token.
+    async fn card_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &Value,
+    ) -> Result<Value, DeliveryError> {
+        let token = self.access_token().await?;
+        let response = self
+            .http
+            .request(method, format!("{}{path}", self.api))
+            .header("x-acs-dingtalk-access-token", token)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| DeliveryError {
+                unknown: !e.is_connect(),
+                message: format!(
+                    "DingTalk {path} failed: {}",
+                    crate::redaction::http_error(e)
+                ),
+                retry_after: None,
+            })?;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() && answer["success"] != false {
+            return Ok(answer);
+        }
+        Err(DeliveryError {
+            message: format!(
+                "DingTalk {path} answered HTTP {}: {answer}",
+                status.as_u16()
+            ),
+            retry_after: (status.as_u16() == 429).then(|| Duration::from_secs(1)),
+            unknown: false,
+        })
+    }
+}
+
 impl Platform for DingTalkChannel {
     super::platform::platform_basics!(DingTalkChannel);
+
+    fn can_edit(&self) -> bool {
+        !self.config.card_template_id.is_empty()
+    }
+
+    fn edit<'a>(
+        &'a self,
+        reply: &'a ReplyRow,
+        out_track_id: &'a str,
+    ) -> BoxFuture<'a, Result<Delivered, DeliveryError>> {
+        Box::pin(DingTalkChannel::edit(self, reply, out_track_id))
+    }
 
     fn inbound<'a>(
         &'a self,

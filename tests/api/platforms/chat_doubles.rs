@@ -343,3 +343,91 @@ impl Respond for SlackAssistantStatus {
         ResponseTemplate::new(200).set_body_json(answer)
     }
 }
+
+/// DingTalk card instances: `POST /v1.0/card/instances/createAndDeliver` (a template, a new
+/// `outTrackId`, an open space `dtv1.card//IM_GROUP.<cid>` or `dtv1.card//IM_ROBOT.<user>`
+/// with its deliver model, string card parameters) and `PUT /v1.0/card/instances` of an
+/// existing `outTrackId`; the app's token in `x-acs-dingtalk-access-token`.
+#[derive(Clone, Default)]
+pub(crate) struct DingTalkCards(Shared);
+
+impl Respond for DingTalkCards {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let refuse = |code: &str, message: &str| {
+            ResponseTemplate::new(400).set_body_json(json!({"code": code, "message": message}))
+        };
+        let authed = request
+            .headers
+            .get("x-acs-dingtalk-access-token")
+            .is_some_and(|v| v.to_str().unwrap_or("") == "dt-token");
+        if !authed {
+            return ResponseTemplate::new(401).set_body_json(
+                json!({"code": "InvalidAuthentication", "message": "token invalid"}),
+            );
+        }
+        let body = body_of(request);
+        let params = &body["cardData"]["cardParamMap"];
+        if !params
+            .as_object()
+            .is_some_and(|p| p.values().all(Value::is_string))
+        {
+            return refuse(
+                "param.invalid",
+                "cardData.cardParamMap must map names to strings",
+            );
+        }
+        let Some(track) = body["outTrackId"].as_str().filter(|t| !t.is_empty()) else {
+            return refuse("param.invalid", "outTrackId is required");
+        };
+        let mut cards = self.0.lock().unwrap();
+        if request.method.as_str() == "PUT" {
+            let Some(held) = cards.by_id.get_mut(track) else {
+                return refuse("param.cardNotExist", "no card with this outTrackId");
+            };
+            for (k, v) in params.as_object().unwrap() {
+                held.content[k] = v.clone();
+            }
+            return ResponseTemplate::new(200)
+                .set_body_json(json!({"success": true, "result": true}));
+        }
+        if body["cardTemplateId"].as_str().is_none_or(str::is_empty) {
+            return refuse("param.invalid", "cardTemplateId is required");
+        }
+        if cards.by_id.contains_key(track) {
+            return refuse("param.outTrackIdExist", "outTrackId already used");
+        }
+        let space = body["openSpaceId"].as_str().unwrap_or("");
+        let (kind, delivered) = if let Some(cid) = space.strip_prefix("dtv1.card//IM_GROUP.") {
+            let ok = body["imGroupOpenDeliverModel"]["robotCode"].is_string() && !cid.is_empty();
+            ("IM_GROUP", ok)
+        } else if let Some(user) = space.strip_prefix("dtv1.card//IM_ROBOT.") {
+            let ok = body["imRobotOpenDeliverModel"]["robotCode"].is_string()
+                && body["imRobotOpenDeliverModel"]["spaceType"] == "IM_ROBOT"
+                && !user.is_empty();
+            ("IM_ROBOT", ok)
+        } else {
+            return refuse(
+                "param.invalid",
+                "openSpaceId must be dtv1.card//IM_GROUP.* or IM_ROBOT.*",
+            );
+        };
+        if !delivered {
+            return refuse(
+                "param.invalid",
+                "the deliver model of the open space is missing",
+            );
+        }
+        cards.by_id.insert(
+            track.to_string(),
+            Held {
+                chat: space.to_string(),
+                content: params.clone(),
+                kind: kind.into(),
+            },
+        );
+        ResponseTemplate::new(200).set_body_json(json!({"success": true, "result": {
+            "outTrackId": track,
+            "deliverResults": [{"spaceType": kind, "spaceId": space, "success": true}]
+        }}))
+    }
+}

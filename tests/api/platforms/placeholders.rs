@@ -557,3 +557,71 @@ async fn slack_shows_the_assistant_thread_status_while_the_answer_streams() {
     assert!(first_post > 0);
     app.stop().await;
 }
+
+/// DingTalk robot messages cannot be edited; with a card template the placeholder is a
+/// card under the reply key, updated with the streamed text and then the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dingtalk_streams_into_one_card() {
+    let api = platform_api().await;
+    Mock::given(method("POST"))
+        .and(path("/v1.0/oauth2/accessToken"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"accessToken": "dt-token", "expireIn": 7200})),
+        )
+        .mount(&api)
+        .await;
+    let cards = super::chat_doubles::DingTalkCards::default();
+    Mock::given(method("POST"))
+        .and(path("/v1.0/card/instances/createAndDeliver"))
+        .respond_with(cards.clone())
+        .mount(&api)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1.0/card/instances"))
+        .respond_with(cards)
+        .mount(&api)
+        .await;
+    let uri = api.uri();
+    let (app, _model) = streaming_app(&api, Duration::from_millis(250), move |c| {
+        let d = &mut c.channels.dingtalk;
+        d.enabled = true;
+        d.app_key = "dt-key".into();
+        d.app_secret = DT_SECRET.into();
+        d.robot_code = "ding-robot".into();
+        d.session_webhook_origins = vec![uri.clone()];
+        d.api_base_url = uri;
+        d.card_template_id = "tpl-ai.schema".into();
+        d.per_chat_interval_ms = 0;
+    })
+    .await;
+    let session = format!("{}/robot/sendBySession?session=s9", api.uri());
+    let now_ms = assistd::domain::now_ms();
+    let msg = dingtalk_message("dt-stream-1", "2", &session, now_ms + 3_600_000, "tell me");
+    let id = task_id_of(app.dingtalk(&msg, DT_SECRET, now_ms).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    let created = calls_to(&api, "/createAndDeliver").await;
+    assert_eq!(created.len(), 1, "{created:?}");
+    let key = format!("agent-task-{id}");
+    assert_eq!(created[0].1["outTrackId"], key.as_str());
+    assert_eq!(created[0].1["openSpaceId"], "dtv1.card//IM_GROUP.cid-group");
+    assert_eq!(task["reply"]["platform_message_id"], key.as_str());
+    let updates: Vec<Value> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.method.as_str() == "PUT" && r.url.path() == "/v1.0/card/instances")
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    assert!(!updates.is_empty());
+    assert!(updates.iter().all(|u| u["outTrackId"] == key.as_str()));
+    assert_eq!(
+        updates.last().unwrap()["cardData"]["cardParamMap"]["content"],
+        ANSWER
+    );
+    // Nothing went as a robot message.
+    assert!(calls_to(&api, "/robot/sendBySession").await.is_empty());
+    assert!(calls_to(&api, "/groupMessages/send").await.is_empty());
+    app.stop().await;
+}
