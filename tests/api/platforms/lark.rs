@@ -62,27 +62,32 @@ impl TestApp {
 }
 
 pub(crate) async fn lark_api() -> MockServer {
-    use wiremock::matchers::path_regex;
     let api = MockServer::start().await;
+    mount_lark(&api).await;
+    api
+}
+
+/// The Lark Open API doubles (token, replies, card updates) on `api`.
+pub(crate) async fn mount_lark(api: &MockServer) {
+    use wiremock::matchers::path_regex;
     Mock::given(method("POST"))
         .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
         .respond_with(ResponseTemplate::new(200).set_body_json(
             json!({"code": 0, "msg": "ok", "tenant_access_token": "t-abc", "expire": 7200}),
         ))
-        .mount(&api)
+        .mount(api)
         .await;
     let messages = super::chat_doubles::LarkMessages::default();
     Mock::given(method("POST"))
         .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+/reply$"))
         .respond_with(messages.clone())
-        .mount(&api)
+        .mount(api)
         .await;
     Mock::given(method("PATCH"))
         .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+$"))
         .respond_with(messages)
-        .mount(&api)
+        .mount(api)
         .await;
-    api
 }
 
 pub(crate) fn enable_lark(c: &mut assistd::Config, api: &str, agent: &str) {

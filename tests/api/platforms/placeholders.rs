@@ -54,6 +54,17 @@ async fn calls_to(api: &MockServer, suffix: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// Slack showed one message, `placeholder`, then one edit of it to the answer.
+async fn placeholder_then_answer(api: &MockServer, task: &Value, placeholder: &str) {
+    let posts = calls_to(api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert_eq!(posts[0].1["text"], placeholder);
+    let updates = calls_to(api, "/chat.update").await;
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0].1["text"], ANSWER);
+    assert_eq!(updates[0].1["ts"], task["reply"]["platform_message_id"]);
+}
+
 async fn slack_question(app: &TestApp, event: &str, ts: &str) -> i64 {
     let mention = slack_event(
         event,
@@ -178,24 +189,7 @@ async fn matrix_streams_by_replacing_the_placeholder_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lark_streams_into_one_shared_card() {
     let api = platform_api().await;
-    Mock::given(method("POST"))
-        .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"code": 0, "msg": "ok", "tenant_access_token": "t-abc", "expire": 7200}),
-        ))
-        .mount(&api)
-        .await;
-    let messages = super::chat_doubles::LarkMessages::default();
-    Mock::given(method("POST"))
-        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+/reply$"))
-        .respond_with(messages.clone())
-        .mount(&api)
-        .await;
-    Mock::given(method("PATCH"))
-        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+$"))
-        .respond_with(messages)
-        .mount(&api)
-        .await;
+    mount_lark(&api).await;
     let (app, _model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
     let resp = app
         .lark(
@@ -256,13 +250,7 @@ async fn without_streaming_the_placeholder_is_edited_once_into_the_answer() {
     .await;
     let id = slack_question(&app, "EvN1", "1802.1").await;
     let task = app.wait_replied(id, WAIT).await;
-    let posts = calls_to(&api, "/chat.postMessage").await;
-    assert_eq!(posts.len(), 1);
-    assert_eq!(posts[0].1["text"], "Working on it…");
-    let updates = calls_to(&api, "/chat.update").await;
-    assert_eq!(updates.len(), 1, "{updates:?}");
-    assert_eq!(updates[0].1["text"], ANSWER);
-    assert_eq!(updates[0].1["ts"], task["reply"]["platform_message_id"]);
+    placeholder_then_answer(&api, &task, "Working on it…").await;
     app.stop().await;
 }
 
@@ -317,13 +305,7 @@ async fn an_answer_ready_while_the_placeholder_is_in_flight_edits_it() {
     .await;
     let id = slack_question(&app, "EvR1", "1804.1").await;
     let task = app.wait_replied(id, WAIT).await;
-    let posts = calls_to(&api, "/chat.postMessage").await;
-    assert_eq!(posts.len(), 1, "{posts:?}");
-    assert_eq!(posts[0].1["text"], "Thinking…");
-    let updates = calls_to(&api, "/chat.update").await;
-    assert_eq!(updates.len(), 1, "{updates:?}");
-    assert_eq!(updates[0].1["text"], ANSWER);
-    assert_eq!(updates[0].1["ts"], task["reply"]["platform_message_id"]);
+    placeholder_then_answer(&api, &task, "Thinking…").await;
     app.stop().await;
 }
 
