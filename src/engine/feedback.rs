@@ -55,8 +55,9 @@ struct State {
     shown: String,
     /// The text so far (streamed, or a workflow node's progress line).
     latest: String,
-    /// The queueing or edit in flight; one at a time.
-    busy: Option<JoinHandle<()>>,
+    /// The job in flight (one at a time), and whether it must be awaited before the answer
+    /// (a queueing or an edit; a lookup is simply stopped).
+    busy: Option<(JoinHandle<()>, bool)>,
     /// The answer is about to be committed: nothing more is shown.
     settled: bool,
 }
@@ -143,11 +144,15 @@ impl Feedback {
             state.settled = true;
             state.busy.take()
         };
-        if let Some(busy) = busy {
-            let wait = Duration::from_secs(self.svc.config.outbox.timeout_secs.max(1));
-            if tokio::time::timeout(wait, busy).await.is_err() {
-                tracing::warn!(key = %self.key, "a streamed edit did not end in time");
+        match busy {
+            Some((busy, true)) => {
+                let wait = Duration::from_secs(self.svc.config.outbox.timeout_secs.max(1));
+                if tokio::time::timeout(wait, busy).await.is_err() {
+                    tracing::warn!(key = %self.key, "a streamed edit did not end in time");
+                }
             }
+            Some((lookup, false)) => lookup.abort(),
+            None => {}
         }
     }
 
@@ -159,7 +164,7 @@ impl Feedback {
     /// message id, or edit it to the latest text.
     fn poke(self: &Arc<Self>) {
         let mut state = self.lock();
-        if state.settled || state.busy.as_ref().is_some_and(|b| !b.is_finished()) {
+        if state.settled || state.busy.as_ref().is_some_and(|(b, _)| !b.is_finished()) {
             return;
         }
         let now = Instant::now();
@@ -197,12 +202,20 @@ impl Feedback {
             }
         };
         let me = self.clone();
-        state.busy = Some(tokio::spawn(
-            async move { me.run(job).await }.in_current_span(),
-        ));
+        let awaited = !matches!(job, Job::Find);
+        let handle = tokio::spawn(
+            async move {
+                me.run(job).await;
+                // Whatever came meanwhile (more text, a progress line) is due next.
+                me.lock().busy = None;
+                me.poke();
+            }
+            .in_current_span(),
+        );
+        state.busy = Some((handle, awaited));
     }
 
-    async fn run(self: Arc<Self>, job: Job) {
+    async fn run(self: &Arc<Self>, job: Job) {
         let svc = &self.svc;
         match job {
             Job::Queue(text) => {
@@ -230,11 +243,9 @@ impl Feedback {
                 }
             }
             Job::Find => match svc.store.placeholder_message(&self.key).await {
-                Ok(Some(id)) => {
-                    self.lock().message_id = Some(id);
-                    self.poke();
-                }
-                Ok(None) => {}
+                Ok(Some(id)) => self.lock().message_id = Some(id),
+                // Not sent yet: look again a little later (the answer stops this).
+                Ok(None) => tokio::time::sleep(self.stream_every.unwrap_or_default()).await,
                 Err(e) => tracing::debug!(error = %e, "placeholder lookup failed"),
             },
             Job::Edit(message_id, text) => {

@@ -128,3 +128,56 @@ async fn a_progress_line_on_a_reply_node_is_refused_at_publish() {
     );
     app.stop().await;
 }
+
+/// On a platform that can edit, a node's progress line shows in the run's placeholder,
+/// which the answer then replaces: one message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_line_shows_in_the_placeholder_on_slack() {
+    let api = crate::platforms::platform_api().await;
+    let uri = api.uri();
+    let flow = crate::workflows::spawn_flow_scripted(
+        r#"{"start": "look", "nodes": [
+  {"id": "look", "type": "tool", "tool": "lookup_a", "args": {"q": "x"}, "progress": "Looking up {{ message.text }}…", "next": "think"},
+  {"id": "think", "type": "llm", "prompt": "Say {{ steps.look.value }}", "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.think.text }}"}]}"#,
+        |_: &Value| crate::strict_model::ModelReply::text("T-42 is open"),
+        move |c| {
+            crate::platforms::enable_platforms(c, &uri, "flow");
+            c.replies.placeholder_after_ms = 0;
+            c.replies.stream_edit_ms = 100;
+            c.channels.slack.per_chat_interval_ms = 0;
+        },
+    )
+    .await;
+    // The lookup takes a while: long enough for its line to be shown.
+    wiremock::Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/tools/a"))
+        .respond_with(
+            wiremock::ResponseTemplate::new(200)
+                .set_body_json(json!({"value": "alpha"}))
+                .set_delay(Duration::from_millis(1500)),
+        )
+        .with_priority(1)
+        .mount(&flow.tools)
+        .await;
+    let app = &flow.app;
+    let mention = crate::platforms::slack_event(
+        "EvW1",
+        json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> ticket T-42", "ts": "1900.5", "channel": "CW"}),
+    );
+    let id = task_id_of(app.slack_event(&mention).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    let posts = crate::platforms::sends(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let updates = crate::platforms::sends(&api, "/chat.update").await;
+    let answer = task["reply"]["content"]["text"].as_str().unwrap();
+    // The placeholder showed the line, then the answer, in the one message.
+    let shown: Vec<&Value> = std::iter::once(&posts[0]["text"])
+        .chain(updates.iter().map(|u| &u["text"]))
+        .collect();
+    assert!(shown.contains(&&json!("Looking up ticket T-42…")), "{shown:?}");
+    assert_eq!(updates.last().unwrap()["text"], answer);
+    assert!(updates.iter().all(|u| u["ts"] == task["reply"]["platform_message_id"]));
+    flow.app.stop().await;
+}
