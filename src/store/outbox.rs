@@ -54,6 +54,14 @@ impl Store {
         now: i64,
     ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
+            // The task row before the reply row, in the order a finishing batch takes them
+            // (PostgreSQL; SQLite has one writer).
+            if self.dialect() == Dialect::Postgres {
+                sqlx::query("SELECT id FROM agent_task WHERE id = $1 FOR KEY SHARE")
+                    .bind(fence.task_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            }
             sqlx::query(
                 "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
                  in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at, \

@@ -203,12 +203,18 @@ impl Store {
             )),
             _ => None,
         });
-        // PostgreSQL: the task rows the batch fences, locked in id order first.
+        // PostgreSQL: the task rows the batch fences, locked in id order first. A sent
+        // placeholder's task too: its running task may finish at the same time, and the
+        // finish takes the task row and then the same reply row (`reply_upsert!`), so the
+        // mark must take them in that order as well, or the two deadlock (its audit row's
+        // foreign key takes the task row after the reply row).
         let mut fenced: Vec<i64> = Vec::new();
         if !sqlite {
             fenced = ops
                 .iter()
-                .filter(|op| !matches!(op, WriteOp::MarkReplySent { .. }))
+                .filter(|op| {
+                    !matches!(op, WriteOp::MarkReplySent { kind, .. } if *kind != SentKind::Placeholder)
+                })
                 .map(WriteOp::task_id)
                 .collect();
             fenced.sort_unstable();

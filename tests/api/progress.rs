@@ -176,8 +176,15 @@ async fn a_progress_line_shows_in_the_placeholder_on_slack() {
     let shown: Vec<&Value> = std::iter::once(&posts[0]["text"])
         .chain(updates.iter().map(|u| &u["text"]))
         .collect();
-    assert!(shown.contains(&&json!("Looking up ticket T-42…")), "{shown:?}");
+    assert!(
+        shown.contains(&&json!("Looking up ticket T-42…")),
+        "{shown:?}"
+    );
     assert_eq!(updates.last().unwrap()["text"], answer);
-    assert!(updates.iter().all(|u| u["ts"] == task["reply"]["platform_message_id"]));
+    assert!(
+        updates
+            .iter()
+            .all(|u| u["ts"] == task["reply"]["platform_message_id"])
+    );
     flow.app.stop().await;
 }
