@@ -187,6 +187,12 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
                 .mark_reply_sent(&reply, owner, delivered.platform_message_id.as_deref())
                 .await
         }
+        Err(err) if reply.edit && svc.channels.edit_target_gone(&reply.channel, &err) => {
+            tracing::warn!(key = %reply.idempotency_key, error = %err, "the placeholder is gone; sending the reply as a new message");
+            svc.store
+                .reply_as_new_message(&reply, owner, &err.message, now)
+                .await
+        }
         Err(err) if err.unknown => {
             tracing::error!(key = %reply.idempotency_key, error = %err, "reply outcome unknown; not re-sent");
             svc.store

@@ -144,6 +144,11 @@ impl Channels {
         self.get(channel).is_some_and(|p| p.can_edit())
     }
 
+    /// Whether an edit's `error` on `channel` says the message is gone for good.
+    pub fn edit_target_gone(&self, channel: &str, error: &DeliveryError) -> bool {
+        self.get(channel).is_some_and(|p| p.edit_target_gone(error))
+    }
+
     /// Shows `reply` by editing the message it names (`platform_message_id`).
     pub async fn edit(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
         let (Some(platform), Some(message_id)) = (

@@ -364,6 +364,12 @@ pub trait Platform: Send + Sync {
         })
     }
 
+    /// Whether `error`, from `edit`, says the message to edit is gone for good (the user
+    /// deleted it): the reply is then sent as a new message instead.
+    fn edit_target_gone(&self, _error: &DeliveryError) -> bool {
+        false
+    }
+
     /// Acknowledges a card action (`Inbound::Action::ack`) with its outcome in words.
     fn acknowledge<'a>(&'a self, _ack: &'a str, _outcome: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async {})

@@ -399,6 +399,11 @@ impl Platform for SlackChannel {
         Box::pin(SlackChannel::edit(self, reply, ts))
     }
 
+    fn edit_target_gone(&self, error: &DeliveryError) -> bool {
+        error.message.ends_with("message_not_found")
+            || error.message.ends_with("cant_update_message")
+    }
+
     fn chat_interval_ms(&self) -> u64 {
         self.config.per_chat_interval_ms
     }

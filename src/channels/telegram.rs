@@ -302,6 +302,10 @@ impl Platform for TelegramChannel {
         Box::pin(TelegramChannel::edit(self, reply, message_id))
     }
 
+    fn edit_target_gone(&self, error: &DeliveryError) -> bool {
+        error.message.contains("message to edit not found")
+    }
+
     fn chat_interval_ms(&self) -> u64 {
         self.config.per_chat_interval_ms
     }

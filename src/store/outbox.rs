@@ -141,6 +141,33 @@ impl Store {
         Ok(rows)
     }
 
+    /// A reply whose placeholder is gone (deleted in the chat) goes as a new message, under
+    /// `<key>-answer`, due now.
+    pub async fn reply_as_new_message(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        error: &str,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE outbound_reply SET edit = 0, platform_message_id = NULL, \
+                 send_key = idempotency_key || '-answer', attempts = 0, next_attempt_at = $1, \
+                 last_error = $2, locked_by = NULL, locked_until = NULL \
+                 WHERE id = $3 AND locked_by = $4 AND status = 'PENDING' AND edit = 1",
+            )
+            .bind(now)
+            .bind(crate::domain::truncate(error, 1000))
+            .bind(reply.id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
     /// Puts a reply back for another try at `next_attempt_at`, noting why this one failed.
     pub async fn reschedule_reply(
         &self,

@@ -106,6 +106,13 @@ impl Respond for TelegramMessages {
 #[derive(Clone, Default)]
 pub(crate) struct SlackMessages(Shared);
 
+impl SlackMessages {
+    /// A user deletes the message `ts`.
+    pub(crate) fn delete(&self, ts: &str) {
+        self.0.lock().unwrap().by_id.remove(ts);
+    }
+}
+
 impl Respond for SlackMessages {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let error =

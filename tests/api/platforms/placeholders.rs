@@ -607,3 +607,43 @@ async fn dingtalk_streams_into_one_card() {
     assert!(calls_to(&api, "/groupMessages/send").await.is_empty());
     app.stop().await;
 }
+
+/// The user deleted the placeholder before the answer came: the edit is refused for good
+/// (`message_not_found`), so the answer goes as a new message, under `<key>-answer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_placeholder_was_deleted_goes_as_a_new_message() {
+    let api = MockServer::start().await;
+    let slack = super::chat_doubles::SlackMessages::default();
+    for call in ["/chat.postMessage", "/chat.update"] {
+        Mock::given(method("POST"))
+            .and(path(call))
+            .respond_with(slack.clone())
+            .mount(&api)
+            .await;
+    }
+    let (app, _model) = streaming_app(&api, Duration::from_millis(300), |c| {
+        c.replies.stream_edit_ms = 0;
+        c.replies.placeholder_after_ms = 0;
+        c.channels.slack.per_chat_interval_ms = 0;
+    })
+    .await;
+    let id = slack_question(&app, "EvD1", "1808.1").await;
+    let ts = placeholder_sent(&app, id).await;
+    slack.delete(&ts);
+    let task = app.wait_replied(id, WAIT).await;
+    let posts = calls_to(&api, "/chat.postMessage").await;
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert_eq!(posts[1].1["text"], ANSWER);
+    assert_eq!(
+        posts[1].1["metadata"]["event_payload"]["key"],
+        format!("agent-task-{id}-answer")
+    );
+    assert_eq!(
+        calls_to(&api, "/chat.update").await.len(),
+        1,
+        "one refused edit"
+    );
+    assert_ne!(task["reply"]["platform_message_id"], ts.as_str());
+    assert_eq!(task["reply"]["edit"], false);
+    app.stop().await;
+}
