@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::backoff;
 use crate::channels::Channels;
-use crate::channels::platform::DeliveryError;
+use crate::channels::platform::{Delivered, DeliveryError};
 use crate::config::Config;
 use crate::domain::{ReplyRow, ReplyStatus, now_ms};
 use crate::store::Store;
@@ -145,34 +145,7 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
         }
         return Some(at);
     }
-    // The answer of a placeholder whose send is in doubt goes under its own key.
-    if let Some(key) = reply.send_key.take() {
-        reply.idempotency_key = key;
-    }
-    // A previous try was claimed but left no result (its instance died mid-send): where a
-    // re-send could show the reply twice, its outcome is unknown and it is not repeated.
-    // An edit can be repeated: it shows the same message either way.
-    let result = if svc.channels.resend_is_blind(&reply.channel)
-        && !reply.edit
-        && reply.attempts > 1
-        && reply.last_error.is_none()
-    {
-        Err(DeliveryError {
-            message:
-                "a previous send was interrupted and the platform cannot tell whether it arrived"
-                    .into(),
-            retry_after: None,
-            unknown: true,
-        })
-    } else if let Err(e) = with_reply_context(svc, &mut reply).await {
-        Err(DeliveryError::retry(format!(
-            "reply context unavailable: {e}"
-        )))
-    } else if reply.edit {
-        svc.channels.edit(&reply).await
-    } else {
-        svc.channels.send(&reply).await
-    };
+    let result = attempt(svc, &mut reply).await;
     // What is stored and logged of a failure is redacted (platform error bodies may echo
     // tokens; transport errors are already free of their URLs).
     let result = result.map_err(|mut e| {
@@ -231,6 +204,38 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
         Err(e) => tracing::error!(error = %e, "recording the delivery result failed"),
     }
     None
+}
+
+/// One try of a claimed reply: a new message, or an edit of its placeholder.
+async fn attempt(svc: &Sender, reply: &mut ReplyRow) -> Result<Delivered, DeliveryError> {
+    // The answer of a placeholder whose send is in doubt goes under its own key.
+    if let Some(key) = reply.send_key.take() {
+        reply.idempotency_key = key;
+    }
+    // A previous try was claimed but left no result (its instance died mid-send): where a
+    // re-send could show the reply twice, its outcome is unknown and it is not repeated.
+    // An edit can be repeated: it shows the same message either way.
+    if svc.channels.resend_is_blind(&reply.channel)
+        && !reply.edit
+        && reply.attempts > 1
+        && reply.last_error.is_none()
+    {
+        Err(DeliveryError {
+            message:
+                "a previous send was interrupted and the platform cannot tell whether it arrived"
+                    .into(),
+            retry_after: None,
+            unknown: true,
+        })
+    } else if let Err(e) = with_reply_context(svc, reply).await {
+        Err(DeliveryError::retry(format!(
+            "reply context unavailable: {e}"
+        )))
+    } else if reply.edit {
+        svc.channels.edit(reply).await
+    } else {
+        svc.channels.send(reply).await
+    }
 }
 
 /// Puts the answered message's `reply_context` on the reply, for platforms that send with it
