@@ -647,3 +647,33 @@ async fn an_answer_whose_placeholder_was_deleted_goes_as_a_new_message() {
     assert_eq!(task["reply"]["edit"], false);
     app.stop().await;
 }
+
+/// WeCom app messages cannot be edited: a slow answer gets no placeholder, only the one
+/// final message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wecom_gets_no_placeholder_only_the_answer() {
+    let api = wecom_api().await;
+    let uri = api.uri();
+    let (app, _model) = streaming_app(&api, Duration::from_millis(200), move |c| {
+        enable_wecom(c, &uri, "default");
+    })
+    .await;
+    let resp = app
+        .wecom_post(&wecom_text("2001", "tell me"), wecom_sample::TOKEN)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let tasks: Value = app
+        .list("conversation=zhangsan")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = tasks["tasks"][0]["id"].as_i64().unwrap();
+    let task = app.wait_replied(id, WAIT).await;
+    let sent = calls_to(&api, "/cgi-bin/message/send").await;
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].1["text"]["content"], ANSWER);
+    assert_eq!(task["reply"]["edit"], false);
+    assert_eq!(app.store().task_replies(id).await.unwrap().len(), 1);
+    app.stop().await;
+}
