@@ -47,7 +47,11 @@ impl App {
             )
         })?;
         store.migrate().await?;
-        let tools = crate::tools::ToolRegistry::new(&config.tools, &config.tooling)?;
+        let mut tools = crate::tools::ToolRegistry::new(&config.tools, &config.tooling)?;
+        if !config.mcp_servers.is_empty() {
+            tools =
+                tools.with_mcp(crate::tools::mcp::McpTools::connect(&config.mcp_servers).await?)?;
+        }
         let llm = ModelClients::new(&config.llm)?;
         crate::agents::publish_configured_agents(&store, &config, &tools, &llm).await?;
         // A restart under the same instance id: whatever that id still holds was running in

@@ -26,6 +26,31 @@ pub struct Config {
     pub journal: JournalConfig,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// MCP servers whose tools agents may use as `<server>.<tool>`.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+}
+
+/// One MCP server, over streamable HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    pub url: String,
+    /// Sent as `Authorization: Bearer <token>`; empty = none.
+    #[serde(default)]
+    pub bearer_token: String,
+    /// The tools to take (by the server's names); empty = all.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default = "default_mcp_timeout")]
+    pub timeout_secs: u64,
+    /// A kind per tool, over what its annotations say.
+    #[serde(default)]
+    pub kinds: BTreeMap<String, ToolKind>,
+}
+
+fn default_mcp_timeout() -> u64 {
+    30
 }
 
 /// How the step journal keeps large outputs.

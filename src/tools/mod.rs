@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::config::{HttpCallConfig, ToolConfig, ToolingConfig};
 
+pub mod mcp;
 pub mod schema;
 
 /// A failed tool call.
@@ -24,7 +25,7 @@ pub struct ToolError {
 }
 
 impl ToolError {
-    fn permanent(message: impl Into<String>) -> Self {
+    pub(crate) fn permanent(message: impl Into<String>) -> Self {
         ToolError {
             message: message.into(),
             retryable: false,
@@ -42,6 +43,8 @@ pub struct ToolRegistry {
     open: reqwest::Client,
     /// For everyone else: the resolver drops loopback/link-local/private addresses.
     guarded: reqwest::Client,
+    /// Tools of MCP servers, by `<server>.<tool>`.
+    mcp: Option<Arc<mcp::McpTools>>,
 }
 
 impl ToolRegistry {
@@ -92,7 +95,24 @@ impl ToolRegistry {
             max_response_bytes: tooling.max_response_bytes,
             open,
             guarded,
+            mcp: None,
         })
+    }
+
+    /// Adds the tools of connected MCP servers (`<server>.<tool>`), next to the configured
+    /// ones; a name taken by a configured tool is refused.
+    pub fn with_mcp(mut self, mcp: mcp::McpTools) -> anyhow::Result<Self> {
+        for (name, (_, _, tool)) in &mcp.tools {
+            if self.tools.contains_key(name) {
+                anyhow::bail!("MCP tool `{name}` has the name of a configured tool");
+            }
+            let schema = schema::ArgsSchema::compile(&tool.args_schema)
+                .map_err(|e| anyhow::anyhow!("MCP tool `{name}`: input schema: {e}"))?;
+            self.schemas.insert(name.clone(), schema);
+            self.tools.insert(name.clone(), tool.clone());
+        }
+        self.mcp = Some(Arc::new(mcp));
+        Ok(self)
     }
 
     pub fn get(&self, name: &str) -> Option<&ToolConfig> {
@@ -117,7 +137,7 @@ impl ToolRegistry {
             .iter()
             .filter_map(|n| self.tools.get(n).map(|t| (n, t)))
             .map(|(name, tool)| crate::llm::ToolSpec {
-                name: name.clone(),
+                name: mcp::function_name(name),
                 description: tool.description.clone(),
                 parameters: tool.args_schema.clone(),
             })
@@ -138,6 +158,16 @@ impl ToolRegistry {
             .ok_or_else(|| ToolError::permanent(format!("no tool named `{name}`")))?;
         self.check_args(name, args)
             .map_err(|e| ToolError::permanent(format!("invalid arguments for `{name}`: {e}")))?;
+        if let Some((server, tool_name, _)) = self.mcp.as_ref().and_then(|m| m.tools.get(name)) {
+            let mcp = self.mcp.as_ref().expect("checked above");
+            return mcp
+                .call(server, tool_name, args, idempotency_key)
+                .await
+                .map_err(|e| ToolError {
+                    message: e.message,
+                    retryable: e.retryable,
+                });
+        }
         let context = json!({ "args": args });
         self.http(
             &tool.call(),

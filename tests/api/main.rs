@@ -16,6 +16,7 @@ mod declines;
 mod examples;
 mod jobs;
 mod lifecycle;
+mod mcp;
 mod model_contract;
 mod model_failures;
 mod pipeline;

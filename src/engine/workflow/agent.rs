@@ -128,7 +128,13 @@ impl Runner<'_> {
         let mut results = Vec::with_capacity(answer.tool_calls.len());
         let mut ran = 0;
         for call in &answer.tool_calls {
-            let name = call.function.name.clone();
+            // The function name offered for `<server>.<tool>` is `<server>__<tool>`.
+            let name = node
+                .tools
+                .iter()
+                .find(|t| crate::tools::mcp::function_name(t) == call.function.name)
+                .cloned()
+                .unwrap_or_else(|| call.function.name.clone());
             let outcome = if !node.tools.contains(&name) {
                 Err(format!("tool `{name}` is not available here"))
             } else if answer.truncated() {
