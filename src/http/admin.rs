@@ -1,4 +1,4 @@
-//! Admin APIs beyond tasks and agents: job runs and the failure summary.
+//! Admin APIs beyond tasks and agents: job runs, the failure summary and the MCP servers.
 
 use std::sync::Arc;
 
@@ -18,6 +18,13 @@ pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/api/admin/job-runs", get(job_runs))
         .route("/api/admin/failure-summary", get(failure_summary))
+        .route("/api/admin/mcp", get(mcp_servers))
+}
+
+/// The MCP servers, their connection state and their tools with the kinds assistd gives
+/// them.
+async fn mcp_servers(_auth: AdminAuth, State(svc): State<Arc<ApiContext>>) -> Json<Value> {
+    Json(svc.tools.mcp_servers())
 }
 
 /// Longest span one summary may cover.

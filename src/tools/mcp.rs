@@ -26,6 +26,7 @@ pub struct McpTools {
     /// `<server>.<tool>` → (server, tool, its config as the runner sees it).
     pub tools: BTreeMap<String, (String, String, ToolConfig)>,
     timeouts: BTreeMap<String, Duration>,
+    urls: BTreeMap<String, String>,
 }
 
 /// The kind of an MCP tool: the config's override, else its annotations — `readOnlyHint`
@@ -52,6 +53,7 @@ impl McpTools {
             clients: BTreeMap::new(),
             tools: BTreeMap::new(),
             timeouts: BTreeMap::new(),
+            urls: BTreeMap::new(),
         };
         for (name, server) in servers {
             let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.clone());
@@ -106,6 +108,8 @@ impl McpTools {
                 );
             }
             out.timeouts.insert(name.clone(), timeout);
+            out.urls
+                .insert(name.clone(), crate::redaction::redact(&server.url));
             out.clients.insert(name.clone(), client);
         }
         Ok(out)
@@ -160,6 +164,39 @@ impl McpTools {
         Ok(result
             .structured_content
             .unwrap_or_else(|| json!({ "text": text.join("\n") })))
+    }
+}
+
+impl McpTools {
+    /// The servers, whether each is still connected, and their tools with the kind assistd
+    /// gives them (`GET /api/admin/mcp`).
+    pub fn describe(&self) -> Value {
+        let servers: Vec<Value> = self
+            .clients
+            .iter()
+            .map(|(name, client)| {
+                let tools: Vec<Value> = self
+                    .tools
+                    .iter()
+                    .filter(|(_, (server, _, _))| server == name)
+                    .map(|(full, (_, tool, config))| {
+                        json!({
+                            "name": full,
+                            "tool": tool,
+                            "kind": config.kind,
+                            "description": config.description,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": name,
+                    "url": self.urls.get(name),
+                    "connected": !client.is_transport_closed(),
+                    "tools": tools,
+                })
+            })
+            .collect();
+        json!({ "servers": servers })
     }
 }
 

@@ -115,6 +115,13 @@ impl ToolRegistry {
         Ok(self)
     }
 
+    /// The MCP servers and their tools, for the admin API (`{"servers": []}` without any).
+    pub fn mcp_servers(&self) -> Value {
+        self.mcp
+            .as_ref()
+            .map_or_else(|| json!({ "servers": [] }), |m| m.describe())
+    }
+
     pub fn get(&self, name: &str) -> Option<&ToolConfig> {
         self.tools.get(name)
     }

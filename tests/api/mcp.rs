@@ -171,6 +171,35 @@ async fn a_read_only_mcp_tool_is_offered_called_once_and_its_answer_reaches_the_
             step["idempotency_key"].as_str().unwrap()
         )
     );
+    // The admin API lists the server, its state and its tools with their kinds.
+    let url = format!("{}/api/admin/mcp", app.addr);
+    assert_eq!(app.http.get(&url).send().await.unwrap().status(), 401);
+    let listed: Value = app
+        .http
+        .get(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let desk = &listed["servers"][0];
+    assert_eq!(desk["name"], "desk");
+    assert_eq!(desk["connected"], true);
+    let kinds: std::collections::BTreeMap<String, String> = desk["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_string(),
+                t["kind"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(kinds["desk.lookup"], "read_only");
+    assert_eq!(kinds["desk.send"], "irreversible");
     flow.app.stop().await;
 }
 
