@@ -49,6 +49,7 @@ impl App {
         store.migrate().await?;
         let mut tools = crate::tools::ToolRegistry::new(&config.tools, &config.tooling)?;
         if !config.mcp_servers.is_empty() {
+            tools.check_mcp_urls(&config.mcp_servers).await?;
             tools =
                 tools.with_mcp(crate::tools::mcp::McpTools::connect(&config.mcp_servers).await?)?;
         }

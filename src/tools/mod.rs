@@ -99,6 +99,47 @@ impl ToolRegistry {
         })
     }
 
+    /// The SSRF guard for MCP servers, at start-up: each URL must be http(s), and its host
+    /// (as named, and every address it resolves to now) not internal, unless the host is on
+    /// `tooling.allowed_private_hosts`.
+    pub async fn check_mcp_urls(
+        &self,
+        servers: &BTreeMap<String, crate::config::McpServerConfig>,
+    ) -> anyhow::Result<()> {
+        for (name, server) in servers {
+            let url = reqwest::Url::parse(&server.url)
+                .map_err(|e| anyhow::anyhow!("mcp_servers.{name}.url is not a URL: {e}"))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                anyhow::bail!("mcp_servers.{name}.url must be http or https");
+            }
+            let host = url
+                .host_str()
+                .unwrap_or("")
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_ascii_lowercase();
+            if self.allowed_hosts.contains(&host) {
+                continue;
+            }
+            let port = url.port_or_known_default().unwrap_or(80);
+            let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
+                Ok(ip) => vec![ip],
+                Err(_) => tokio::net::lookup_host((host.as_str(), port))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("mcp_servers.{name}: cannot resolve {host}: {e}"))?
+                    .map(|a| a.ip())
+                    .collect(),
+            };
+            if let Some(ip) = addrs.into_iter().find(|ip| is_internal(*ip)) {
+                anyhow::bail!(
+                    "mcp_servers.{name}: refusing internal address {ip} of {host} (add the host \
+                     to tooling.allowed_private_hosts)"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Adds the tools of connected MCP servers (`<server>.<tool>`), next to the configured
     /// ones; a name taken by a configured tool is refused.
     pub fn with_mcp(mut self, mcp: mcp::McpTools) -> anyhow::Result<Self> {

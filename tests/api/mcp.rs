@@ -266,3 +266,44 @@ async fn an_mcp_error_result_reaches_the_model_and_is_not_retried() {
     assert_eq!(server.calls().len(), 1, "not retried");
     flow.app.stop().await;
 }
+
+/// The SSRF guard: an MCP server on an internal address is refused at start-up and never
+/// contacted, unless its host is on `tooling.allowed_private_hosts`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_on_an_internal_address_is_refused_at_start_up() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let db = TestDb::new().await;
+    let mut config = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    config.tooling.allowed_private_hosts.clear();
+    config.mcp_servers.insert(
+        "inside".into(),
+        assistd::config::McpServerConfig {
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            bearer_token: String::new(),
+            tools: Vec::new(),
+            timeout_secs: 2,
+            kinds: Default::default(),
+        },
+    );
+    let refused = assistd::App::build(config.clone())
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("mcp_servers.inside: refusing internal address 127.0.0.1"),
+        "{refused}"
+    );
+    assert!(listener.accept().is_err(), "the server was contacted");
+    // Allowed: the guard lets it through (and the connection itself is then tried).
+    config.tooling.allowed_private_hosts = vec!["127.0.0.1".into()];
+    let tried = assistd::App::build(config)
+        .await
+        .err()
+        .expect("nothing speaks MCP there");
+    assert!(!tried.to_string().contains("refusing"), "{tried}");
+    db.drop_db().await;
+}
