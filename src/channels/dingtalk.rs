@@ -225,11 +225,7 @@ impl DingTalkChannel {
         if reply.placeholder {
             return self.deliver_card(reply).await;
         }
-        let context: Value = reply
-            .reply_context
-            .as_deref()
-            .and_then(|c| serde_json::from_str(c).ok())
-            .unwrap_or(Value::Null);
+        let context = Self::reply_context(reply);
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("").to_string();
         // A card renders to {"webhook": <sessionWebhook body>, "api": {msgKey, msgParam}};
@@ -310,6 +306,15 @@ impl DingTalkChannel {
 }
 
 impl DingTalkChannel {
+    /// The answered message's context (`parse` stored it): session webhook, chat type, sender.
+    fn reply_context(reply: &ReplyRow) -> Value {
+        reply
+            .reply_context
+            .as_deref()
+            .and_then(|c| serde_json::from_str(c).ok())
+            .unwrap_or(Value::Null)
+    }
+
     /// The text a card shows for `reply`: its text (a card answer's text fallback).
     fn card_text(reply: &ReplyRow) -> String {
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
@@ -319,11 +324,7 @@ impl DingTalkChannel {
     /// Creates a placeholder as a card from `card_template_id` under the reply key
     /// (`outTrackId`) and delivers it into the question's group or single chat.
     async fn deliver_card(&self, reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
-        let context: Value = reply
-            .reply_context
-            .as_deref()
-            .and_then(|c| serde_json::from_str(c).ok())
-            .unwrap_or(Value::Null);
+        let context = Self::reply_context(reply);
         let robot = &self.robot_code;
         let mut body = json!({
             "cardTemplateId": self.config.card_template_id,

@@ -84,7 +84,7 @@ impl Feedback {
         if !live && (placeholder.trim().is_empty() || !svc.channels.can_edit(&task.channel)) {
             return None;
         }
-        let typing = replies.typing_indicator && svc.channels.typing_every(&task.channel).is_some();
+        let typing = typing_every(svc, &task.channel).is_some();
         let feedback = Arc::new(Feedback {
             svc: svc.clone(),
             fence: fence.clone(),
@@ -303,6 +303,15 @@ enum Job {
     Edit(String, String),
 }
 
+/// How often the typing indicator of `channel` is renewed, when it is shown at all
+/// (`replies.typing_indicator` and a platform that has one).
+fn typing_every(svc: &Worker, channel: &str) -> Option<Duration> {
+    if !svc.config.replies.typing_indicator {
+        return None;
+    }
+    svc.channels.typing_every(channel)
+}
+
 /// The typing indicator shown in the task's chat while this run lasts.
 pub struct Typing {
     shown: JoinHandle<()>,
@@ -315,10 +324,7 @@ impl Typing {
     /// Starts showing "typing…" in the task's chat, renewed as the platform needs, when
     /// `replies.typing_indicator` is on and the platform has one.
     pub fn start(svc: &Arc<Worker>, task: &TaskRow) -> Option<Typing> {
-        if !svc.config.replies.typing_indicator {
-            return None;
-        }
-        let every = svc.channels.typing_every(&task.channel)?;
+        let every = typing_every(svc, &task.channel)?;
         let (channel, conversation_id) = (task.channel.clone(), task.conversation_id.clone());
         let shown = tokio::spawn({
             let (svc, channel, conversation_id) =

@@ -213,14 +213,6 @@ pub fn function_name(name: &str) -> String {
     name.replace('.', "__")
 }
 
-impl std::fmt::Debug for McpTools {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("McpTools")
-            .field("tools", &self.tools.keys())
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

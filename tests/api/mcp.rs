@@ -64,7 +64,7 @@ impl Drop for McpServer {
 
 impl McpServer {
     async fn start() -> Option<McpServer> {
-        let python = std::env::var("ASSISTD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+        let python = crate::real_model::python();
         let required = std::env::var("ASSISTD_TEST_MCP").is_ok_and(|m| m == "require");
         let available = Command::new(&python)
             .args(["-c", "import mcp.server.fastmcp"])

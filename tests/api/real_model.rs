@@ -34,7 +34,8 @@ impl Drop for LlamaServer {
     }
 }
 
-fn python() -> String {
+/// The Python that runs the real counterparts from PyPI (llama.cpp server, MCP servers).
+pub(crate) fn python() -> String {
     std::env::var("ASSISTD_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
