@@ -2,6 +2,9 @@
 //! published as a new immutable version when it changed. Tasks carry the version they were
 //! created for and run on a copy of it taken at claim.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -10,7 +13,8 @@ use crate::engine::workflow::config::Workflow;
 use crate::llm::ModelClients;
 use crate::store::Store;
 use crate::store::agents::Published;
-use crate::tools::ToolRegistry;
+use crate::tools::mcp::McpToolSpec;
+use crate::tools::{TaskTools, ToolRegistry};
 
 /// What an agent version holds; stored as JSON in `agent_version.definition` and copied
 /// into the task when it is claimed.
@@ -44,6 +48,10 @@ pub struct AgentDefinition {
     /// The placeholder of a slow run (`replies.placeholder` when absent; "" = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placeholder: Option<String>,
+    /// The MCP tools the workflow names, as their servers offered them when this version
+    /// was published (filled in by `publish`, never taken from a request).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp_tools: BTreeMap<String, McpToolSpec>,
 }
 
 fn default_temperature() -> f64 {
@@ -74,11 +82,12 @@ impl AgentDefinition {
             confirm_deadline_secs: c.confirm_deadline_secs,
             fallback_text: c.fallback_text.clone(),
             placeholder: c.placeholder.clone(),
+            mcp_tools: BTreeMap::new(),
         }
     }
 
     /// Checks the definition; errors name the field (and the node, for workflows).
-    pub fn validate(&self, tools: &ToolRegistry, models: &ModelClients) -> Result<(), String> {
+    pub fn validate(&self, tools: &TaskTools, models: &ModelClients) -> Result<(), String> {
         if !models.has(&self.provider) {
             return Err(format!(
                 "provider `{}` is not configured (add [llm.providers.{}])",
@@ -119,16 +128,20 @@ impl AgentDefinition {
 /// it equals the current one).
 pub async fn publish(
     store: &Store,
-    tools: &ToolRegistry,
+    tools: &Arc<ToolRegistry>,
     models: &ModelClients,
     name: &str,
     definition: &AgentDefinition,
 ) -> Result<Published, PublishError> {
+    let mut definition = definition.clone();
+    definition.mcp_tools = tools.resolve_mcp(definition.workflow.as_ref());
+    let view =
+        TaskTools::new(tools.clone(), &definition.mcp_tools).map_err(PublishError::Invalid)?;
     definition
-        .validate(tools, models)
+        .validate(&view, models)
         .map_err(PublishError::Invalid)?;
     let json =
-        serde_json::to_string(definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
+        serde_json::to_string(&definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
     store
         .publish_agent_version(name, definition.mode_str(), &json, crate::domain::now_ms())
         .await
@@ -147,7 +160,7 @@ pub enum PublishError {
 pub async fn publish_configured_agents(
     store: &Store,
     config: &Config,
-    tools: &ToolRegistry,
+    tools: &Arc<ToolRegistry>,
     models: &ModelClients,
 ) -> anyhow::Result<()> {
     for (name, agent) in &config.agents {
@@ -171,4 +184,56 @@ pub async fn publish_configured_agents(
         }
     }
     Ok(())
+}
+
+/// Publishes again every agent whose current version pins MCP tools or names a whole
+/// server, so new tasks see the servers' tool lists as they are now; running tasks keep the
+/// version they were claimed with. A version that no longer validates (a tool it names is
+/// gone) is kept as it is, with an error logged.
+pub async fn republish_for_mcp(
+    store: &Store,
+    tools: &Arc<ToolRegistry>,
+    models: &ModelClients,
+) -> anyhow::Result<()> {
+    for agent in store.list_agents().await? {
+        let Some(current) = store.current_agent_version(&agent.name).await? else {
+            continue;
+        };
+        let Ok(definition) = serde_json::from_str::<AgentDefinition>(&current.definition) else {
+            continue;
+        };
+        let names_mcp = !definition.mcp_tools.is_empty()
+            || definition.workflow.as_ref().is_some_and(|w| {
+                w.to_string().contains(".*\"") || !tools.resolve_mcp(Some(w)).is_empty()
+            });
+        if !names_mcp {
+            continue;
+        }
+        match publish(store, tools, models, &agent.name, &definition).await {
+            Ok(p) if p.created => {
+                tracing::info!(agent = %agent.name, version = p.version_no, "MCP tools changed: published agent version");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(agent = %agent.name, error = %e, "MCP tools changed: the agent's current version is kept");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Republishes on each change of the MCP servers' tool lists, until the registry is gone.
+pub fn watch_mcp(store: Store, tools: &Arc<ToolRegistry>, models: Arc<ModelClients>) {
+    let Some(mut changes) = tools.mcp().map(|m| m.changes()) else {
+        return;
+    };
+    let weak = Arc::downgrade(tools);
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            let Some(tools) = weak.upgrade() else { break };
+            if let Err(e) = republish_for_mcp(&store, &tools, &models).await {
+                tracing::error!(error = %e, "MCP tools changed: republishing failed");
+            }
+        }
+    });
 }

@@ -50,11 +50,16 @@ impl App {
         let mut tools = crate::tools::ToolRegistry::new(&config.tools, &config.tooling)?;
         if !config.mcp_servers.is_empty() {
             tools.check_mcp_urls(&config.mcp_servers).await?;
-            tools =
-                tools.with_mcp(crate::tools::mcp::McpTools::connect(&config.mcp_servers).await?)?;
+            let mcp = crate::tools::mcp::McpTools::connect(&config.mcp_servers).await?;
+            if let Some(taken) = tools.names().find(|n| mcp.live(n).is_some()) {
+                anyhow::bail!("MCP tool `{taken}` has the name of a configured tool");
+            }
+            tools = tools.with_mcp(mcp);
         }
-        let llm = ModelClients::new(&config.llm)?;
+        let tools = Arc::new(tools);
+        let llm = Arc::new(ModelClients::new(&config.llm)?);
         crate::agents::publish_configured_agents(&store, &config, &tools, &llm).await?;
+        crate::agents::watch_mcp(store.clone(), &tools, llm.clone());
         // A restart under the same instance id: whatever that id still holds was running in
         // the previous process, which is gone, so take it back at once.
         let instance_id = config.instance_id();
@@ -103,8 +108,8 @@ impl App {
     fn assemble(
         config: Arc<Config>,
         store: Store,
-        llm: ModelClients,
-        tools: crate::tools::ToolRegistry,
+        llm: Arc<ModelClients>,
+        tools: Arc<crate::tools::ToolRegistry>,
         instance_id: String,
         admin_token: String,
         listener: TcpListener,
@@ -112,8 +117,6 @@ impl App {
         let wake = Arc::new(Wake::default());
         let running = Arc::new(RunningTasks::default());
         let channels = Arc::new(Channels::from_config(&config)?);
-        let llm = Arc::new(llm);
-        let tools = Arc::new(tools);
         let journal = Arc::new(
             Journal::start(store.clone(), &config.worker)
                 .with_inline_max(config.journal.inline_max_bytes),

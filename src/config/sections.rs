@@ -31,14 +31,28 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
 }
 
-/// One MCP server, over streamable HTTP.
-#[derive(Debug, Clone, Deserialize)]
+/// One MCP server: over streamable HTTP (`url`) or a child process speaking stdio
+/// (`command`), exactly one of the two.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
+    /// The streamable-HTTP endpoint; empty with `command`.
+    #[serde(default)]
     pub url: String,
     /// Sent as `Authorization: Bearer <token>`; empty = none.
     #[serde(default)]
     pub bearer_token: String,
+    /// More request headers for `url` (e.g. an API key).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// A stdio server: the program and its arguments, run by each instance (restarted
+    /// when it dies). Never taken from a model's output.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The stdio server's environment, on top of PATH, HOME, LANG and TMPDIR as assistd
+    /// has them; nothing else of assistd's environment is passed on.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
     /// The tools to take (by the server's names); empty = all.
     #[serde(default)]
     pub tools: Vec<String>,
@@ -47,6 +61,11 @@ pub struct McpServerConfig {
     /// A kind per tool, over what its annotations say.
     #[serde(default)]
     pub kinds: BTreeMap<String, ToolKind>,
+    /// `<tool> = "<undo tool>"`: the server's tool that undoes another (called with the
+    /// original arguments and the result's fields); makes an idempotent, non-destructive
+    /// tool compensable.
+    #[serde(default)]
+    pub undo: BTreeMap<String, String>,
 }
 
 fn default_mcp_timeout() -> u64 {

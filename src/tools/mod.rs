@@ -14,6 +14,9 @@ use crate::config::{HttpCallConfig, ToolConfig, ToolingConfig};
 
 pub mod mcp;
 pub mod schema;
+mod task_tools;
+
+pub use task_tools::TaskTools;
 
 /// A failed tool call.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -106,7 +109,7 @@ impl ToolRegistry {
         &self,
         servers: &BTreeMap<String, crate::config::McpServerConfig>,
     ) -> anyhow::Result<()> {
-        for (name, server) in servers {
+        for (name, server) in servers.iter().filter(|(_, s)| !s.url.is_empty()) {
             let url = reqwest::Url::parse(&server.url)
                 .map_err(|e| anyhow::anyhow!("mcp_servers.{name}.url is not a URL: {e}"))?;
             if !matches!(url.scheme(), "http" | "https") {
@@ -140,34 +143,74 @@ impl ToolRegistry {
         Ok(())
     }
 
-    /// Adds the tools of connected MCP servers (`<server>.<tool>`), next to the configured
-    /// ones; a name taken by a configured tool is refused.
-    pub fn with_mcp(mut self, mcp: mcp::McpTools) -> anyhow::Result<Self> {
-        for (name, (_, _, tool)) in &mcp.tools {
-            if self.tools.contains_key(name) {
-                anyhow::bail!("MCP tool `{name}` has the name of a configured tool");
-            }
-            let schema = schema::ArgsSchema::compile(&tool.args_schema)
-                .map_err(|e| anyhow::anyhow!("MCP tool `{name}`: input schema: {e}"))?;
-            self.schemas.insert(name.clone(), schema);
-            self.tools.insert(name.clone(), tool.clone());
-        }
-        self.mcp = Some(Arc::new(mcp));
-        Ok(self)
+    /// Adds the tools of connected MCP servers. Tasks see them through the specs pinned in
+    /// their agent version (`resolve_mcp`, `TaskTools`).
+    pub fn with_mcp(mut self, mcp: Arc<mcp::McpTools>) -> Self {
+        self.mcp = Some(mcp);
+        self
+    }
+
+    pub fn mcp(&self) -> Option<&Arc<mcp::McpTools>> {
+        self.mcp.as_ref()
     }
 
     /// The MCP servers and their tools, for the admin API (`{"servers": []}` without any).
-    pub fn mcp_servers(&self) -> Value {
-        self.mcp
-            .as_ref()
-            .map_or_else(|| json!({ "servers": [] }), |m| m.describe())
+    pub async fn mcp_servers(&self) -> Value {
+        match &self.mcp {
+            Some(m) => m.describe().await,
+            None => json!({ "servers": [] }),
+        }
+    }
+
+    /// The MCP tools a workflow names (`tool` of tool nodes, `tools` of agent nodes, with
+    /// `<server>.*` for all of a server's), as offered now, with their undo tools: what an
+    /// agent version pins. Names that are not MCP tools are left to the workflow's checks.
+    pub fn resolve_mcp(&self, workflow: Option<&Value>) -> BTreeMap<String, mcp::McpToolSpec> {
+        let mut out = BTreeMap::new();
+        let (Some(mcp), Some(workflow)) = (&self.mcp, workflow) else {
+            return out;
+        };
+        let nodes = workflow["nodes"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let named = nodes.iter().flat_map(|n| {
+            let one = n["tool"].as_str().into_iter();
+            let many = n["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str);
+            one.chain(many)
+        });
+        for name in named {
+            let names = match name.strip_suffix(".*") {
+                Some(server) => mcp.live_of(server),
+                None => vec![name.to_string()],
+            };
+            for name in names {
+                if let Some(spec) = mcp.live(&name) {
+                    let undo = spec.undo.as_ref().map(|u| format!("{}.{u}", spec.server));
+                    if let Some(undo) = undo.and_then(|u| mcp.live(&u).map(|s| (u, s))) {
+                        out.insert(undo.0, undo.1);
+                    }
+                    out.insert(name, spec);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `server` is a configured MCP server.
+    pub fn is_mcp_server(&self, server: &str) -> bool {
+        self.mcp.as_ref().is_some_and(|m| m.has_server(server))
     }
 
     pub fn get(&self, name: &str) -> Option<&ToolConfig> {
         self.tools.get(name)
     }
 
-    /// Checks `args` against tool `name`'s `args_schema`.
+    /// Checks `args` against configured tool `name`'s `args_schema`.
     pub fn check_args(&self, name: &str, args: &Value) -> Result<(), String> {
         match self.schemas.get(name) {
             Some(schema) => schema.check(args),
@@ -179,20 +222,7 @@ impl ToolRegistry {
         self.tools.keys()
     }
 
-    /// The functions offered to the model for `names`, for an agent loop.
-    pub fn function_specs(&self, names: &[String]) -> Vec<crate::llm::ToolSpec> {
-        names
-            .iter()
-            .filter_map(|n| self.tools.get(n).map(|t| (n, t)))
-            .map(|(name, tool)| crate::llm::ToolSpec {
-                name: mcp::function_name(name),
-                description: tool.description.clone(),
-                parameters: tool.args_schema.clone(),
-            })
-            .collect()
-    }
-
-    /// Calls tool `name` with validated `args`, carrying `idempotency_key`.
+    /// Calls configured tool `name` with validated `args`, carrying `idempotency_key`.
     #[tracing::instrument(skip_all, fields(tool = %name, key = %idempotency_key))]
     pub async fn call(
         &self,
@@ -206,16 +236,6 @@ impl ToolRegistry {
             .ok_or_else(|| ToolError::permanent(format!("no tool named `{name}`")))?;
         self.check_args(name, args)
             .map_err(|e| ToolError::permanent(format!("invalid arguments for `{name}`: {e}")))?;
-        if let Some((server, tool_name, _)) = self.mcp.as_ref().and_then(|m| m.tools.get(name)) {
-            let mcp = self.mcp.as_ref().expect("checked above");
-            return mcp
-                .call(server, tool_name, args, idempotency_key)
-                .await
-                .map_err(|e| ToolError {
-                    message: e.message,
-                    retryable: e.retryable,
-                });
-        }
         let context = json!({ "args": args });
         self.http(
             &tool.call(),
@@ -225,6 +245,26 @@ impl ToolRegistry {
             idempotency_key,
         )
         .await
+    }
+
+    /// Calls `tool` of MCP server `server` (a tool pinned in the task's agent version).
+    #[tracing::instrument(skip_all, fields(server = %server, tool = %tool, key = %idempotency_key))]
+    pub async fn call_mcp(
+        &self,
+        server: &str,
+        tool: &str,
+        args: &Value,
+        idempotency_key: &str,
+    ) -> Result<Value, ToolError> {
+        let mcp = self.mcp.as_ref().ok_or_else(|| {
+            ToolError::permanent(format!("MCP server `{server}` is not configured"))
+        })?;
+        mcp.call(server, tool, args, idempotency_key, self.max_response_bytes)
+            .await
+            .map_err(|e| ToolError {
+                message: e.message,
+                retryable: e.retryable,
+            })
     }
 
     /// Runs the undo call of compensable tool `name` for a call that returned `result`.

@@ -397,7 +397,7 @@ pub fn with_test_settings(c: &mut Config, db_url: &str, model_url: &str, reply_u
 
 /// Publishes the agents `cfg` declares, as `App::build` does.
 pub async fn publish_agents(store: &Store, cfg: &Config) -> anyhow::Result<()> {
-    let tools = assistd::tools::ToolRegistry::new(&cfg.tools, &cfg.tooling)?;
+    let tools = std::sync::Arc::new(assistd::tools::ToolRegistry::new(&cfg.tools, &cfg.tooling)?);
     let models = assistd::llm::ModelClients::new(&cfg.llm)?;
     assistd::agents::publish_configured_agents(store, cfg, &tools, &models).await
 }

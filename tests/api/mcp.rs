@@ -118,10 +118,8 @@ impl McpServer {
             "desk".into(),
             assistd::config::McpServerConfig {
                 url: format!("http://127.0.0.1:{}/mcp", self.port),
-                bearer_token: String::new(),
-                tools: Vec::new(),
                 timeout_secs: 20,
-                kinds: Default::default(),
+                ..Default::default()
             },
         );
     }
@@ -281,10 +279,8 @@ async fn an_mcp_server_on_an_internal_address_is_refused_at_start_up() {
         "inside".into(),
         assistd::config::McpServerConfig {
             url: format!("http://127.0.0.1:{port}/mcp"),
-            bearer_token: String::new(),
-            tools: Vec::new(),
             timeout_secs: 2,
-            kinds: Default::default(),
+            ..Default::default()
         },
     );
     let refused = assistd::App::build(config.clone())

@@ -28,7 +28,7 @@ impl Runner<'_> {
         let mut head = vec![system.clone()];
         head.extend(self.history.iter().cloned());
         head.push(prompt.clone());
-        let specs = self.svc.tools.function_specs(&node.tools);
+        let specs = self.tools.function_specs(&node.tools);
         let every = self.svc.config.context.summary_every_steps as usize;
         // Room for the loop's rounds: the history budget less the history and the prompt.
         let budget = self
@@ -317,14 +317,15 @@ impl Runner<'_> {
         args: Value,
     ) -> Result<Result<Value, String>, Stop> {
         let svc = self.svc;
-        let tool = svc
-            .tools
+        let tools = self.tools.clone();
+        let tools = &*tools;
+        let tool = tools
             .get(name)
             .ok_or_else(|| {
                 Stop::Failed(FailureType::ToolFailed, format!("no tool named `{name}`"))
             })?
             .clone();
-        if let Err(e) = svc.tools.check_args(name, &args) {
+        if let Err(e) = tools.check_args(name, &args) {
             return Ok(Err(format!("invalid arguments for `{name}`: {e}")));
         }
         if tool.kind == ToolKind::Irreversible {
@@ -365,7 +366,7 @@ impl Runner<'_> {
                 &args,
                 tool.is_idempotent(),
                 move |key| async move {
-                    tool_outcome(svc.tools.call(name, args_ref, &key).await, plan)
+                    tool_outcome(tools.call(name, args_ref, &key).await, plan)
                 },
             )
             .await?;

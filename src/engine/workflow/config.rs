@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::tools::ToolRegistry;
+use crate::tools::TaskTools;
 
 /// Most model/tool rounds an `agent` node may take.
 pub const MAX_AGENT_STEPS: u32 = 100;
@@ -126,7 +126,7 @@ impl Workflow {
     /// whether the agent names approvers (a human_confirm node needs some).
     pub fn parse(
         value: &Value,
-        tools: &ToolRegistry,
+        tools: &TaskTools,
         has_approvers: bool,
     ) -> Result<Workflow, String> {
         let object = value.as_object().ok_or("workflow must be a JSON object")?;
@@ -149,7 +149,12 @@ impl Workflow {
         let mut nodes = Vec::new();
         let mut index = HashMap::new();
         for (i, raw) in raw_nodes.iter().enumerate() {
-            let node = parse_node(raw, i)?;
+            let mut node = parse_node(raw, i)?;
+            if let NodeKind::Agent(n) = &mut node.kind {
+                n.tools = tools
+                    .expand(&n.tools)
+                    .map_err(|e| format!("node `{}`: field `tools`: {e}", node.id))?;
+            }
             if index.insert(node.id.clone(), nodes.len()).is_some() {
                 return Err(format!("node `{}`: duplicate id", node.id));
             }
@@ -165,7 +170,7 @@ impl Workflow {
     }
 
     // long: one check per workflow rule, each naming the node; a flat list.
-    fn check(&self, tools: &ToolRegistry, has_approvers: bool) -> Result<(), String> {
+    fn check(&self, tools: &TaskTools, has_approvers: bool) -> Result<(), String> {
         if self.node(&self.start).is_none() {
             return Err(format!(
                 "workflow: `start` names unknown node `{}`",

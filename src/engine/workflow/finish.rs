@@ -17,6 +17,8 @@ impl Runner<'_> {
     /// Undoes the finished compensable steps, newest first; each undo is a journalled step.
     pub(super) async fn compensate(&mut self) -> Result<(), RunError> {
         let svc = self.svc;
+        let tools = self.tools.clone();
+        let tools = &*tools;
         let tooling = &svc.config.tooling;
         let plan = RetryPlan {
             max_tries: tooling.read_only_attempts,
@@ -33,7 +35,7 @@ impl Runner<'_> {
                     &input,
                     true,
                     move |key| async move {
-                        tool_outcome(svc.tools.undo(tool, args, result, &key).await, plan)
+                        tool_outcome(tools.undo(tool, args, result, &key).await, plan)
                     },
                 )
                 .await;

@@ -92,6 +92,8 @@ pub(super) struct Runner<'a> {
     /// The conversation's earlier exchanges that fit the history budget, oldest first:
     /// `history` in templates and the turns before the prompt in `llm` and `agent` calls.
     pub(super) history: Vec<ChatMessage>,
+    /// The tools this task may use: the configured ones and its pinned MCP tools.
+    pub(super) tools: std::sync::Arc<crate::tools::TaskTools>,
 }
 
 /// A declined approval met in the journal.
@@ -156,7 +158,9 @@ impl<'a> Runner<'a> {
             .workflow
             .as_ref()
             .ok_or_else(|| RunError::Corrupt("workflow agent without a workflow".into()))?;
-        let workflow = Workflow::parse(raw, &svc.tools, !ctx.agent.approvers.is_empty())
+        let tools = crate::tools::TaskTools::new(svc.tools.clone(), &ctx.agent.mcp_tools)
+            .map_err(|e| RunError::Corrupt(format!("snapshotted MCP tools are invalid: {e}")))?;
+        let workflow = Workflow::parse(raw, &tools, !ctx.agent.approvers.is_empty())
             .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
         let journal = svc
             .store
@@ -181,6 +185,7 @@ impl<'a> Runner<'a> {
                 .unwrap_or_default(),
             declined: None,
             history: Vec::new(),
+            tools: std::sync::Arc::new(tools),
         };
         let mut runner = runner;
         runner.history = runner.recent_history().await?;
