@@ -4,6 +4,7 @@
 //! it is not installed.
 
 use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -12,116 +13,159 @@ use crate::binary::free_port;
 use crate::helpers::*;
 use crate::strict_model::ModelReply;
 
-const SERVER: &str = r#"
-import sys
-from mcp.server.fastmcp import FastMCP, Context
-from mcp.types import ToolAnnotations
+/// The server the tests run: a few tools of each kind (see the script).
+pub const DESK: &str = include_str!("mcp_desk.py");
 
-port, log = int(sys.argv[1]), sys.argv[2]
-mcp = FastMCP("desk", host="127.0.0.1", port=port)
-
-def record(ctx, line):
-    meta = ctx.request_context.meta
-    key = (meta.model_extra or {}).get("io.assistd/idempotency-key") if meta else None
-    with open(log, "a") as f:
-        f.write(f"{line} key={key}\n")
-
-@mcp.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def lookup(ticket: str, ctx: Context) -> str:
-    """Looks a ticket up."""
-    record(ctx, f"lookup {ticket}")
-    return f"{ticket} is open"
-
-@mcp.tool(annotations=ToolAnnotations(destructiveHint=True))
-def send(to: str, text: str, ctx: Context) -> str:
-    """Sends a message to someone."""
-    record(ctx, f"send {to} {text}")
-    return "sent"
-
-@mcp.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def broken(ticket: str, ctx: Context) -> str:
-    """Always fails."""
-    record(ctx, f"broken {ticket}")
-    raise ValueError(f"no such ticket {ticket}")
-
-mcp.run(transport="streamable-http")
-"#;
-
-/// A FastMCP server on 127.0.0.1, stopped on drop; its calls are logged to `log`.
-struct McpServer {
-    child: Child,
-    port: u16,
-    log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
+/// A FastMCP server, stopped on drop: over streamable HTTP on 127.0.0.1 (started here), or
+/// over stdio (started by assistd from `configure`). Its calls are logged to `log`.
+pub struct McpServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub log: std::path::PathBuf,
+    script: std::path::PathBuf,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for McpServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
+/// The Python with `mcp`, or `None` (with the reason printed) where it is not installed
+/// and not required.
+pub fn mcp_python() -> Option<String> {
+    let python = crate::real_model::python();
+    let required = std::env::var("ASSISTD_TEST_MCP").is_ok_and(|m| m == "require");
+    let available = Command::new(&python)
+        .args(["-c", "import mcp.server.fastmcp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !available {
+        assert!(
+            !required,
+            "ASSISTD_TEST_MCP=require, but `mcp` is not importable"
+        );
+        eprintln!("skipping the MCP test: the Python package `mcp` is not installed");
+        return None;
+    }
+    Some(python)
+}
+
 impl McpServer {
-    async fn start() -> Option<McpServer> {
-        let python = crate::real_model::python();
-        let required = std::env::var("ASSISTD_TEST_MCP").is_ok_and(|m| m == "require");
-        let available = Command::new(&python)
-            .args(["-c", "import mcp.server.fastmcp"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !available {
-            assert!(
-                !required,
-                "ASSISTD_TEST_MCP=require, but `mcp` is not importable"
-            );
-            eprintln!("skipping the MCP test: the Python package `mcp` is not installed");
-            return None;
-        }
+    /// Over streamable HTTP, started now.
+    pub async fn start() -> Option<McpServer> {
+        let mut server = Self::stdio()?;
+        server.port = free_port();
+        server.restart().await;
+        Some(server)
+    }
+
+    /// Over stdio: nothing runs until assistd starts it.
+    pub fn stdio() -> Option<McpServer> {
+        mcp_python()?;
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("desk.py");
-        std::fs::write(&script, SERVER).unwrap();
-        let log = dir.path().join("calls.log");
-        let port = free_port();
-        let child = Command::new(&python)
-            .arg(&script)
-            .arg(port.to_string())
-            .arg(&log)
+        std::fs::write(&script, DESK).unwrap();
+        Some(McpServer {
+            child: None,
+            port: 0,
+            log: dir.path().join("calls.log"),
+            script,
+            dir,
+        })
+    }
+
+    /// Stops the HTTP server (SIGKILL).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the HTTP server (again) on its port.
+    pub async fn restart(&mut self) {
+        self.stop();
+        let child = Command::new(crate::real_model::python())
+            .arg(&self.script)
+            .args([
+                "http",
+                &self.log.display().to_string(),
+                &self.port.to_string(),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start the MCP server");
-        let server = McpServer {
-            child,
-            port,
-            log,
-            _dir: dir,
-        };
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(Instant::now() < deadline, "the MCP server did not start");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Some(server)
     }
 
-    fn calls(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
+    /// The logged calls, without the pid.
+    pub fn calls(&self) -> Vec<String> {
+        self.calls_with_pid()
+            .into_iter()
+            .map(|(line, _)| line)
             .collect()
     }
 
-    fn configure(&self, c: &mut assistd::Config) {
-        c.mcp_servers.insert(
-            "desk".into(),
-            assistd::config::McpServerConfig {
-                url: format!("http://127.0.0.1:{}/mcp", self.port),
-                timeout_secs: 20,
-                ..Default::default()
-            },
-        );
+    /// The logged calls and the pid of the server process that took each.
+    pub fn calls_with_pid(&self) -> Vec<(String, String)> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let (line, pid) = l.rsplit_once(" pid=").unwrap();
+                (line.to_string(), pid.to_string())
+            })
+            .collect()
+    }
+
+    /// The server's config: the HTTP URL, or the command that starts it over stdio.
+    pub fn server_config(&self) -> assistd::config::McpServerConfig {
+        let mut config = assistd::config::McpServerConfig {
+            timeout_secs: 20,
+            undo: [("create_ticket".to_string(), "delete_ticket".to_string())].into(),
+            ..Default::default()
+        };
+        if self.child.is_some() || self.port != 0 {
+            config.url = format!("http://127.0.0.1:{}/mcp", self.port);
+        } else {
+            // The interpreter itself: a pyenv shim would add its own variables.
+            let out = Command::new(crate::real_model::python())
+                .args(["-c", "import sys; print(sys.executable)"])
+                .output()
+                .unwrap();
+            config.command = vec![
+                String::from_utf8(out.stdout).unwrap().trim().to_string(),
+                self.script.display().to_string(),
+                "stdio".into(),
+                self.log.display().to_string(),
+            ];
+        }
+        config
+    }
+
+    pub fn configure(&self, c: &mut assistd::Config) {
+        c.mcp_servers.insert("desk".into(), self.server_config());
+    }
+
+    /// The TOML a user writes for this server, for the real binary.
+    pub fn toml(&self) -> String {
+        let c = self.server_config();
+        format!(
+            "[mcp_servers.desk]\nurl = \"{}\"\ntimeout_secs = 20\n\n[mcp_servers.desk.undo]\ncreate_ticket = \"delete_ticket\"\n",
+            c.url
+        )
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 }
 
@@ -198,6 +242,9 @@ async fn a_read_only_mcp_tool_is_offered_called_once_and_its_answer_reaches_the_
         .collect();
     assert_eq!(kinds["desk.lookup"], "read_only");
     assert_eq!(kinds["desk.send"], "irreversible");
+    // Idempotent and not destructive, with an undo configured: compensable.
+    assert_eq!(kinds["desk.create_ticket"], "compensable");
+    assert_eq!(kinds["desk.delete_ticket"], "irreversible");
     flow.app.stop().await;
 }
 
@@ -302,4 +349,254 @@ async fn an_mcp_server_on_an_internal_address_is_refused_at_start_up() {
         .expect("nothing speaks MCP there");
     assert!(!tried.to_string().contains("refusing"), "{tried}");
     db.drop_db().await;
+}
+
+/// Issue 21: a stdio server runs as a child process with the documented environment only
+/// (assistd's own, secrets included, is not passed on), and is started again when it dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_gets_only_its_environment_and_is_restarted_when_it_dies() {
+    let Some(server) = McpServer::stdio() else {
+        return;
+    };
+    let flow = crate::workflows::spawn_flow_scripted(
+        r#"{"start": "keys", "nodes": [
+  {"id": "keys", "type": "tool", "tool": "desk.env_keys", "args": {}, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.keys.result }}"}]}"#,
+        |_: &Value| ModelReply::text("unused"),
+        |c| {
+            let mut config = server.server_config();
+            config.env.insert("DESK_TOKEN".into(), "t0k".into());
+            c.mcp_servers.insert("desk".into(), config);
+        },
+    )
+    .await;
+    let app = &flow.app;
+    let listed: Value = app
+        .http
+        .get(format!("{}/api/admin/mcp", app.addr))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["servers"][0]["transport"], "stdio");
+    assert_eq!(listed["servers"][0]["connected"], true);
+    let id = task_id_of(app.post_message(&message("mcp-env", 1, "env?")).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    let keys: Vec<String> = task["reply"]["content"]["text"]
+        .as_str()
+        .unwrap()
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    assert!(keys.contains(&"DESK_TOKEN".to_string()), "{keys:?}");
+    // The test process has CARGO_* and ASSISTD_TEST_* variables; none reach the server.
+    // (Python itself may set LC_CTYPE when the locale is C.)
+    for key in &keys {
+        assert!(
+            assistd::tools::mcp::STDIO_ENV.contains(&key.as_str())
+                || key == "DESK_TOKEN"
+                || key == "LC_CTYPE",
+            "{key} was passed on: {keys:?}"
+        );
+    }
+    // The server dies; the next call starts it again.
+    let pid = server.calls_with_pid()[0].1.clone();
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id = task_id_of(app.post_message(&message("mcp-env", 2, "again?")).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    let calls = server.calls_with_pid();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_ne!(calls[1].1, pid, "a new server process took the call");
+    flow.app.stop().await;
+}
+
+/// Issue 21: an idempotent, non-destructive tool with an undo tool configured is
+/// compensable: it runs without approval, and a later failure calls the undo tool with the
+/// original arguments and the result's fields (here the ticket id), once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_tool_with_an_undo_is_undone_when_a_later_step_fails() {
+    let Some(server) = McpServer::start().await else {
+        return;
+    };
+    let flow = crate::workflows::spawn_flow_scripted(
+        r#"{"start": "open", "nodes": [
+  {"id": "open", "type": "tool", "tool": "desk.create_ticket", "args": {"title": "{{ message.text }}"}, "next": "check"},
+  {"id": "check", "type": "tool", "tool": "desk.broken", "args": {"ticket": "{{ steps.open.id }}"}, "next": "done"},
+  {"id": "done", "type": "reply", "text": "opened {{ steps.open.id }}"}]}"#,
+        |_: &Value| ModelReply::text("unused"),
+        |c| server.configure(c),
+    )
+    .await;
+    let app = &flow.app;
+    let id = task_id_of(
+        app.post_message(&message("mcp-saga", 1, "printer jam"))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "FAILED", "{task:#}");
+    assert_eq!(task["failure_type"], "TOOL_FAILED");
+    let steps: Vec<(String, String)> = task["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["tool"].as_str().unwrap_or("").to_string(),
+                s["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("desk.create_ticket".to_string(), "COMPENSATED".to_string()),
+            ("desk.broken".to_string(), "FAILED".to_string()),
+            (
+                "undo:desk.create_ticket".to_string(),
+                "SUCCEEDED".to_string()
+            ),
+        ],
+        "{task:#}"
+    );
+    let calls = server.calls();
+    let names: Vec<&str> = calls
+        .iter()
+        .map(|c| c.split(" key=").next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "create_ticket printer jam",
+            "broken T-7",
+            "delete_ticket T-7"
+        ]
+    );
+    flow.app.stop().await;
+}
+
+/// What the model of the list-changed test saw offered, per message.
+type Offered = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<String>)>>>;
+
+/// Issue 21: `notifications/tools/list_changed` makes assistd list the tools again and
+/// publish the agent anew: a new task is offered the new list; the running task keeps the
+/// list it started with, and its call of a tool the server took away fails with a clear
+/// error (which the model sees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_tool_list_reaches_new_tasks_and_not_running_ones() {
+    let Some(server) = McpServer::start().await else {
+        return;
+    };
+    let offered: Offered = Default::default();
+    let seen = offered.clone();
+    let flow = crate::workflows::spawn_flow_scripted(
+        r#"{"start": "loop", "nodes": [
+  {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["desk.*"], "max_steps": 4, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.loop.text }}"}]}"#,
+        move |body: &Value| {
+            let messages = body["messages"].as_array().unwrap();
+            let grow = messages
+                .iter()
+                .any(|m| m["role"] == "user" && m["content"] == "grow");
+            let text = if grow { "grow" } else { "list" }.to_string();
+            let tools: Vec<String> = body["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect();
+            if tools.is_empty() {
+                // A summary of the loop's rounds, asked without tools.
+                return ModelReply::text("summary");
+            }
+            seen.lock().unwrap().push((text.clone(), tools.clone()));
+            let results: Vec<&str> = messages
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| m["content"].as_str().unwrap())
+                .collect();
+            match (text.as_str(), results.len()) {
+                ("grow", 0) => ModelReply::calls(&[("desk__grow", json!({}))]),
+                ("grow", 1) => {
+                    // Time for the notification to be handled before the next call.
+                    std::thread::sleep(Duration::from_millis(1500));
+                    ModelReply::calls(&[("desk__gone", json!({}))])
+                }
+                ("grow", _) => ModelReply::text(format!("gone said: {}", results[1])),
+                _ => ModelReply::text(format!("offered: {}", tools.join(","))),
+            }
+        },
+        |c| {
+            server.configure(c);
+            c.context.summary_every_steps = 100;
+        },
+    )
+    .await;
+    let app = &flow.app;
+    let first = task_id_of(app.post_message(&message("mcp-grow", 1, "grow")).await).await;
+    let task = app.wait_replied(first, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    let reply = task["reply"]["content"]["text"].as_str().unwrap();
+    assert!(
+        reply.contains("gone said:") && reply.contains("no longer offered by server `desk`"),
+        "{reply}"
+    );
+    // The running task was offered the list it started with, on every turn.
+    for (text, tools) in offered.lock().unwrap().iter() {
+        assert_eq!(text, "grow");
+        assert!(tools.contains(&"desk__gone".to_string()), "{tools:?}");
+        assert!(!tools.contains(&"desk__extra".to_string()), "{tools:?}");
+    }
+    let second = task_id_of(app.post_message(&message("mcp-grow-2", 1, "list")).await).await;
+    let task = app.wait_replied(second, WAIT).await;
+    let reply = task["reply"]["content"]["text"].as_str().unwrap();
+    assert!(reply.contains("desk__extra"), "{reply}");
+    assert!(!reply.contains("desk__gone"), "{reply}");
+    let calls = server.calls();
+    assert!(!calls.iter().any(|c| c.starts_with("gone")), "{calls:?}");
+    flow.app.stop().await;
+}
+
+/// Issue 21: a server that restarts while a task waits between two of its calls is
+/// reached again for the second; each call runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_mid_task_is_reconnected() {
+    let Some(mut server) = McpServer::start().await else {
+        return;
+    };
+    let flow = crate::workflows::spawn_flow_scripted(
+        r#"{"start": "look", "nodes": [
+  {"id": "look", "type": "tool", "tool": "desk.lookup", "args": {"ticket": "T-1"}, "next": "send"},
+  {"id": "send", "type": "tool", "tool": "desk.send", "args": {"to": "ops", "text": "{{ steps.look.result }}"}, "next": "done"},
+  {"id": "done", "type": "reply", "text": "done: {{ steps.send.result }}"}]}"#,
+        |_: &Value| ModelReply::text("unused"),
+        |c| server.configure(c),
+    )
+    .await;
+    let app = &flow.app;
+    let id = task_id_of(app.post_message(&message("mcp-restart", 1, "go")).await).await;
+    app.wait_task(id, WAIT, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    server.restart().await;
+    assert_eq!(app.confirm(id, "approve", "alice").await.status(), 200);
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    assert_eq!(task["reply"]["content"]["text"], "done: sent");
+    let calls = server.calls_with_pid();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls[1].0.starts_with("send ops T-1 is open"), "{calls:?}");
+    assert_ne!(calls[0].1, calls[1].1, "the restarted server took the send");
+    flow.app.stop().await;
 }
