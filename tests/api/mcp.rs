@@ -23,7 +23,7 @@ pub struct McpServer {
     pub port: u16,
     pub log: std::path::PathBuf,
     script: std::path::PathBuf,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl Drop for McpServer {
@@ -72,7 +72,7 @@ impl McpServer {
             port: 0,
             log: dir.path().join("calls.log"),
             script,
-            dir,
+            _dir: dir,
         })
     }
 
@@ -162,10 +162,6 @@ impl McpServer {
             "[mcp_servers.desk]\nurl = \"{}\"\ntimeout_secs = 20\n\n[mcp_servers.desk.undo]\ncreate_ticket = \"delete_ticket\"\n",
             c.url
         )
-    }
-
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
     }
 }
 

@@ -213,6 +213,15 @@ impl BinaryFlow {
         (id, task, server)
     }
 
+    /// Adds `toml` to the overlay the binary reads.
+    fn extend_overlay(&self, toml: &str) {
+        let path = self.dir.path().join("overlay.toml");
+        let mut overlay = std::fs::read_to_string(&path).unwrap();
+        overlay.push('\n');
+        overlay.push_str(toml);
+        std::fs::write(path, overlay).unwrap();
+    }
+
     async fn wait_calls(&self, method_name: &str, prefix: &str, n: usize) {
         let deadline = Instant::now() + WAIT;
         while calls_to(&self.tools, method_name, prefix).await < n {
@@ -412,6 +421,81 @@ async fn a_long_loop_resumes_from_its_summary_and_last_steps() {
     distinct.sort();
     distinct.dedup();
     assert!(keys.len() <= distinct.len() + 1, "{keys:?}");
+    assert_eq!(server.terminate(), Some(0));
+    flow.db.drop_db().await;
+}
+
+/// Issue 21: an MCP tool the server marks destructive, killed mid-call after its approval,
+/// is UNKNOWN after the restart and not called again (the journal and its key, as for HTTP
+/// tools); the server is a FastMCP one from the reference SDK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_destructive_mcp_call_leaves_it_unknown_and_not_repeated() {
+    let Some(mcp) = crate::mcp::McpServer::start().await else {
+        return;
+    };
+    let flow = BinaryFlow::new(
+        r#"{"start": "send", "nodes": [
+  {"id": "send", "type": "tool", "tool": "desk.slow_send", "args": {"to": "{{ message.text }}"}, "next": "done"},
+  {"id": "done", "type": "reply", "text": "sent: {{ steps.send.result }}"}]}"#,
+        "/unused",
+        Duration::from_secs(1),
+    )
+    .await;
+    flow.extend_overlay(&mcp.toml());
+    let server = flow.start().await;
+    let id = flow.post(&message("wf-mcp", 1, "ops")).await;
+    flow.wait(id, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
+        .await;
+    let approve = |port: u16| async move {
+        let resp = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/api/tasks/{id}/confirm"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"decision": "approve", "approver": "alice"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    };
+    approve(flow.port).await;
+    let deadline = Instant::now() + WAIT;
+    while mcp.calls().is_empty() {
+        assert!(Instant::now() < deadline, "slow_send never called");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill();
+    let server = flow.start().await;
+    let send = |t: &Value| {
+        t["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["tool"] == "desk.slow_send")
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let task = flow
+        .wait(id, |t| {
+            t["status"] == "WAITING_HUMAN_CONFIRM" && send(t)["status"] == "UNKNOWN"
+        })
+        .await;
+    let pending = task["pending_actions"].as_array().unwrap();
+    assert!(
+        pending
+            .iter()
+            .any(|p| p["kind"] == "unknown_step" && p["decision"] == "PENDING"),
+        "{task:#}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = mcp.calls();
+    assert_eq!(calls.len(), 1, "not guessed at: {calls:?}");
+    assert_eq!(
+        calls[0],
+        format!(
+            "slow_send ops key={}",
+            send(&task)["idempotency_key"].as_str().unwrap()
+        ),
+        "the step's key went in _meta"
+    );
     assert_eq!(server.terminate(), Some(0));
     flow.db.drop_db().await;
 }
