@@ -13,8 +13,9 @@ use crate::engine::workflow::config::Workflow;
 use crate::llm::ModelClients;
 use crate::store::Store;
 use crate::store::agents::Published;
+use crate::tools::ToolRegistry;
 use crate::tools::mcp::McpToolSpec;
-use crate::tools::{TaskTools, ToolRegistry};
+use crate::tools::task_tools::TaskTools;
 
 /// What an agent version holds; stored as JSON in `agent_version.definition` and copied
 /// into the task when it is claimed.

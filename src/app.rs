@@ -50,7 +50,11 @@ impl App {
         let mut tools = crate::tools::ToolRegistry::new(&config.tools, &config.tooling)?;
         if !config.mcp_servers.is_empty() {
             tools.check_mcp_urls(&config.mcp_servers).await?;
-            let mcp = crate::tools::mcp::McpTools::connect(&config.mcp_servers).await?;
+            let mcp = crate::tools::mcp::McpTools::connect(
+                &config.mcp_servers,
+                &config.tooling.allowed_private_hosts,
+            )
+            .await?;
             if let Some(taken) = tools.names().find(|n| mcp.live(n).is_some()) {
                 anyhow::bail!("MCP tool `{taken}` has the name of a configured tool");
             }

@@ -76,6 +76,9 @@ struct Server {
     shown: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     handler: Handler,
+    /// The HTTP client for `url`: its resolver refuses internal addresses at every
+    /// connection, unless the host is on `tooling.allowed_private_hosts`.
+    http: Option<reqwest_mcp::Client>,
 }
 
 /// The configured servers, their connections and the tools they offer now.
@@ -140,7 +143,10 @@ pub fn check_config(name: &str, server: &McpServerConfig) -> anyhow::Result<()> 
 impl McpTools {
     /// Connects to every server and lists its tools; an unreachable server or a refused
     /// listing stops the start-up, naming the server. Watches for changed tool lists.
-    pub async fn connect(configs: &BTreeMap<String, McpServerConfig>) -> anyhow::Result<Arc<Self>> {
+    pub async fn connect(
+        configs: &BTreeMap<String, McpServerConfig>,
+        allowed_private_hosts: &[String],
+    ) -> anyhow::Result<Arc<Self>> {
         let (changed, mut changed_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut servers = BTreeMap::new();
         for (name, config) in configs {
@@ -150,9 +156,19 @@ impl McpTools {
             } else {
                 crate::redaction::redact(&config.url)
             };
+            let http = if config.url.is_empty() {
+                None
+            } else {
+                Some(http_client(
+                    &config.url,
+                    allowed_private_hosts,
+                    config.timeout_secs,
+                )?)
+            };
             servers.insert(
                 name.clone(),
                 Server {
+                    http,
                     config: config.clone(),
                     timeout: Duration::from_secs(config.timeout_secs.max(1)),
                     shown,
@@ -412,7 +428,9 @@ async fn open(server: &Server) -> Result<Client, String> {
                 .map_err(|e| format!("header `{name}`: {e}"))?;
             headers.insert(name, value);
         }
-        let transport = StreamableHttpClientTransport::from_config(http.custom_headers(headers));
+        let client = server.http.clone().ok_or("no HTTP client for a URL")?;
+        let transport =
+            StreamableHttpClientTransport::with_client(client, http.custom_headers(headers));
         tokio::time::timeout(timeout, handler.serve(transport)).await
     } else {
         let transport = spawn(&server.handler.server, config)?;
@@ -421,6 +439,35 @@ async fn open(server: &Server) -> Result<Client, String> {
     served
         .map_err(|_| format!("no answer from {} in {timeout:?}", server.shown))?
         .map_err(|e| format!("cannot connect to {}: {e}", server.shown))
+}
+
+/// The HTTP client for an MCP server at `url`: no redirects, no proxy from the environment
+/// (it would resolve the name past the guard), and a resolver that keeps public addresses
+/// only, unless the host is allowed.
+fn http_client(
+    url: &str,
+    allowed_private_hosts: &[String],
+    timeout_secs: u64,
+) -> anyhow::Result<reqwest_mcp::Client> {
+    let host = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_ascii_lowercase))
+        .unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let builder = reqwest_mcp::Client::builder()
+        .redirect(reqwest_mcp::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(timeout_secs.max(1)));
+    let allowed = allowed_private_hosts
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(host));
+    let builder = if allowed {
+        builder
+    } else {
+        builder
+            .no_proxy()
+            .dns_resolver(Arc::new(super::ssrf::PublicOnlyResolver))
+    };
+    Ok(builder.build()?)
 }
 
 /// Starts a stdio server: its program from the config, an environment of `STDIO_ENV` and
@@ -572,5 +619,38 @@ mod tests {
         assert!(e.contains("mcp_servers.s.kinds.create"), "{e}");
         c.undo.insert("create".into(), "delete".into());
         assert!(check_config("s", &c).is_ok());
+    }
+
+    /// Attack: an MCP URL whose name resolves to an internal address at connection time
+    /// (not only at start-up) is refused by the client rmcp is given; the server is never
+    /// reached. On the allow list it is.
+    #[tokio::test]
+    async fn the_mcp_http_client_refuses_internal_addresses_at_each_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!(
+            "http://localhost:{}/mcp",
+            listener.local_addr().unwrap().port()
+        );
+        let err = http_client(&url, &[], 2)
+            .unwrap()
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .unwrap_err();
+        let chain = format!("{err:?}");
+        assert!(chain.contains("internal addresses"), "{chain}");
+        assert!(listener.accept().is_err(), "the server was contacted");
+        let _ = http_client(&url, &["localhost".into()], 2)
+            .unwrap()
+            .get(&url)
+            .timeout(Duration::from_millis(300))
+            .send()
+            .await;
+        assert!(
+            listener.accept().is_ok(),
+            "allowed: the server is contacted"
+        );
     }
 }

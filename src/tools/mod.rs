@@ -4,7 +4,7 @@
 //! workflow runner does, so both are journalled).
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,9 +14,11 @@ use crate::config::{HttpCallConfig, ToolConfig, ToolingConfig};
 
 pub mod mcp;
 pub mod schema;
-mod task_tools;
+mod ssrf;
+pub mod task_tools;
 
-pub use task_tools::TaskTools;
+use ssrf::PublicOnlyResolver;
+pub use ssrf::is_internal;
 
 /// A failed tool call.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -411,79 +413,6 @@ impl ToolRegistry {
 pub fn render(template: &str, context: &Value) -> Result<String, ToolError> {
     crate::templating::render(template, context)
         .map_err(|e| ToolError::permanent(format!("template `{template}`: {e}")))
-}
-
-/// Loopback, link-local, private, unique-local, unspecified, multicast, broadcast,
-/// benchmarking or reserved; IPv6 forms that carry an IPv4 address (mapped, compatible,
-/// NAT64, 6to4) are judged by that address.
-pub fn is_internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || a == 0
-                // 100.64.0.0/10, carrier-grade NAT
-                || (a == 100 && (b & 0xc0) == 64)
-                // 198.18.0.0/15, benchmarking
-                || (a == 198 && (b & 0xfe) == 18)
-                // 240.0.0.0/4, reserved
-                || a >= 240
-        }
-        IpAddr::V6(v6) => {
-            let segments = v6.segments();
-            let embedded = |hi: u16, lo: u16| {
-                std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
-            };
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_internal(IpAddr::V4(v4));
-            }
-            // ::a.b.c.d (IPv4-compatible, deprecated but still routed by some stacks).
-            if segments[..6].iter().all(|s| *s == 0) && !v6.is_loopback() && !v6.is_unspecified() {
-                return is_internal(IpAddr::V4(embedded(segments[6], segments[7])));
-            }
-            // 64:ff9b::/96, NAT64.
-            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                return is_internal(IpAddr::V4(embedded(segments[6], segments[7])));
-            }
-            // 2002::/16, 6to4: the IPv4 address follows the prefix.
-            if segments[0] == 0x2002 {
-                return is_internal(IpAddr::V4(embedded(segments[1], segments[2])));
-            }
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || v6.is_unique_local()
-                || v6.is_unicast_link_local()
-        }
-    }
-}
-
-/// Resolves names and keeps only public addresses, so a tool cannot be pointed at the
-/// internal network through DNS.
-struct PublicOnlyResolver;
-
-impl reqwest::dns::Resolve for PublicOnlyResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        Box::pin(async move {
-            let host = name.as_str().to_string();
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .filter(|a| !is_internal(a.ip()))
-                .collect();
-            if addrs.is_empty() {
-                return Err(format!(
-                    "{host} resolves only to internal addresses (add it to tooling.allowed_private_hosts)"
-                )
-                .into());
-            }
-            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
 }
 
 #[cfg(test)]

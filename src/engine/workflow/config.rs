@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::tools::TaskTools;
+use crate::tools::task_tools::TaskTools;
 
 /// Most model/tool rounds an `agent` node may take.
 pub const MAX_AGENT_STEPS: u32 = 100;

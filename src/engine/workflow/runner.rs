@@ -93,7 +93,7 @@ pub(super) struct Runner<'a> {
     /// `history` in templates and the turns before the prompt in `llm` and `agent` calls.
     pub(super) history: Vec<ChatMessage>,
     /// The tools this task may use: the configured ones and its pinned MCP tools.
-    pub(super) tools: std::sync::Arc<crate::tools::TaskTools>,
+    pub(super) tools: std::sync::Arc<crate::tools::task_tools::TaskTools>,
 }
 
 /// A declined approval met in the journal.
@@ -158,8 +158,11 @@ impl<'a> Runner<'a> {
             .workflow
             .as_ref()
             .ok_or_else(|| RunError::Corrupt("workflow agent without a workflow".into()))?;
-        let tools = crate::tools::TaskTools::new(svc.tools.clone(), &ctx.agent.mcp_tools)
-            .map_err(|e| RunError::Corrupt(format!("snapshotted MCP tools are invalid: {e}")))?;
+        let tools =
+            crate::tools::task_tools::TaskTools::new(svc.tools.clone(), &ctx.agent.mcp_tools)
+                .map_err(|e| {
+                    RunError::Corrupt(format!("snapshotted MCP tools are invalid: {e}"))
+                })?;
         let workflow = Workflow::parse(raw, &tools, !ctx.agent.approvers.is_empty())
             .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
         let journal = svc
