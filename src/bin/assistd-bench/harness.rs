@@ -401,6 +401,17 @@ pub(crate) async fn tool_chain_server(
     mocks: &Mocks,
     n_steps: usize,
 ) -> anyhow::Result<(Server, tempfile::TempDir)> {
+    tool_chain_server_with(db, mocks, n_steps, "ping", "").await
+}
+
+/// `tool_chain_server` calling `tool`, with `extra` TOML (e.g. the MCP server of `tool`).
+pub(crate) async fn tool_chain_server_with(
+    db: &BenchDb,
+    mocks: &Mocks,
+    n_steps: usize,
+    tool: &str,
+    extra: &str,
+) -> anyhow::Result<(Server, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
     let mut nodes: Vec<Value> = (0..n_steps)
         .map(|i| {
@@ -409,7 +420,7 @@ pub(crate) async fn tool_chain_server(
             } else {
                 format!("s{}", i + 1)
             };
-            json!({"id": format!("s{i}"), "type": "tool", "tool": "ping", "args": {}, "next": next})
+            json!({"id": format!("s{i}"), "type": "tool", "tool": tool, "args": {}, "next": next})
         })
         .collect();
     nodes.push(json!({"id": "done", "type": "reply", "text": "done"}));
@@ -422,7 +433,7 @@ pub(crate) async fn tool_chain_server(
     std::fs::write(
         &overlay,
         format!(
-            "[tooling]\nallowed_private_hosts = [\"127.0.0.1\"]\n\n[tools.ping]\nkind = \"read_only\"\nmethod = \"GET\"\nurl = \"http://{}/tool\"\n\n[agents.steps]\nmode = \"workflow\"\nsystem_prompt = \"bench\"\nworkflow_file = \"{}\"\n",
+            "[tooling]\nallowed_private_hosts = [\"127.0.0.1\"]\n\n[tools.ping]\nkind = \"read_only\"\nmethod = \"GET\"\nurl = \"http://{}/tool\"\n\n[agents.steps]\nmode = \"workflow\"\nsystem_prompt = \"bench\"\nworkflow_file = \"{}\"\n{extra}",
             mocks.addr,
             workflow.display()
         ),

@@ -3,7 +3,7 @@
 //! figures per scenario; asserts nothing about speed.
 //!
 //! ```text
-//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|feedback|all> \
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|recovery|all> \
 //!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS] [--stream-ms MS]
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
@@ -13,6 +13,7 @@ use clap::{Parser, ValueEnum};
 
 mod feedback;
 mod harness;
+mod mcp;
 mod scenarios;
 
 use scenarios::*;
@@ -33,6 +34,9 @@ pub(crate) enum Scenario {
     /// Streamed answers on Telegram and Slack: time to the first feedback in the chat and
     /// platform calls per answer.
     Feedback,
+    /// Journalled MCP read-only tool steps per second against a local streamable-HTTP MCP
+    /// server, next to the same number of HTTP tool steps.
+    McpSteps,
     All,
 }
 
@@ -89,6 +93,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::Steps => steps(&args).await,
             Scenario::Context => context(&args).await,
             Scenario::Feedback => feedback::feedback(&args).await,
+            Scenario::McpSteps => mcp::mcp_steps(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
                 end_to_end(&args).await?;
@@ -96,6 +101,7 @@ fn main() -> anyhow::Result<()> {
                 steps(&args).await?;
                 context(&args).await?;
                 feedback::feedback(&args).await?;
+                mcp::mcp_steps(&args).await?;
                 recovery(&args).await
             }
         }
