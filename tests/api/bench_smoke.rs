@@ -41,6 +41,7 @@ fn every_benchmark_scenario_runs_at_small_n() {
         "context",
         "recovery",
         "feedback",
+        "mcp-steps",
     ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),

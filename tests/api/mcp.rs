@@ -596,3 +596,30 @@ async fn a_server_restarted_mid_task_is_reconnected() {
     assert_ne!(calls[0].1, calls[1].1, "the restarted server took the send");
     flow.app.stop().await;
 }
+
+/// The README's MCP snippet loads as configuration and each server in it passes the
+/// start-up checks (one transport, undo tools where compensable).
+#[test]
+fn the_readme_mcp_snippet_is_valid_configuration() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let snippet = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap())
+        .find(|s| s.contains("[mcp_servers."))
+        .expect("an MCP snippet in the README");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mcp.toml");
+    std::fs::write(&path, snippet).unwrap();
+    let config = assistd::Config::load_with_env(Some(&path), Vec::new())
+        .unwrap_or_else(|e| panic!("README MCP snippet: {e}\n{snippet}"));
+    assert_eq!(config.mcp_servers.len(), 2);
+    for (name, server) in &config.mcp_servers {
+        assistd::tools::mcp::check_config(name, server).unwrap();
+    }
+    assert_eq!(config.mcp_servers["files"].command[0], "python3");
+    assert_eq!(
+        config.mcp_servers["desk"].undo["create_ticket"],
+        "delete_ticket"
+    );
+}

@@ -46,7 +46,9 @@ impl ServerHandler for PingServer {
         _context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<CallToolResponse, rmcp::ErrorData>> + MaybeSendFuture + '_
     {
-        std::future::ready(Ok(CallToolResult::structured(json!({"value": "pong"})).into()))
+        std::future::ready(Ok(
+            CallToolResult::structured(json!({"value": "pong"})).into()
+        ))
     }
 }
 
