@@ -27,6 +27,9 @@ use crate::config::{McpServerConfig, ToolKind};
 /// The meta key a server that honours it can drop a repeated call by.
 pub const IDEMPOTENCY_META: &str = "io.assistd/idempotency-key";
 
+/// How often closed connections are looked for and opened again.
+const RECONNECT_EVERY: Duration = Duration::from_secs(5);
+
 /// What assistd's environment a stdio server is given (with the server's own `env`).
 pub const STDIO_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TMPDIR"];
 
@@ -200,6 +203,25 @@ impl McpTools {
                     && let Err(e) = mcp.list(&server, &client).await
                 {
                     tracing::warn!(server = %server, error = %e, "MCP tools/list failed");
+                }
+            }
+        });
+        // A connection that closed (a stdio child that died, a server gone) is opened again
+        // here too, not only at the next call, so its notifications are heard meanwhile.
+        let weak = Arc::downgrade(&mcp);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RECONNECT_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(mcp) = weak.upgrade() else { break };
+                for name in mcp.servers.keys() {
+                    let slot = mcp.servers[name].client.lock().await.clone();
+                    if slot.is_none_or(|c| c.is_transport_closed())
+                        && let Err(e) = mcp.client(name).await
+                    {
+                        tracing::warn!(server = %name, error = %e, "MCP server unreachable");
+                    }
                 }
             }
         });

@@ -408,7 +408,21 @@ async fn a_stdio_server_gets_only_its_environment_and_is_restarted_when_it_dies(
             .unwrap()
             .success()
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Started again by the watcher, before any call needs it.
+    let starts = server.log.with_extension("log.starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&starts)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the stdio server was not started again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let id = task_id_of(app.post_message(&message("mcp-env", 2, "again?")).await).await;
     let task = app.wait_replied(id, WAIT).await;
     assert_eq!(task["status"], "SUCCEEDED", "{task:#}");

@@ -46,6 +46,16 @@ async def slow_send(to: str, ctx: Context) -> str:
 
 
 @mcp.tool(annotations=READ_ONLY)
+async def slow_lookup(ticket: str, ctx: Context) -> str:
+    """Looks a ticket up; the first call hangs."""
+    first = not any(l.startswith("slow_lookup") for l in open(log)) if os.path.exists(log) else True
+    record(ctx, f"slow_lookup {ticket}")
+    if first:
+        await anyio.sleep(60)
+    return f"{ticket} is open"
+
+
+@mcp.tool(annotations=READ_ONLY)
 def broken(ticket: str, ctx: Context) -> str:
     """Always fails."""
     record(ctx, f"broken {ticket}")
@@ -103,4 +113,6 @@ async def grow(ctx: Context) -> str:
     return "grown"
 
 
+with open(log + ".starts", "a") as f:
+    f.write(f"{os.getpid()}\n")
 mcp.run(transport="streamable-http" if transport == "http" else "stdio")

@@ -499,3 +499,41 @@ async fn sigkill_during_a_destructive_mcp_call_leaves_it_unknown_and_not_repeate
     assert_eq!(server.terminate(), Some(0));
     flow.db.drop_db().await;
 }
+
+/// Issue 21: a read-only MCP call interrupted by SIGKILL is made again after the restart,
+/// under the same key, and the task answers with its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_read_only_mcp_call_replays_it_after_the_restart() {
+    let Some(mcp) = crate::mcp::McpServer::start().await else {
+        return;
+    };
+    let flow = BinaryFlow::new(
+        r#"{"start": "look", "nodes": [
+  {"id": "look", "type": "tool", "tool": "desk.slow_lookup", "args": {"ticket": "{{ message.text }}"}, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.look.result }}"}]}"#,
+        "/unused",
+        Duration::from_secs(1),
+    )
+    .await;
+    flow.extend_overlay(&mcp.toml());
+    let server = flow.start().await;
+    let id = flow.post(&message("wf-mcp-ro", 1, "T-3")).await;
+    let deadline = Instant::now() + WAIT;
+    while mcp.calls().is_empty() {
+        assert!(Instant::now() < deadline, "slow_lookup never called");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill();
+    let server = flow.start().await;
+    let task = flow
+        .wait(id, |t| {
+            t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
+        })
+        .await;
+    assert_eq!(task["result"], "T-3 is open");
+    let calls = mcp.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[0], calls[1], "the same call under the same key");
+    assert_eq!(server.terminate(), Some(0));
+    flow.db.drop_db().await;
+}
