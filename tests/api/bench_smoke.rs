@@ -49,3 +49,27 @@ fn every_benchmark_scenario_runs_at_small_n() {
         );
     }
 }
+
+/// The side-by-side script (issue 22) parses, and refuses a database it does not know
+/// before building anything. Running it needs the peer's release build, so CI does not.
+#[test]
+fn the_compare_peers_script_parses_and_checks_its_arguments() {
+    let script = "scripts/compare-peers.sh";
+    let parsed = Command::new("bash").args(["-n", script]).output().unwrap();
+    assert!(parsed.status.success(), "{parsed:?}");
+    let refused = Command::new("bash")
+        .args([script, "mysql"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    let no_url = Command::new("bash")
+        .args([script, "postgres"])
+        .env_remove("ASSISTD_BENCH_POSTGRES_URL")
+        .output()
+        .unwrap();
+    assert!(!no_url.status.success());
+    assert!(
+        String::from_utf8_lossy(&no_url.stderr).contains("ASSISTD_BENCH_POSTGRES_URL"),
+        "{no_url:?}"
+    );
+}
