@@ -275,14 +275,19 @@ impl TestApp {
     }
 
     pub async fn get_task(&self, id: i64) -> Value {
+        self.admin_json(&format!("/api/tasks/{id}")).await
+    }
+
+    /// GET `path` with the admin token; asserts 200 and returns the JSON body.
+    pub async fn admin_json(&self, path: &str) -> Value {
         let resp = self
             .http
-            .get(format!("{}/api/tasks/{id}", self.addr))
+            .get(format!("{}{path}", self.addr))
             .bearer_auth(ADMIN_TOKEN)
             .send()
             .await
-            .expect("task request");
-        assert_eq!(resp.status(), 200, "GET /api/tasks/{id}");
+            .expect("admin API request");
+        assert_eq!(resp.status(), 200, "GET {path}");
         resp.json().await.unwrap()
     }
 

@@ -212,16 +212,7 @@ async fn a_read_only_mcp_tool_is_offered_called_once_and_its_answer_reaches_the_
     // The admin API lists the server, its state and its tools with their kinds.
     let url = format!("{}/api/admin/mcp", app.addr);
     assert_eq!(app.http.get(&url).send().await.unwrap().status(), 401);
-    let listed: Value = app
-        .http
-        .get(&url)
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = app.admin_json("/api/admin/mcp").await;
     let desk = &listed["servers"][0];
     assert_eq!(desk["name"], "desk");
     assert_eq!(desk["connected"], true);
@@ -367,16 +358,7 @@ async fn a_stdio_server_gets_only_its_environment_and_is_restarted_when_it_dies(
     )
     .await;
     let app = &flow.app;
-    let listed: Value = app
-        .http
-        .get(format!("{}/api/admin/mcp", app.addr))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = app.admin_json("/api/admin/mcp").await;
     assert_eq!(listed["servers"][0]["transport"], "stdio");
     assert_eq!(listed["servers"][0]["connected"], true);
     let id = task_id_of(app.post_message(&message("mcp-env", 1, "env?")).await).await;

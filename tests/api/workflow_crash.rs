@@ -425,23 +425,37 @@ async fn a_long_loop_resumes_from_its_summary_and_last_steps() {
     flow.db.drop_db().await;
 }
 
+/// A FastMCP server over HTTP, and a binary flow running `workflow` with it configured.
+async fn mcp_flow(workflow: &str) -> Option<(crate::mcp::McpServer, BinaryFlow)> {
+    let mcp = crate::mcp::McpServer::start().await?;
+    let flow = BinaryFlow::new(workflow, "/unused", Duration::from_secs(1)).await;
+    flow.extend_overlay(&mcp.toml());
+    Some((mcp, flow))
+}
+
+/// Waits until the MCP server logged a call.
+async fn wait_mcp_call(mcp: &crate::mcp::McpServer) {
+    let deadline = Instant::now() + WAIT;
+    while mcp.calls().is_empty() {
+        assert!(Instant::now() < deadline, "the MCP tool was never called");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Issue 21: an MCP tool the server marks destructive, killed mid-call after its approval,
 /// is UNKNOWN after the restart and not called again (the journal and its key, as for HTTP
 /// tools); the server is a FastMCP one from the reference SDK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_a_destructive_mcp_call_leaves_it_unknown_and_not_repeated() {
-    let Some(mcp) = crate::mcp::McpServer::start().await else {
-        return;
-    };
-    let flow = BinaryFlow::new(
+    let Some((mcp, flow)) = mcp_flow(
         r#"{"start": "send", "nodes": [
   {"id": "send", "type": "tool", "tool": "desk.slow_send", "args": {"to": "{{ message.text }}"}, "next": "done"},
   {"id": "done", "type": "reply", "text": "sent: {{ steps.send.result }}"}]}"#,
-        "/unused",
-        Duration::from_secs(1),
     )
-    .await;
-    flow.extend_overlay(&mcp.toml());
+    .await
+    else {
+        return;
+    };
     let server = flow.start().await;
     let id = flow.post(&message("wf-mcp", 1, "ops")).await;
     flow.wait(id, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
@@ -457,11 +471,7 @@ async fn sigkill_during_a_destructive_mcp_call_leaves_it_unknown_and_not_repeate
         assert_eq!(resp.status(), 200);
     };
     approve(flow.port).await;
-    let deadline = Instant::now() + WAIT;
-    while mcp.calls().is_empty() {
-        assert!(Instant::now() < deadline, "slow_send never called");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_mcp_call(&mcp).await;
     server.kill();
     let server = flow.start().await;
     let send = |t: &Value| {
@@ -504,25 +514,18 @@ async fn sigkill_during_a_destructive_mcp_call_leaves_it_unknown_and_not_repeate
 /// under the same key, and the task answers with its result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_a_read_only_mcp_call_replays_it_after_the_restart() {
-    let Some(mcp) = crate::mcp::McpServer::start().await else {
-        return;
-    };
-    let flow = BinaryFlow::new(
+    let Some((mcp, flow)) = mcp_flow(
         r#"{"start": "look", "nodes": [
   {"id": "look", "type": "tool", "tool": "desk.slow_lookup", "args": {"ticket": "{{ message.text }}"}, "next": "done"},
   {"id": "done", "type": "reply", "text": "{{ steps.look.result }}"}]}"#,
-        "/unused",
-        Duration::from_secs(1),
     )
-    .await;
-    flow.extend_overlay(&mcp.toml());
+    .await
+    else {
+        return;
+    };
     let server = flow.start().await;
     let id = flow.post(&message("wf-mcp-ro", 1, "T-3")).await;
-    let deadline = Instant::now() + WAIT;
-    while mcp.calls().is_empty() {
-        assert!(Instant::now() < deadline, "slow_lookup never called");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_mcp_call(&mcp).await;
     server.kill();
     let server = flow.start().await;
     let task = flow
