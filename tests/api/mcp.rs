@@ -619,3 +619,47 @@ fn the_readme_mcp_snippet_is_valid_configuration() {
         "delete_ticket"
     );
 }
+
+/// A version published before MCP tools were pinned into versions (issue 21's first part)
+/// still runs: its tasks see the servers' tools as they are now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_without_pinned_mcp_tools_runs_on_the_live_list() {
+    let Some(server) = McpServer::start().await else {
+        return;
+    };
+    let flow = crate::workflows::spawn_flow_scripted(
+        r#"{"start": "loop", "nodes": [
+  {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["desk.lookup"], "max_steps": 3, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.loop.text }}"}]}"#,
+        lookup_script,
+        |c| server.configure(c),
+    )
+    .await;
+    let app = &flow.app;
+    let current = app
+        .store()
+        .current_agent_version("flow")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut definition: Value = serde_json::from_str(&current.definition).unwrap();
+    assert!(definition["mcp_tools"]["desk.lookup"].is_object(), "pinned");
+    definition.as_object_mut().unwrap().remove("mcp_tools");
+    let older = app
+        .store()
+        .publish_agent_version("flow", "workflow", &definition.to_string(), 1)
+        .await
+        .unwrap();
+    assert!(older.created);
+    let id = task_id_of(
+        app.post_message(&message("mcp-old", 1, "how is T-42?"))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    assert_eq!(task["agent"]["version"], older.version_no);
+    let reply = task["reply"]["content"]["text"].as_str().unwrap();
+    assert!(reply.contains("T-42 is open"), "{reply}");
+    flow.app.stop().await;
+}

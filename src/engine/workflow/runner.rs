@@ -158,11 +158,15 @@ impl<'a> Runner<'a> {
             .workflow
             .as_ref()
             .ok_or_else(|| RunError::Corrupt("workflow agent without a workflow".into()))?;
-        let tools =
-            crate::tools::task_tools::TaskTools::new(svc.tools.clone(), &ctx.agent.mcp_tools)
-                .map_err(|e| {
-                    RunError::Corrupt(format!("snapshotted MCP tools are invalid: {e}"))
-                })?;
+        // A version published before MCP tools were pinned runs on the servers' list as it
+        // is now.
+        let pinned = if ctx.agent.mcp_tools.is_empty() {
+            svc.tools.resolve_mcp(Some(raw))
+        } else {
+            ctx.agent.mcp_tools.clone()
+        };
+        let tools = crate::tools::task_tools::TaskTools::new(svc.tools.clone(), &pinned)
+            .map_err(|e| RunError::Corrupt(format!("snapshotted MCP tools are invalid: {e}")))?;
         let workflow = Workflow::parse(raw, &tools, !ctx.agent.approvers.is_empty())
             .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
         let journal = svc
