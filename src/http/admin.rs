@@ -24,7 +24,7 @@ pub fn router() -> Router<Arc<ApiContext>> {
 /// The MCP servers, their connection state and their tools with the kinds assistd gives
 /// them.
 async fn mcp_servers(_auth: AdminAuth, State(svc): State<Arc<ApiContext>>) -> Json<Value> {
-    Json(svc.tools.mcp_servers().await)
+    Json(svc.tools.mcp_servers())
 }
 
 /// Longest span one summary may cover.

@@ -523,15 +523,15 @@ fn spawn(name: &str, config: &McpServerConfig) -> Result<TokioChildProcess, Stri
 impl McpTools {
     /// The servers, whether each is connected now, and their tools with the kind assistd
     /// gives them (`GET /api/admin/mcp`).
-    pub async fn describe(&self) -> Value {
+    pub fn describe(&self) -> Value {
         let mut servers = Vec::new();
         for (name, server) in &self.servers {
+            // Not waited on: a connection being opened (up to `timeout_secs`) shows as not
+            // connected rather than holding the admin API up.
             let connected = server
                 .client
-                .lock()
-                .await
-                .as_ref()
-                .is_some_and(|c| !c.is_transport_closed());
+                .try_lock()
+                .is_ok_and(|slot| slot.as_ref().is_some_and(|c| !c.is_transport_closed()));
             let live = self.live.read().expect("MCP tool list lock").clone();
             let tools: Vec<Value> = live
                 .iter()

@@ -157,9 +157,9 @@ impl ToolRegistry {
     }
 
     /// The MCP servers and their tools, for the admin API (`{"servers": []}` without any).
-    pub async fn mcp_servers(&self) -> Value {
+    pub fn mcp_servers(&self) -> Value {
         match &self.mcp {
-            Some(m) => m.describe().await,
+            Some(m) => m.describe(),
             None => json!({ "servers": [] }),
         }
     }
