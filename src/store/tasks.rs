@@ -73,12 +73,20 @@ pub fn claim_pick_sql(dialect: Dialect) -> String {
                  AND {OLDEST_IN_CONVERSATION}) \
              ORDER BY id LIMIT $4"
         ),
+        // One locking pick per branch, each walking its partial index in id order: under
+        // `OR`, PostgreSQL walked the primary key and filtered out every finished task below
+        // the first pending one (23 ms per claim with 100,000 finished tasks, against 0.3 ms
+        // this way; docs/benchmarks.md). `FOR UPDATE` is not allowed under `UNION`, hence
+        // the CTEs; up to twice `$4` rows are locked for the length of the claim.
         Dialect::Postgres => format!(
-            "SELECT t.id FROM agent_task t \
-             WHERE ((t.status = 'PENDING' AND t.run_after <= $3) \
-                 OR (t.status = 'RUNNING' AND t.lease_expire < $3)) \
-             AND {OLDEST_IN_CONVERSATION} \
-             ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED"
+            "WITH due AS (SELECT t.id FROM agent_task t \
+                 WHERE t.status = 'PENDING' AND t.run_after <= $3 AND {OLDEST_IN_CONVERSATION} \
+                 ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED), \
+             expired AS (SELECT t.id FROM agent_task t \
+                 WHERE t.status = 'RUNNING' AND t.lease_expire < $3 AND {OLDEST_IN_CONVERSATION} \
+                 ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED) \
+             SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM expired) picked \
+             ORDER BY id LIMIT $4"
         ),
     }
 }
