@@ -174,7 +174,11 @@ pub(crate) fn bench_config(
     c.server.listen = "127.0.0.1:0".into();
     c.server.role = role;
     c.database.url = db_url.into();
-    c.database.max_connections = 16;
+    // 16 unless ASSISTD_BENCH_DB_CONNECTIONS says otherwise (for pool-size experiments).
+    c.database.max_connections = std::env::var("ASSISTD_BENCH_DB_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
     c.llm.base_url = format!("http://{}/v1", mocks.addr);
     c.llm.timeout_secs = 120;
     c.worker.instance_id = "bench".into();
