@@ -204,9 +204,7 @@ pub async fn republish_for_mcp(
             continue;
         };
         let names_mcp = !definition.mcp_tools.is_empty()
-            || definition.workflow.as_ref().is_some_and(|w| {
-                w.to_string().contains(".*\"") || !tools.resolve_mcp(Some(w)).is_empty()
-            });
+            || !tools.resolve_mcp(definition.workflow.as_ref()).is_empty();
         if !names_mcp {
             continue;
         }

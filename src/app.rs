@@ -55,10 +55,7 @@ impl App {
                 &config.tooling.allowed_private_hosts,
             )
             .await?;
-            if let Some(taken) = tools.names().find(|n| mcp.live(n).is_some()) {
-                anyhow::bail!("MCP tool `{taken}` has the name of a configured tool");
-            }
-            tools = tools.with_mcp(mcp);
+            tools = tools.with_mcp(mcp)?;
         }
         let tools = Arc::new(tools);
         let llm = Arc::new(ModelClients::new(&config.llm)?);

@@ -321,6 +321,14 @@ impl McpTools {
             .cloned()
     }
 
+    /// Whether `<server>.<tool>` is offered now.
+    pub fn is_offered(&self, name: &str) -> bool {
+        self.live
+            .read()
+            .expect("MCP tool list lock")
+            .contains_key(name)
+    }
+
     /// The names of the tools `server` offers now.
     pub fn live_of(&self, server: &str) -> Vec<String> {
         let prefix = format!("{server}.");
@@ -348,7 +356,7 @@ impl McpTools {
         max_bytes: usize,
     ) -> Result<Value, CallError> {
         let full = format!("{server}.{tool}");
-        if self.live(&full).is_none() {
+        if !self.is_offered(&full) {
             return Err(CallError::permanent(format!(
                 "MCP tool `{full}` is no longer offered by server `{server}`"
             )));
@@ -419,10 +427,7 @@ impl McpTools {
             },
             _ => {
                 // The connection is suspect: the next try opens a new one.
-                let mut slot = self.servers[server].client.lock().await;
-                if let Some(client) = slot.take() {
-                    drop(client);
-                }
+                self.servers[server].client.lock().await.take();
                 CallError {
                     message: format!("{full} failed: {e}"),
                     retryable: true,
@@ -472,16 +477,14 @@ fn http_client(
     timeout_secs: u64,
 ) -> anyhow::Result<reqwest_mcp::Client> {
     let host = reqwest::Url::parse(url)
-        .ok()
-        .and_then(|u| u.host_str().map(str::to_ascii_lowercase))
+        .map(|u| super::ssrf::host_of(&u))
         .unwrap_or_default();
-    let host = host.trim_start_matches('[').trim_end_matches(']');
     let builder = reqwest_mcp::Client::builder()
         .redirect(reqwest_mcp::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(timeout_secs.max(1)));
     let allowed = allowed_private_hosts
         .iter()
-        .any(|h| h.eq_ignore_ascii_case(host));
+        .any(|h| h.eq_ignore_ascii_case(&host));
     let builder = if allowed {
         builder
     } else {
@@ -524,6 +527,7 @@ impl McpTools {
     /// The servers, whether each is connected now, and their tools with the kind assistd
     /// gives them (`GET /api/admin/mcp`).
     pub fn describe(&self) -> Value {
+        let live = self.live.read().expect("MCP tool list lock").clone();
         let mut servers = Vec::new();
         for (name, server) in &self.servers {
             // Not waited on: a connection being opened (up to `timeout_secs`) shows as not
@@ -532,7 +536,6 @@ impl McpTools {
                 .client
                 .try_lock()
                 .is_ok_and(|slot| slot.as_ref().is_some_and(|c| !c.is_transport_closed()));
-            let live = self.live.read().expect("MCP tool list lock").clone();
             let tools: Vec<Value> = live
                 .iter()
                 .filter(|(_, spec)| &spec.server == name)

@@ -117,12 +117,7 @@ impl ToolRegistry {
             if !matches!(url.scheme(), "http" | "https") {
                 anyhow::bail!("mcp_servers.{name}.url must be http or https");
             }
-            let host = url
-                .host_str()
-                .unwrap_or("")
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_ascii_lowercase();
+            let host = ssrf::host_of(&url);
             if self.allowed_hosts.contains(&host) {
                 continue;
             }
@@ -145,11 +140,15 @@ impl ToolRegistry {
         Ok(())
     }
 
-    /// Adds the tools of connected MCP servers. Tasks see them through the specs pinned in
+    /// Adds the tools of connected MCP servers (a name taken by a configured tool is
+    /// refused). Tasks see them through the specs pinned in
     /// their agent version (`resolve_mcp`, `TaskTools`).
-    pub fn with_mcp(mut self, mcp: Arc<mcp::McpTools>) -> Self {
+    pub fn with_mcp(mut self, mcp: Arc<mcp::McpTools>) -> anyhow::Result<Self> {
+        if let Some(taken) = self.tools.keys().find(|n| mcp.is_offered(n)) {
+            anyhow::bail!("MCP tool `{taken}` has the name of a configured tool");
+        }
         self.mcp = Some(mcp);
-        self
+        Ok(self)
     }
 
     pub fn mcp(&self) -> Option<&Arc<mcp::McpTools>> {
@@ -218,10 +217,6 @@ impl ToolRegistry {
             Some(schema) => schema.check(args),
             None => Err(format!("no tool named `{name}`")),
         }
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.tools.keys()
     }
 
     /// Calls configured tool `name` with validated `args`, carrying `idempotency_key`.
@@ -389,12 +384,10 @@ impl ToolRegistry {
     /// The client allowed to reach `url`: IP literals are checked here, names by the
     /// guarded resolver, unless the host is on the allow list.
     fn client_for(&self, url: &reqwest::Url) -> Result<&reqwest::Client, ToolError> {
-        let host = url
-            .host_str()
-            .ok_or_else(|| ToolError::permanent("tool URL has no host"))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_ascii_lowercase();
+        if url.host_str().is_none() {
+            return Err(ToolError::permanent("tool URL has no host"));
+        }
+        let host = ssrf::host_of(url);
         if self.allowed_hosts.contains(&host) {
             return Ok(&self.open);
         }

@@ -3,6 +3,16 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+/// `url`'s host as the guard compares it: lower case, an IPv6 literal without brackets
+/// ("" when it has none).
+pub fn host_of(url: &reqwest::Url) -> String {
+    url.host_str()
+        .unwrap_or("")
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase()
+}
+
 /// Loopback, link-local, private, unique-local, unspecified, multicast, broadcast,
 /// benchmarking or reserved; IPv6 forms that carry an IPv4 address (mapped, compatible,
 /// NAT64, 6to4) are judged by that address.

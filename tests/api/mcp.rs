@@ -174,19 +174,24 @@ fn lookup_script(body: &Value) -> ModelReply {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_only_mcp_tool_is_offered_called_once_and_its_answer_reaches_the_reply() {
-    let Some(server) = McpServer::start().await else {
-        return;
-    };
-    let flow = crate::workflows::spawn_flow_scripted(
+/// A flow whose agent node may call `desk.lookup`, its model following `lookup_script`.
+async fn lookup_flow(server: &McpServer) -> crate::workflows::Flow {
+    crate::workflows::spawn_flow_scripted(
         r#"{"start": "loop", "nodes": [
   {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["desk.lookup"], "max_steps": 3, "next": "done"},
   {"id": "done", "type": "reply", "text": "{{ steps.loop.text }}"}]}"#,
         lookup_script,
         |c| server.configure(c),
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_mcp_tool_is_offered_called_once_and_its_answer_reaches_the_reply() {
+    let Some(server) = McpServer::start().await else {
+        return;
+    };
+    let flow = lookup_flow(&server).await;
     let app = &flow.app;
     let id = task_id_of(app.post_message(&message("mcp-1", 1, "how is T-42?")).await).await;
     let task = app.wait_replied(id, WAIT).await;
@@ -627,14 +632,7 @@ async fn a_version_without_pinned_mcp_tools_runs_on_the_live_list() {
     let Some(server) = McpServer::start().await else {
         return;
     };
-    let flow = crate::workflows::spawn_flow_scripted(
-        r#"{"start": "loop", "nodes": [
-  {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["desk.lookup"], "max_steps": 3, "next": "done"},
-  {"id": "done", "type": "reply", "text": "{{ steps.loop.text }}"}]}"#,
-        lookup_script,
-        |c| server.configure(c),
-    )
-    .await;
+    let flow = lookup_flow(&server).await;
     let app = &flow.app;
     let current = app
         .store()
