@@ -312,6 +312,7 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
     let actions = store.task_pending_actions(id).await?;
     let reply_json = |r: &crate::domain::ReplyRow| {
         json!({
+            "id": r.id,
             "idempotency_key": r.idempotency_key,
             "status": r.status,
             "type": r.reply_type,

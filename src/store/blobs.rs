@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::sql::json_ids;
+use super::sql::in_json_ids;
 use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::StepRow;
 
@@ -66,8 +66,8 @@ impl Store {
             return Ok(());
         }
         let sql = format!(
-            "SELECT id, body FROM step_blob WHERE id IN ({})",
-            json_ids(self.dialect())
+            "SELECT id, body FROM step_blob WHERE {}",
+            in_json_ids(self.dialect(), "id")
         );
         let ids_json = serde_json::to_string(&ids).unwrap_or_else(|_| "[]".into());
         let bodies: Vec<(i64, String)> = on_pool!(self, pool => {

@@ -1,8 +1,8 @@
 //! The worker's fenced writes (step journal, lease renewals, task finish, reply delivered),
 //! committed through group commit (`store::group`): the writes of many running tasks that
 //! are ready together share one transaction, each still fenced on its own. SQLite has one
-//! writer; on PostgreSQL `worker.group_commit_writers` batches commit at once. Every batch
-//! takes its task rows in id order (`Store::apply_writes`), so two cannot deadlock.
+//! writer; on PostgreSQL `worker.group_commit_writers` batches commit at once, each writer
+//! taking the writes of its own share of the tasks, so no two batches hold the same task row.
 
 use std::sync::Arc;
 
@@ -34,7 +34,9 @@ impl Journal {
             };
         }
         let writer = store.clone();
-        let grouped = GroupCommit::start(
+        // By task: a task's writes (its runner's and its heartbeat's) always go to the same
+        // writer, so two batches committing at once never hold the same task row.
+        let grouped = GroupCommit::start_by_key(
             "journal",
             // SQLite has one writer; PostgreSQL commits several batches at once.
             match store.dialect() {
@@ -42,6 +44,7 @@ impl Journal {
                 Dialect::Postgres => config.group_commit_writers,
             },
             config.group_commit_max,
+            |op| op.task_id() as u64,
             Arc::new(move |ops: &[WriteOp]| {
                 let store = writer.clone();
                 Box::pin(async move {

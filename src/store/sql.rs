@@ -113,7 +113,6 @@ pub(super) const STEP_COLUMNS: &str = "id, task_id, step_no, step_type, tool_nam
 /// JSON array of objects (`$1`, see [`rows_json`]) and the time (`$2`); fenced rows carry
 /// their task's `task_id`, `owner` and `version`.
 pub(super) struct BatchSql {
-    pub(super) lock_tasks: String,
     pub(super) renew: String,
     pub(super) begin: String,
     pub(super) existing_step: String,
@@ -149,23 +148,29 @@ impl BatchSql {
                  AND {task}.status = 'RUNNING'"
             )
         };
-        let owned = format!("EXISTS (SELECT 1 FROM agent_task t WHERE {})", fence("t"));
+        // PostgreSQL: the fence check locks the task row (`FOR SHARE`). Under read committed
+        // a plain `EXISTS` reads the statement's snapshot, so a takeover committing after it
+        // would go unseen and a stale step row land; locking waits for such a claim and then
+        // re-checks the fence on the row as it now stands. A claim arriving later waits for
+        // this batch to commit (the claim's pick skips the locked row).
+        let lock = if sqlite { "" } else { " FOR SHARE" };
+        let owned = format!(
+            "EXISTS (SELECT 1 FROM agent_task t WHERE {}{lock})",
+            fence("t")
+        );
         // A step begins only while no pause is asked: a pause takes effect at the next step
         // boundary (the worker then parks the task PAUSED), never in the middle of a call,
         // whose completion stays fenced by `owned` alone.
         let owned_unpaused = format!(
-            "EXISTS (SELECT 1 FROM agent_task t WHERE {} AND t.pause_requested = 0)",
+            "EXISTS (SELECT 1 FROM agent_task t WHERE {} AND t.pause_requested = 0{lock})",
             fence("t")
-        );
-        let lock_tasks = format!(
-            "SELECT id FROM agent_task WHERE id IN ({}) ORDER BY id FOR UPDATE",
-            json_ids(Dialect::Postgres)
         );
         let renew = format!(
             "UPDATE agent_task SET lease_expire = v.lease_until, updated_at = $2 \
-             FROM {} WHERE {} RETURNING agent_task.id",
+             FROM {} WHERE {}{} RETURNING agent_task.id",
             fenced_rows(&[("lease_until", "bigint")]),
-            fence("agent_task")
+            fence("agent_task"),
+            keyed_by(sqlite, "agent_task.id", "task_id")
         );
         // The PENDING step, inserted only where its task's fence holds. The task row is not
         // touched: its current step is read from the journal (`TASK_COLUMNS`), so a step
@@ -187,13 +192,13 @@ impl BatchSql {
         let existing_step = format!(
             "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
              AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \
-             AND t.version = $4 AND t.status = 'RUNNING' AND t.pause_requested = 0)"
+             AND t.version = $4 AND t.status = 'RUNNING' AND t.pause_requested = 0{lock})"
         );
         let complete = format!(
             "UPDATE agent_step SET status = v.status, output = v.output, error = v.error, \
              tokens_in = v.tokens_in, tokens_out = v.tokens_out, duration_ms = v.duration_ms, \
              finished_at = $2, attempt = v.attempts FROM {} \
-             WHERE agent_step.id = v.step_id AND {owned} RETURNING agent_step.id",
+             WHERE agent_step.id = v.step_id AND {owned}{} RETURNING agent_step.id",
             fenced_rows(&[
                 ("step_id", "bigint"),
                 ("status", "text"),
@@ -203,14 +208,15 @@ impl BatchSql {
                 ("tokens_out", "bigint"),
                 ("duration_ms", "bigint"),
                 ("attempts", "bigint"),
-            ])
+            ]),
+            keyed_by(sqlite, "agent_step.id", "step_id")
         );
         let finish = format!(
             "UPDATE agent_task SET status = v.status, result = v.result, \
              failure_type = v.failure_type, error_msg = v.error, \
              retry_count = agent_task.retry_count + v.retries, \
              version = agent_task.version + 1, lease_expire = NULL, finished_at = $2, \
-             updated_at = $2, trace = v.trace FROM {} WHERE {} RETURNING agent_task.id",
+             updated_at = $2, trace = v.trace FROM {} WHERE {}{} RETURNING agent_task.id",
             fenced_rows(&[
                 ("status", "text"),
                 ("result", "text"),
@@ -219,7 +225,8 @@ impl BatchSql {
                 ("retries", "bigint"),
                 ("trace", "text"),
             ]),
-            fence("agent_task")
+            fence("agent_task"),
+            keyed_by(sqlite, "agent_task.id", "task_id")
         );
         // One reply per task and key: a second insert under the same key is a no-op.
         let insert_replies = format!(
@@ -253,13 +260,14 @@ impl BatchSql {
                  outbound_reply.platform_message_id), \
              sent_at = $2, locked_by = NULL, locked_until = NULL, last_error = NULL FROM {} \
              WHERE outbound_reply.id = v.reply_id AND outbound_reply.locked_by = v.owner \
-             AND outbound_reply.status = 'PENDING' RETURNING outbound_reply.id",
+             AND outbound_reply.status = 'PENDING'{} RETURNING outbound_reply.id",
             rows(&[
                 ("reply_id", "bigint"),
                 ("owner", "text"),
                 ("platform_message_id", "text"),
                 ("placeholder", "bigint"),
-            ])
+            ]),
+            keyed_by(sqlite, "outbound_reply.id", "reply_id")
         );
         let insert_audits = format!(
             "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
@@ -277,7 +285,6 @@ impl BatchSql {
             ])
         );
         BatchSql {
-            lock_tasks,
             renew,
             begin,
             existing_step,
@@ -311,12 +318,35 @@ pub(super) fn json_rows(sqlite: bool, cols: &[(&str, &str)]) -> String {
     }
 }
 
-/// The ids of the JSON array bound as `$1`, as a subquery: `… WHERE id IN (<this>)`.
-pub(super) fn json_ids(dialect: Dialect) -> &'static str {
+/// `column` is one of the ids of the JSON array bound as `$1`: `… WHERE <this>`.
+///
+/// PostgreSQL gets an array (`= ANY(ARRAY(…))`, computed once) rather than `IN (SELECT …)`:
+/// it plans a set-returning function at 100 rows, and under `IN` it hashed them against a
+/// sequential scan of the whole table, on every claim (issue 22; `docs/benchmarks.md`). An
+/// array on a key column is an index scan whatever the table's size.
+pub(super) fn in_json_ids(dialect: Dialect, column: &str) -> String {
     match dialect {
-        Dialect::Sqlite => "SELECT value FROM json_each($1)",
-        Dialect::Postgres => "SELECT value::bigint FROM json_array_elements_text($1::text::json)",
+        Dialect::Sqlite => format!("{column} IN (SELECT value FROM json_each($1))"),
+        Dialect::Postgres => format!(
+            "{column} = ANY(ARRAY(SELECT value::bigint \
+             FROM json_array_elements_text($1::text::json)))"
+        ),
     }
+}
+
+/// PostgreSQL: ` AND <column> = ANY(<the field of every row of the JSON array $1>)`, for an
+/// `UPDATE … FROM json_to_recordset($1)` keyed on `column`, so the rows to update are found
+/// by an index scan on that key and never by a sequential scan of the table hashed against
+/// the planner's 100 guessed rows (as `complete` was, 301 times in a 3,000-message run).
+/// Nothing on SQLite, which looks each row up by its key anyway.
+fn keyed_by(sqlite: bool, column: &str, field: &str) -> String {
+    if sqlite {
+        return String::new();
+    }
+    format!(
+        " AND {column} = ANY(ARRAY(SELECT (r ->> '{field}')::bigint \
+         FROM json_array_elements($1::text::json) r))"
+    )
 }
 
 /// The statement that inserts the audit rows (see [`audit_row`]) of the JSON array bound as

@@ -10,7 +10,7 @@ use std::hash::Hash;
 use serde_json::{Value, json};
 
 use super::sql::{BatchSql, audit_row};
-use super::{Dialect, Store, StoreResult, write_tx};
+use super::{Store, StoreResult, write_tx};
 use crate::domain::AuditTarget;
 use crate::domain::ReplyRow;
 use crate::domain::{AuditEvent, ReplyStatus, StepStatus, StepType, TaskStatus};
@@ -101,7 +101,7 @@ impl WriteOut {
 }
 
 impl Store {
-    // long: one transaction applying every kind of fenced write in task-id order.
+    // long: one transaction applying every kind of fenced write, one statement per kind.
     /// Applies `ops` in one transaction; one answer per operation, in the order given. An
     /// error rolls back all of them.
     ///
@@ -113,11 +113,17 @@ impl Store {
     /// flight (its heartbeat may add a renewal), so this order gives the same result as any
     /// other. Should two operations of a batch name the same row (a stale write next to a
     /// current one), the later goes in a later round of the same statement, so each answer
-    /// is its own row's. On PostgreSQL the batch first locks every task row it fences, in id
-    /// order, so two batches cannot deadlock and no claim slips in before commit.
+    /// is its own row's.
+    ///
+    /// Rows are locked by the statements that write them, with no locking statement first:
+    /// the journal sends all writes of a task to the same writer (`GroupCommit::start_by_key`),
+    /// so two batches committing at once never hold the same task row. Should a batch still
+    /// deadlock (two instances during a takeover, each with a stale write to a task the
+    /// other runs), PostgreSQL rolls it back and group commit applies its operations one by
+    /// one, each fenced as ever. A claim that takes a task before its stale finish lands makes
+    /// that finish's fence fail, as when it comes before the batch.
     pub async fn apply_writes(&self, ops: &[WriteOp], now: i64) -> StoreResult<Vec<WriteOut>> {
         let mut answers: Vec<Option<WriteOut>> = vec![None; ops.len()];
-        let sqlite = self.dialect() == Dialect::Sqlite;
         let sql = BatchSql::get(self.dialect());
         let renewals = rounds(ops, |op| match op {
             WriteOp::RenewLease { fence, lease_until } => Some((
@@ -203,30 +209,7 @@ impl Store {
             )),
             _ => None,
         });
-        // PostgreSQL: the task rows the batch fences, locked in id order first. A sent
-        // placeholder's task too: its running task may finish at the same time, and the
-        // finish takes the task row and then the same reply row (`reply_upsert!`), so the
-        // mark must take them in that order as well, or the two deadlock (its audit row's
-        // foreign key takes the task row after the reply row).
-        let mut fenced: Vec<i64> = Vec::new();
-        if !sqlite {
-            fenced = ops
-                .iter()
-                .filter(|op| {
-                    !matches!(op, WriteOp::MarkReplySent { kind, .. } if *kind != SentKind::Placeholder)
-                })
-                .map(WriteOp::task_id)
-                .collect();
-            fenced.sort_unstable();
-            fenced.dedup();
-        }
         write_tx!(self, tx => {
-            if !fenced.is_empty() {
-                sqlx::query(&sql.lock_tasks)
-                    .bind(Value::from(fenced).to_string())
-                    .fetch_all(&mut *tx)
-                    .await?;
-            }
             for round in &renewals {
                 let rows = round.rows.as_str();
                 let renewed = landed_ids!(&mut *tx, &sql.renew, rows, now);

@@ -42,12 +42,18 @@ fn every_benchmark_scenario_runs_at_small_n() {
         "recovery",
         "feedback",
         "mcp-steps",
+        "instances",
     ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),
             "{stdout}"
         );
     }
+    // Two instances on one database answer every message once.
+    assert!(
+        stdout.contains("unanswered=0 repeated_deliveries=0"),
+        "{stdout}"
+    );
 }
 
 /// The side-by-side script (issue 22) parses, and refuses a database it does not know

@@ -167,6 +167,34 @@ async fn the_audit_trail_query_is_checked() {
     app.stop().await;
 }
 
+/// A task's trail by target comes from the task's own rows (the target index leaves task
+/// rows out, migration 0010); a reply's from the target index. Newest first either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_and_its_reply_have_their_own_audit_trails() {
+    let app = TestApp::spawn().await;
+    let id = task_id_of(app.post_message(&message("c-trail", 1, "hello")).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    let trail = app
+        .admin_get(&format!("/api/admin/audit?target_type=task&target_id={id}"))
+        .await;
+    let ev: Vec<String> = events(&trail).into_iter().map(|(e, _)| e).collect();
+    assert_eq!(ev, ["TASK_SUCCEEDED", "TASK_RUNNING", "TASK_CREATED"], "{trail}");
+    let reply = task["replies"][0]["id"].as_i64().unwrap();
+    let trail = app
+        .admin_get(&format!("/api/admin/audit?target_type=reply&target_id={reply}"))
+        .await;
+    let ev: Vec<String> = events(&trail).into_iter().map(|(e, _)| e).collect();
+    assert_eq!(ev, ["REPLY_SENT"], "{trail}");
+    // An id that names no task is an empty trail, not an error.
+    for target in ["task&target_id=abc", "task&target_id=999999"] {
+        let trail = app
+            .admin_get(&format!("/api/admin/audit?target_type={target}"))
+            .await;
+        assert_eq!(trail["audit"], json!([]), "{target}");
+    }
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_switched_off_stops_on_every_instance_until_switched_on() {
     let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {

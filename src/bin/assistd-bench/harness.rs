@@ -75,6 +75,10 @@ pub(crate) struct Mocks {
     /// Most model calls open at the same time.
     pub(crate) max_in_flight: Arc<AtomicUsize>,
     pub(crate) replies: Arc<AtomicUsize>,
+    /// The distinct reply keys (`Idempotency-Key`) received, and how many deliveries
+    /// repeated a key already received.
+    pub(crate) reply_keys: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    pub(crate) repeated_replies: Arc<AtomicUsize>,
     pub(crate) replied: Arc<Notify>,
     /// When the mocks started; the marks below are milliseconds since then.
     pub(crate) epoch: Instant,
@@ -100,6 +104,9 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
     let max_in_flight = Arc::new(AtomicUsize::new(0));
     let open = Arc::new(AtomicUsize::new(0));
     let (r, n, calls) = (replies.clone(), replied.clone(), model_calls.clone());
+    let reply_keys = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let repeated_replies = Arc::new(AtomicUsize::new(0));
+    let (keys, repeated) = (reply_keys.clone(), repeated_replies.clone());
     let peak = max_in_flight.clone();
     let epoch = Instant::now();
     let last_call_ms = Arc::new(AtomicU64::new(0));
@@ -130,7 +137,11 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
         .route("/tool", axum::routing::get(|| async { axum::Json(json!({"ok": true})) }))
         .route(
             "/reply",
-            post(move || async move {
+            post(move |headers: axum::http::HeaderMap| async move {
+                let key = headers.get("idempotency-key").and_then(|k| k.to_str().ok());
+                if !keys.lock().unwrap().insert(key.unwrap_or("").to_string()) {
+                    repeated.fetch_add(1, Ordering::Relaxed);
+                }
                 r.fetch_add(1, Ordering::Relaxed);
                 first_reply.fetch_min(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
                 n.notify_waiters();
@@ -154,6 +165,8 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
         model_calls,
         max_in_flight,
         replies,
+        reply_keys,
+        repeated_replies,
         replied,
         epoch,
         last_call_ms,
@@ -231,11 +244,23 @@ pub(crate) async fn send_messages(
     concurrency: usize,
     tag: &str,
 ) -> anyhow::Result<Vec<Duration>> {
+    send_messages_to(&[addr], n, concurrency, tag).await
+}
+
+/// As `send_messages`, message `i` going to `addrs[i % addrs.len()]` (instances sharing
+/// one database).
+pub(crate) async fn send_messages_to(
+    addrs: &[SocketAddr],
+    n: usize,
+    concurrency: usize,
+    tag: &str,
+) -> anyhow::Result<Vec<Duration>> {
     let next = Arc::new(AtomicUsize::new(0));
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
         let next = next.clone();
         let tag = tag.to_string();
+        let addrs = addrs.to_vec();
         clients.spawn(async move {
             let http = reqwest::Client::new();
             let mut latencies = Vec::new();
@@ -251,6 +276,7 @@ pub(crate) async fn send_messages(
                 let ts = assistd::domain::now_ms() / 1000;
                 let sig = assistd::channels::generic::sign(SECRET, ts, &body);
                 let started = Instant::now();
+                let addr = addrs[i % addrs.len()];
                 let resp = http
                     .post(format!("http://{addr}/webhooks/generic"))
                     .header("X-Assistd-Timestamp", ts.to_string())
@@ -321,6 +347,7 @@ pub(crate) fn spawn_child(
     grace_secs: u64,
     concurrency: usize,
     log: Option<&std::path::Path>,
+    instance: &str,
 ) -> anyhow::Result<std::process::Child> {
     let (stdout, stderr) = match log {
         Some(path) => {
@@ -349,7 +376,7 @@ pub(crate) fn spawn_child(
             format!("http://{}/reply", mocks.addr),
         )
         .env("ASSISTD_ADMIN__TOKEN", "bench-admin")
-        .env("ASSISTD_WORKER__INSTANCE_ID", "bench-child")
+        .env("ASSISTD_WORKER__INSTANCE_ID", instance)
         .env("ASSISTD_WORKER__CONCURRENCY", concurrency.to_string())
         .env("ASSISTD_WORKER__CLAIM_BATCH", "256")
         .env(

@@ -3,7 +3,7 @@
 //! figures per scenario; asserts nothing about speed.
 //!
 //! ```text
-//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|recovery|all> \
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|recovery|all> \
 //!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS] [--stream-ms MS]
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
@@ -13,6 +13,7 @@ use clap::{Parser, ValueEnum};
 
 mod feedback;
 mod harness;
+mod instances;
 mod mcp;
 mod scenarios;
 
@@ -37,6 +38,10 @@ pub(crate) enum Scenario {
     /// Journalled MCP read-only tool steps per second against a local streamable-HTTP MCP
     /// server, next to the same number of HTTP tool steps.
     McpSteps,
+    /// End-to-end with one `assistd` child and with two on the same database (webhooks
+    /// split between them), alternating, three pairs: rates, unanswered messages and
+    /// repeated deliveries.
+    Instances,
     All,
 }
 
@@ -94,6 +99,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::Context => context(&args).await,
             Scenario::Feedback => feedback::feedback(&args).await,
             Scenario::McpSteps => mcp::mcp_steps(&args).await,
+            Scenario::Instances => instances::instances(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
                 end_to_end(&args).await?;
@@ -102,6 +108,7 @@ fn main() -> anyhow::Result<()> {
                 context(&args).await?;
                 feedback::feedback(&args).await?;
                 mcp::mcp_steps(&args).await?;
+                instances::instances(&args).await?;
                 recovery(&args).await
             }
         }

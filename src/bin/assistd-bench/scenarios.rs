@@ -66,7 +66,7 @@ pub(crate) async fn in_flight(args: &Args) -> anyhow::Result<()> {
         .await?
         .local_addr()?
         .port();
-    let mut child = spawn_child(&db.url, &mocks, port, 0, args.n.max(1), None)?;
+    let mut child = spawn_child(&db.url, &mocks, port, 0, args.n.max(1), None, "bench-child")?;
     wait_ready(port).await?;
     let pid = child.id();
     let baseline = rss_kib(pid, "VmRSS:");
@@ -117,7 +117,7 @@ pub(crate) async fn recovery(args: &Args) -> anyhow::Result<()> {
             .await?
             .local_addr()?
             .port();
-        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096, None)?;
+        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096, None, "bench-child")?;
         wait_ready(port).await?;
         send_messages(
             format!("127.0.0.1:{port}").parse()?,
@@ -136,7 +136,7 @@ pub(crate) async fn recovery(args: &Args) -> anyhow::Result<()> {
         let logs = tempfile::tempdir()?;
         let log = logs.path().join("restarted.log");
         let restarted = Instant::now();
-        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096, Some(&log))?;
+        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096, Some(&log), "bench-child")?;
         wait_ready(port).await?;
         let ready = restarted.elapsed();
         // When 90 % of the tasks were running again: a late tail points at the claim loop's

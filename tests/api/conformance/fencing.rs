@@ -3,6 +3,8 @@
 use assistd::domain::{Fence, NewStep, StepResult};
 use assistd::domain::{StepStatus, StepType, TaskStatus, now_ms};
 
+use assistd::store::writes::WriteOp;
+
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,61 +115,157 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
     db.drop_db().await;
 }
 
-/// Several batches at once (PostgreSQL runs several journal writers, and two instances
-/// during a takeover) naming the same task rows in opposite orders: none deadlocks or fails,
-/// and every write lands. Each batch locks its task rows in id order before writing.
+/// A takeover committing while a stale owner's step write is under way (PostgreSQL, read
+/// committed): the stale begin and completion wait for it and then see the new owner, so
+/// nothing lands. The fence check locks the task row (`FOR SHARE`); a plain `EXISTS` reads
+/// the statement's snapshot, taken before the takeover committed, and lets the stale row in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_write_racing_a_takeover_does_not_land() {
+    let (db, store) = fresh_store().await;
+    let Store::Postgres(pool) = &store else {
+        store.close().await;
+        db.drop_db().await;
+        return;
+    };
+    let now = now_ms();
+    ingest_conversations(&store, "race", 2, now).await;
+    let claimed = store.claim_tasks("old", 2, now + LEASE, now).await.unwrap();
+    let stale: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "old")).collect();
+    // The second task's step is begun while still owned, to race its completion.
+    let key = format!("{}:1:chat", stale[1].task_id);
+    let begun = store
+        .begin_step(&stale[1], &llm_step(&key), now)
+        .await
+        .unwrap()
+        .unwrap();
+    for (n, fence) in stale.iter().enumerate() {
+        // Another instance's takeover, not yet committed.
+        let mut takeover = pool.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE agent_task SET owner = 'new', version = version + 1 WHERE id = $1",
+        )
+        .bind(fence.task_id)
+        .execute(&mut *takeover)
+        .await
+        .unwrap();
+        let writer = store.clone();
+        let fence = fence.clone();
+        let step_id = begun.id;
+        let write = tokio::spawn(async move {
+            if n == 0 {
+                let key = format!("{}:1:chat", fence.task_id);
+                let row = writer.begin_step(&fence, &llm_step(&key), now).await;
+                row.unwrap().is_some()
+            } else {
+                let out = WriteOp::CompleteStep {
+                    fence: fence.clone(),
+                    step: StepResult {
+                        step_id,
+                        attempts: 1,
+                        status: StepStatus::Succeeded,
+                        output: Some("{}".into()),
+                        error: None,
+                        tokens_in: None,
+                        tokens_out: None,
+                        duration_ms: 1,
+                    },
+                };
+                writer.apply_one(out, now).await.unwrap().done()
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        takeover.commit().await.unwrap();
+        assert!(!write.await.unwrap(), "the stale write {n} was refused");
+    }
+    let steps = store.task_steps(stale[0].task_id).await.unwrap();
+    assert!(steps.is_empty(), "no stale step row: {steps:?}");
+    let steps = store.task_steps(stale[1].task_id).await.unwrap();
+    assert_eq!(steps[0].status, StepStatus::Pending, "the stale completion did not land");
+    store.close().await;
+    db.drop_db().await;
+}
+
+fn llm_step(key: &str) -> NewStep<'_> {
+    NewStep {
+        step_no: 1,
+        step_type: StepType::Llm,
+        tool_name: "chat",
+        idempotency_key: key,
+        input: "{}",
+    }
+}
+
+/// Many writes at once to the same tasks, in opposite orders, through the journal with four
+/// writers (PostgreSQL runs several; a lease renewal of a task can arrive beside its step
+/// write): every write lands and PostgreSQL detects no deadlock. Batches do not lock their
+/// task rows first; the journal gives each writer its own share of the tasks, so two
+/// batches committing at once never hold the same row. (With one shared queue, as before,
+/// this run deadlocks on PostgreSQL: the batch is rolled back and applied one by one.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_batches_over_the_same_tasks_do_not_deadlock() {
-    use assistd::store::writes::{WriteOp, WriteOut};
+async fn concurrent_writes_over_the_same_tasks_do_not_deadlock() {
+    use assistd::store::journal::Journal;
     let (db, store) = fresh_store().await;
     let now = now_ms();
     ingest_conversations(&store, "dl", 24, now).await;
     let claimed = store.claim_tasks("me", 24, now + LEASE, now).await.unwrap();
     assert_eq!(claimed.len(), 24);
     let fences: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "me")).collect();
-    let mut batches = tokio::task::JoinSet::new();
+    let deadlocks_before = deadlocks(&store).await;
+    let mut cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    cfg.worker.group_commit_writers = 4;
+    cfg.worker.group_commit_max = 64;
+    let journal = std::sync::Arc::new(Journal::start(store.clone(), &cfg.worker));
+    let mut writes = tokio::task::JoinSet::new();
     for b in 0..8usize {
-        let store = store.clone();
         let mut order = fences.clone();
         if b % 2 == 1 {
             order.reverse();
         }
-        batches.spawn(async move {
-            let mut ops = Vec::new();
-            for f in &order {
-                ops.push(WriteOp::RenewLease {
-                    fence: f.clone(),
-                    lease_until: now + LEASE + b as i64,
-                });
+        for f in order {
+            let journal = journal.clone();
+            writes.spawn(async move {
+                let renewed = journal.renew_lease(&f, now + LEASE + b as i64);
                 let key = format!("{}:{b}:dl", f.task_id);
-                ops.push(WriteOp::begin_step(
-                    f,
-                    &NewStep {
-                        step_no: 1 + b as i64,
-                        step_type: StepType::Tool,
-                        tool_name: "dl",
-                        idempotency_key: &key,
-                        input: "{}",
-                    },
-                ));
-            }
-            store.apply_writes(&ops, now).await
-        });
+                let step = NewStep {
+                    step_no: 1 + b as i64,
+                    step_type: StepType::Tool,
+                    tool_name: "dl",
+                    idempotency_key: &key,
+                    input: "{}",
+                };
+                let (renewed, begun) = tokio::join!(renewed, journal.begin_step(&f, &step));
+                (renewed.unwrap(), begun.unwrap().is_some())
+            });
+        }
     }
-    while let Some(out) = batches.join_next().await {
-        let out = out
-            .unwrap()
-            .expect("no batch fails (deadlock or otherwise)");
-        assert!(out.iter().all(|o| match o {
-            WriteOut::Done(landed) => *landed,
-            WriteOut::Step(row) => row.is_some(),
-        }));
+    while let Some(out) = writes.join_next().await {
+        assert_eq!(out.unwrap(), (true, true), "every write lands");
     }
     for f in &fences {
         assert_eq!(store.task_steps(f.task_id).await.unwrap().len(), 8);
     }
+    // PostgreSQL counts deadlocks per database; its statistics reach the view within a
+    // second of the transaction's end.
+    if let Some(before) = deadlocks_before {
+        tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+        assert_eq!(deadlocks(&store).await, Some(before), "no deadlock was detected");
+    }
     store.close().await;
     db.drop_db().await;
+}
+
+/// PostgreSQL's count of deadlocks detected in this database (`None` on SQLite).
+async fn deadlocks(store: &Store) -> Option<i64> {
+    let Store::Postgres(pool) = store else {
+        return None;
+    };
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    Some(n)
 }
 
 /// Group commit of worker writes: one transaction carrying the writes of two tasks, one of

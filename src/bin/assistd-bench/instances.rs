@@ -1,0 +1,145 @@
+//! Instances sharing one database: end-to-end with one `assistd` child and with two, the
+//! webhooks split between them, alternating, three pairs, a fresh database each round.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::harness::*;
+use crate::*;
+
+/// One round: `count` children on one fresh database, `n` messages split between them.
+struct Round {
+    rate: f64,
+    /// CPU milliseconds per message: the assistd children, this process (load generator,
+    /// mock model and receiver) and PostgreSQL's processes.
+    cpu: [f64; 3],
+    /// Distinct replies (one per message answered) and deliveries that repeated a key.
+    answered: usize,
+    repeated: usize,
+}
+
+pub(crate) async fn instances(args: &Args) -> anyhow::Result<()> {
+    let mut one = Vec::new();
+    let mut two = Vec::new();
+    // ASSISTD_BENCH_INSTANCE_COUNTS=2 (say) runs only those rounds, for profiling one.
+    let counts: Vec<usize> = std::env::var("ASSISTD_BENCH_INSTANCE_COUNTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2]);
+    for pair in 0..3 {
+        for &count in &counts {
+            let round = round(args, count).await?;
+            println!(
+                "scenario=instances db={} n={} pair={} instances={count} rate={:.0}/s answered={} repeated_deliveries={} cpu_ms_per_msg assistd={:.3} harness={:.3} postgres={:.3}",
+                db_name(args.db),
+                args.n,
+                pair + 1,
+                round.rate,
+                round.answered,
+                round.repeated,
+                round.cpu[0],
+                round.cpu[1],
+                round.cpu[2],
+            );
+            if count == 1 { &mut one } else { &mut two }.push(round);
+            if counts.len() == 1 {
+                return Ok(());
+            }
+        }
+    }
+    let median = |rounds: &[Round]| {
+        let mut rates: Vec<f64> = rounds.iter().map(|r| r.rate).collect();
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    };
+    let (one_rate, two_rate) = (median(&one), median(&two));
+    let unanswered: usize = one.iter().chain(&two).map(|r| args.n - r.answered).sum();
+    let repeated: usize = one.iter().chain(&two).map(|r| r.repeated).sum();
+    println!(
+        "scenario=instances db={} n={} median_one={one_rate:.0}/s median_two={two_rate:.0}/s two_over_one={:.2} unanswered={unanswered} repeated_deliveries={repeated}",
+        db_name(args.db),
+        args.n,
+        two_rate / one_rate
+    );
+    Ok(())
+}
+
+async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
+    let db = BenchDb::new(args.db).await?;
+    let mocks = start_mocks(Duration::ZERO).await?;
+    let mut children = Vec::new();
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for i in 0..count {
+        let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await?
+            .local_addr()?
+            .port();
+        let instance = format!("bench-{}", i + 1);
+        children.push(spawn_child(&db.url, &mocks, port, 0, 256, None, &instance)?);
+        wait_ready(port).await?;
+        addrs.push(format!("127.0.0.1:{port}").parse()?);
+    }
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    let cpu_before = cpu_now(&pids);
+    let started = Instant::now();
+    let sent = send_messages_to(&addrs, args.n, args.concurrency, "inst").await;
+    let waited = match sent {
+        Ok(_) => wait_replies(&mocks, args.n, Duration::from_secs(600)).await,
+        Err(e) => Err(e),
+    };
+    let elapsed = started.elapsed();
+    let cpu_after = cpu_now(&pids);
+    // A second reply for a message would come after its first: give it time to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for mut child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    mocks.stop.cancel();
+    db.drop_db().await;
+    waited?;
+    let answered = mocks.reply_keys.lock().unwrap().len();
+    let per_message = |i: usize| (cpu_after[i] - cpu_before[i]) / args.n as f64;
+    Ok(Round {
+        rate: args.n as f64 / elapsed.as_secs_f64(),
+        cpu: [per_message(0), per_message(1), per_message(2)],
+        answered,
+        repeated: mocks.repeated_replies.load(Ordering::Relaxed),
+    })
+}
+
+/// CPU milliseconds used so far by `children`, by this process, and by the processes named
+/// `postgres` (the cluster's backends and its background processes; a backend that exited
+/// meanwhile is not counted, and the children keep their connections to the end).
+fn cpu_now(children: &[u32]) -> [f64; 3] {
+    let assistd = children.iter().map(|&pid| cpu_ms(pid)).sum();
+    let postgres = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(cpu_ms)
+        .sum();
+    [assistd, cpu_ms(std::process::id()), postgres]
+}
+
+/// User and system CPU time of `pid` in milliseconds (`/proc/<pid>/stat`, at Linux's usual
+/// 100 ticks a second); 0 when it cannot be read.
+fn cpu_ms(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime: fields 14 and 15 of the line, counted from the pid as 1.
+    (ticks(11) + ticks(12)) * 10.0
+}
