@@ -261,12 +261,8 @@ impl GenericChannel {
                 platform_message_id: None,
             });
         }
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after =
+            crate::backoff::retry_after(response.headers(), std::time::SystemTime::now());
         Err(DeliveryError {
             message: format!("reply receiver answered HTTP {}", status.as_u16()),
             retry_after,

@@ -338,12 +338,8 @@ impl SlackChannel {
                 ))
             })?;
         let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after =
+            crate::backoff::retry_after(response.headers(), std::time::SystemTime::now());
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() && answer["ok"].as_bool() == Some(true) {
             return Ok(Delivered {

@@ -8,6 +8,7 @@ impl Config {
         self.check_server()?;
         self.check_runtime()?;
         self.check_scheduler()?;
+        self.check_log()?;
         self.check_channels()?;
         self.check_agents()
     }
@@ -179,6 +180,14 @@ impl Config {
                     "needs six fields: second minute hour day-of-month month day-of-week",
                 ));
             }
+            // Parsed as the scheduler will parse it (tokio-cron-scheduler's croner settings):
+            // an expression it refuses would leave the job silently never running.
+            if let Err(e) = cron_parser().parse(&job.cron) {
+                return Err(invalid(
+                    &format!("{key}.cron"),
+                    format!("`{}` is not a cron expression: {e}", job.cron),
+                ));
+            }
             positive(&format!("{key}.batch_size"), u64::from(job.batch_size))?;
             positive(&format!("{key}.lock_lease_secs"), job.lock_lease_secs)?;
         }
@@ -193,6 +202,38 @@ impl Config {
                 "scheduler.jobs.confirm_timeout.approval_callback_url",
                 &jobs.confirm_timeout.approval_callback_url,
             )?;
+        }
+        Ok(())
+    }
+
+    /// `log.level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or directives
+    /// `target=level` separated by commas. A bare word that is not a level would be taken
+    /// as a target enabled at every level, leaving everything else silent (`verbose`).
+    fn check_log(&self) -> Result<(), ConfigError> {
+        let level = self.log.level.trim();
+        let bad = |why: String| {
+            invalid(
+                "log.level",
+                format!(
+                    "`{level}` {why}: use error, warn, info, debug, trace or off, or \
+                     directives like `info,assistd=debug`"
+                ),
+            )
+        };
+        if level.is_empty() {
+            return Err(bad("is empty".into()));
+        }
+        for directive in level.split(',').map(str::trim) {
+            let word = directive.rsplit_once('=').map_or(directive, |(_, l)| l);
+            if word
+                .parse::<tracing_subscriber::filter::LevelFilter>()
+                .is_err()
+            {
+                return Err(bad(format!("has `{directive}`, which names no level")));
+            }
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(level) {
+            return Err(bad(format!("is not a filter: {e}")));
         }
         Ok(())
     }
@@ -285,4 +326,13 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The cron parser as tokio-cron-scheduler builds it (seconds required, day-of-month and
+/// day-of-week both applying).
+fn cron_parser() -> croner::parser::CronParser {
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Required)
+        .dom_and_dow(true)
+        .build()
 }

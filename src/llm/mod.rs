@@ -512,7 +512,8 @@ impl OpenAiClient {
         let response = response?;
         let status = response.status();
         if !status.is_success() {
-            let retry_after = parse_retry_after(response.headers());
+            let retry_after =
+                crate::backoff::retry_after(response.headers(), std::time::SystemTime::now());
             let body = response.text().await.map_err(classify_transport)?;
             let mut err = classify_status(status.as_u16(), &body);
             err.retry_after = retry_after;
@@ -610,12 +611,6 @@ fn classify_status(status: u16, body: &str) -> LlmError {
         failure_type,
         format!("model answered HTTP {status}: {snippet}"),
     )
-}
-
-fn parse_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    let secs: f64 = value.trim().parse().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
 fn finish_reason_str(reason: wire::FinishReason) -> &'static str {

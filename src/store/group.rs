@@ -89,7 +89,9 @@ impl<Op: Send + Sync + 'static, Out: Send + 'static> GroupCommit<Op, Out> {
             .key
             .map_or(0, |key| (key(&op) % self.queues.len() as u64) as usize);
         self.queues[queue]
-            .send((op, done)).await.map_err(|_| stopped())?;
+            .send((op, done))
+            .await
+            .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }

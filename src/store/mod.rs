@@ -158,6 +158,34 @@ impl<T> PerDialect<T> {
     }
 }
 
+/// One connection to the server before the pool is made, within `deadline`
+/// (`database.acquire_timeout_secs`): a server that cannot be reached is reported with its
+/// address and the cause (refused, unknown host, bad password, no such database, no
+/// answer), where the pool would only say it timed out. The password is never shown.
+async fn reach_postgres(options: &PgConnectOptions, deadline: Duration) -> anyhow::Result<()> {
+    use sqlx::{ConnectOptions, Connection};
+    let target = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    let database = options.get_database().unwrap_or("(default)");
+    let user = options.get_username();
+    match tokio::time::timeout(deadline, options.connect()).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(anyhow::anyhow!(
+            "cannot connect to PostgreSQL at {target} (database `{database}`, user `{user}`): {e}"
+        )),
+        Err(_) => Err(anyhow::anyhow!(
+            "cannot connect to PostgreSQL at {target} (database `{database}`, user `{user}`): \
+             no answer within {} s (database.acquire_timeout_secs)",
+            deadline.as_secs()
+        )),
+    }
+}
+
 impl Store {
     /// Connects (creating a SQLite file and its folder if missing); does not migrate.
     pub async fn connect(config: &DatabaseConfig) -> anyhow::Result<Store> {
@@ -184,12 +212,14 @@ impl Store {
             }
             // An embedded database has no server to drop a connection: sqlx's ping before
             // every acquire (a round trip to the connection's thread) buys nothing here.
+            let file = options.get_filename().display().to_string();
             let pool = SqlitePoolOptions::new()
                 .max_connections(config.max_connections)
                 .acquire_timeout(acquire)
                 .test_before_acquire(false)
                 .connect_with(options)
-                .await?;
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot open SQLite database {file}: {e}"))?;
             Ok(Store::Sqlite(pool, WriteGate::default()))
         } else {
             let mut options = PgConnectOptions::from_str(url)?;
@@ -198,6 +228,7 @@ impl Store {
                 options = options
                     .options([("statement_timeout", config.statement_timeout_ms.to_string())]);
             }
+            reach_postgres(&options, acquire).await?;
             let pool = PgPoolOptions::new()
                 .max_connections(config.max_connections)
                 .acquire_timeout(acquire)

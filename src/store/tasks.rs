@@ -3,7 +3,7 @@
 //! its lease cannot overwrite the work of the instance that took the task over.
 
 use super::sql::{STEP_COLUMNS, current_step_sql};
-use super::sql::{audit_row, insert_audits_sql, in_json_ids};
+use super::sql::{audit_row, in_json_ids, insert_audits_sql};
 use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, FailureType, Fence, MessageRow, StepRow, TaskRow, TaskStatus};

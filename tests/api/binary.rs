@@ -174,6 +174,103 @@ fn invalid_configuration_stops_start_up_naming_the_key() {
     assert!(stderr.contains("llm.timeout_secs"), "{stderr}");
 }
 
+/// Issue 23: a cron expression the scheduler would refuse, and a log level that names no
+/// level, stop start-up naming the key (before, `… funday` was accepted and the job never
+/// ran; `verbose` was taken as a target and silenced every log).
+#[test]
+fn a_bad_cron_expression_or_log_level_stops_start_up_naming_the_key() {
+    for (var, value, key) in [
+        (
+            "ASSISTD_SCHEDULER__JOBS__RETENTION__CRON",
+            "0 0 3 * * funday",
+            "scheduler.jobs.retention.cron",
+        ),
+        (
+            "ASSISTD_SCHEDULER__JOBS__CONFIRM_TIMEOUT__CRON",
+            "0 61 * * * *",
+            "scheduler.jobs.confirm_timeout.cron",
+        ),
+        ("ASSISTD_LOG__LEVEL", "verbose", "log.level"),
+        ("ASSISTD_LOG__LEVEL", "info,assistd", "log.level"),
+        ("ASSISTD_LOG__LEVEL", "assistd=loud", "log.level"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_assistd"))
+            .env_clear()
+            .env(var, value)
+            .env(
+                "ASSISTD_DATABASE__URL",
+                format!("sqlite://{}/a.db", dir.path().display()),
+            )
+            .arg("migrate")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{value}: {stderr}");
+        assert!(stderr.contains(key), "{value}: {stderr}");
+        assert!(stderr.contains(value), "{value}: {stderr}");
+    }
+    // Directives with levels are fine (checked without starting: `migrate` on a temp file).
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_assistd"))
+        .env_clear()
+        .env("ASSISTD_LOG__LEVEL", "warn,assistd=debug")
+        .env(
+            "ASSISTD_DATABASE__URL",
+            format!("sqlite://{}/a.db", dir.path().display()),
+        )
+        .arg("migrate")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Issue 23: a PostgreSQL server that cannot be reached is reported within a few seconds,
+/// naming its address and the cause, not as the pool's "timed out": refused, an unknown
+/// host, and a server that accepts and never answers (reported after
+/// `database.acquire_timeout_secs`, here 2).
+#[test]
+fn an_unreachable_database_is_reported_with_its_address_and_cause() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let closed = free_port();
+    for (url, cause) in [
+        (
+            format!("postgres://u:secret-pw@127.0.0.1:{closed}/db"),
+            "refused",
+        ),
+        (
+            "postgres://u:secret-pw@no-such-host.invalid:5432/db".to_string(),
+            "no-such-host.invalid",
+        ),
+        (
+            format!("postgres://u:secret-pw@127.0.0.1:{silent_port}/db"),
+            "no answer within 2 s",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_assistd"))
+            .env_clear()
+            .env("ASSISTD_DATABASE__URL", &url)
+            .env("ASSISTD_DATABASE__ACQUIRE_TIMEOUT_SECS", "2")
+            .arg("migrate")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{url}");
+        assert!(
+            stderr.contains("cannot connect to PostgreSQL at"),
+            "{stderr}"
+        );
+        assert!(stderr.contains(cause), "{url}: {stderr}");
+        assert!(
+            !stderr.contains("secret-pw"),
+            "the password is not shown: {stderr}"
+        );
+        assert!(!stderr.contains("pool timed out"), "{stderr}");
+    }
+    drop(silent);
+}
+
 /// The value of one sample line of a Prometheus exposition, by its name and labels.
 fn sample(exposition: &str, series: &str) -> Option<f64> {
     exposition

@@ -178,10 +178,16 @@ async fn a_task_and_its_reply_have_their_own_audit_trails() {
         .admin_get(&format!("/api/admin/audit?target_type=task&target_id={id}"))
         .await;
     let ev: Vec<String> = events(&trail).into_iter().map(|(e, _)| e).collect();
-    assert_eq!(ev, ["TASK_SUCCEEDED", "TASK_RUNNING", "TASK_CREATED"], "{trail}");
+    assert_eq!(
+        ev,
+        ["TASK_SUCCEEDED", "TASK_RUNNING", "TASK_CREATED"],
+        "{trail}"
+    );
     let reply = task["replies"][0]["id"].as_i64().unwrap();
     let trail = app
-        .admin_get(&format!("/api/admin/audit?target_type=reply&target_id={reply}"))
+        .admin_get(&format!(
+            "/api/admin/audit?target_type=reply&target_id={reply}"
+        ))
         .await;
     let ev: Vec<String> = events(&trail).into_iter().map(|(e, _)| e).collect();
     assert_eq!(ev, ["REPLY_SENT"], "{trail}");

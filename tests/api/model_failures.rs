@@ -8,16 +8,28 @@ use crate::helpers::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limited_then_ok_succeeds_after_honouring_retry_after() {
+    rate_limited_then_ok("1".into()).await;
+}
+
+/// `Retry-After` in its other form, an HTTP-date (RFC 9110), read with `httpdate` (issue 23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_as_an_http_date_is_honoured() {
+    let at = std::time::SystemTime::now() + Duration::from_secs(2);
+    rate_limited_then_ok(httpdate::fmt_http_date(at)).await;
+}
+
+async fn rate_limited_then_ok(retry_after: String) {
     let model = MockServer::start().await;
-    model_mock(|_: &serde_json::Value| {
-        ModelReply::error(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "1")
+    model_mock(move |_: &serde_json::Value| {
+        ModelReply::error(429, r#"{"error":{"message":"slow down"}}"#)
+            .header("retry-after", retry_after.as_str())
     })
     .up_to_n_times(1)
     .with_priority(1)
     .mount(&model)
     .await;
     model_mock(echo).with_priority(2).mount(&model).await;
-    // Backoff alone would wait a minute; only honouring Retry-After (1 s) finishes in time.
+    // Backoff alone would wait a minute; only honouring Retry-After (1–2 s) finishes in time.
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
         c.llm.retry.rate_limited.backoff_base_ms = 60_000;
         c.llm.retry.rate_limited.backoff_max_ms = 60_000;

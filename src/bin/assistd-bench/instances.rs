@@ -139,7 +139,12 @@ fn cpu_ms(pid: u32) -> f64 {
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // utime and stime: fields 14 and 15 of the line, counted from the pid as 1.
     (ticks(11) + ticks(12)) * 10.0
 }

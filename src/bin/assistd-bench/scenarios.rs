@@ -136,7 +136,15 @@ pub(crate) async fn recovery(args: &Args) -> anyhow::Result<()> {
         let logs = tempfile::tempdir()?;
         let log = logs.path().join("restarted.log");
         let restarted = Instant::now();
-        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096, Some(&log), "bench-child")?;
+        let mut child = spawn_child(
+            &db.url,
+            &mocks,
+            port,
+            grace,
+            4096,
+            Some(&log),
+            "bench-child",
+        )?;
         wait_ready(port).await?;
         let ready = restarted.elapsed();
         // When 90 % of the tasks were running again: a late tail points at the claim loop's

@@ -141,13 +141,11 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
     for (n, fence) in stale.iter().enumerate() {
         // Another instance's takeover, not yet committed.
         let mut takeover = pool.begin().await.unwrap();
-        sqlx::query(
-            "UPDATE agent_task SET owner = 'new', version = version + 1 WHERE id = $1",
-        )
-        .bind(fence.task_id)
-        .execute(&mut *takeover)
-        .await
-        .unwrap();
+        sqlx::query("UPDATE agent_task SET owner = 'new', version = version + 1 WHERE id = $1")
+            .bind(fence.task_id)
+            .execute(&mut *takeover)
+            .await
+            .unwrap();
         let writer = store.clone();
         let fence = fence.clone();
         let step_id = begun.id;
@@ -180,7 +178,11 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
     let steps = store.task_steps(stale[0].task_id).await.unwrap();
     assert!(steps.is_empty(), "no stale step row: {steps:?}");
     let steps = store.task_steps(stale[1].task_id).await.unwrap();
-    assert_eq!(steps[0].status, StepStatus::Pending, "the stale completion did not land");
+    assert_eq!(
+        steps[0].status,
+        StepStatus::Pending,
+        "the stale completion did not land"
+    );
     store.close().await;
     db.drop_db().await;
 }
@@ -248,7 +250,11 @@ async fn concurrent_writes_over_the_same_tasks_do_not_deadlock() {
     // second of the transaction's end.
     if let Some(before) = deadlocks_before {
         tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
-        assert_eq!(deadlocks(&store).await, Some(before), "no deadlock was detected");
+        assert_eq!(
+            deadlocks(&store).await,
+            Some(before),
+            "no deadlock was detected"
+        );
     }
     store.close().await;
     db.drop_db().await;
@@ -259,12 +265,11 @@ async fn deadlocks(store: &Store) -> Option<i64> {
     let Store::Postgres(pool) = store else {
         return None;
     };
-    let (n,): (i64,) = sqlx::query_as(
-        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
     Some(n)
 }
 
