@@ -43,6 +43,7 @@ fn every_benchmark_scenario_runs_at_small_n() {
         "feedback",
         "mcp-steps",
         "instances",
+        "connections",
     ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),

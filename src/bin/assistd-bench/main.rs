@@ -3,7 +3,7 @@
 //! figures per scenario; asserts nothing about speed.
 //!
 //! ```text
-//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|recovery|all> \
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|connections|recovery|all> \
 //!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS] [--stream-ms MS]
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
@@ -11,6 +11,7 @@
 
 use clap::{Parser, ValueEnum};
 
+mod connections;
 mod feedback;
 mod harness;
 mod instances;
@@ -42,6 +43,12 @@ pub(crate) enum Scenario {
     /// split between them), alternating, three pairs: rates, unanswered messages and
     /// repeated deliveries.
     Instances,
+    /// Resident memory per model request held open by a reqwest client alone (a child
+    /// process), to set against in-flight's memory per task.
+    Connections,
+    /// The child of `connections` (not a scenario of its own).
+    #[value(hide = true)]
+    ConnectionsChild,
     All,
 }
 
@@ -100,6 +107,8 @@ fn main() -> anyhow::Result<()> {
             Scenario::Feedback => feedback::feedback(&args).await,
             Scenario::McpSteps => mcp::mcp_steps(&args).await,
             Scenario::Instances => instances::instances(&args).await,
+            Scenario::Connections => connections::connections(&args).await,
+            Scenario::ConnectionsChild => connections::child(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
                 end_to_end(&args).await?;
@@ -109,6 +118,7 @@ fn main() -> anyhow::Result<()> {
                 feedback::feedback(&args).await?;
                 mcp::mcp_steps(&args).await?;
                 instances::instances(&args).await?;
+                connections::connections(&args).await?;
                 recovery(&args).await
             }
         }
