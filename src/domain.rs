@@ -192,6 +192,8 @@ text_enum!(
         ConfirmDenied => "CONFIRM_DENIED",
         ReplySent => "REPLY_SENT",
         ReplyFailed => "REPLY_FAILED",
+        /// An admin sent a reply that was failing or given up out again now.
+        ReplyRetried => "REPLY_RETRIED",
         AgentVersionPublished => "AGENT_VERSION_PUBLISHED",
         /// An admin ran a job's tick now.
         JobRun => "JOB_RUN",

@@ -13,9 +13,14 @@ const LATENCY_SAMPLE: i64 = 100_000;
 /// Top error messages kept per failure type.
 const TOP_ERRORS: usize = 5;
 
-/// Counts by status and failure type per bucket (`bucket_ms` wide), agent and version;
-/// success rate; p50/p95 webhook-to-reply time; the top (redacted) error messages per
-/// failure type.
+/// Replies not getting through listed on the summary.
+const STUCK_REPLIES: i64 = 50;
+
+/// Counts by status, failure type and delivery of the answer per bucket (`bucket_ms`
+/// wide), agent and version; the success rate (a task counts only once its answer was
+/// delivered) beside the outcome rate; p50/p95 webhook-to-reply time; the top (redacted)
+/// error messages per failure type; delivery per platform, the outbox backlog and the
+/// replies not getting through.
 pub async fn failure_summary(
     store: &Store,
     filter: &SummaryFilter,
@@ -30,6 +35,9 @@ pub async fn failure_summary(
     struct Tally {
         by_status: BTreeMap<&'static str, i64>,
         by_failure_type: BTreeMap<&'static str, i64>,
+        /// Where each task's answer stands; NONE while it has none.
+        answers: BTreeMap<String, i64>,
+        succeeded_and_delivered: i64,
     }
     impl Tally {
         fn add(&mut self, row: &SummaryRow) {
@@ -37,15 +45,23 @@ pub async fn failure_summary(
             if let Some(f) = row.failure_type {
                 *self.by_failure_type.entry(f.as_str()).or_default() += row.count;
             }
+            let delivery = row.delivery.clone().unwrap_or_else(|| "NONE".into());
+            if row.status == crate::domain::TaskStatus::Succeeded && delivery == "DELIVERED" {
+                self.succeeded_and_delivered += row.count;
+            }
+            *self.answers.entry(delivery).or_default() += row.count;
         }
         fn json(&self) -> Value {
             let count = |s: &str| self.by_status.get(s).copied().unwrap_or(0);
             let done = count("SUCCEEDED") + count("FAILED") + count("CANCELLED");
+            let rate = |n: i64| (done > 0).then(|| n as f64 / done as f64);
             json!({
                 "tasks": self.by_status.values().sum::<i64>(),
                 "by_status": self.by_status,
                 "by_failure_type": self.by_failure_type,
-                "success_rate": (done > 0).then(|| count("SUCCEEDED") as f64 / done as f64),
+                "answers": self.answers,
+                "success_rate": rate(self.succeeded_and_delivered),
+                "outcome_success_rate": rate(count("SUCCEEDED")),
             })
         }
     }
@@ -70,7 +86,9 @@ pub async fn failure_summary(
             }));
         }
     }
+    let delivery = delivery(store, filter).await?;
     Ok(json!({
+        "delivery": delivery,
         "since": filter.since,
         "until": filter.until,
         "bucket": if bucket_ms == 3_600_000 { "hour" } else { "day" },
@@ -92,6 +110,47 @@ pub async fn failure_summary(
             "p95": percentile(&latencies, 0.95),
         },
         "top_errors": top,
+    }))
+}
+
+/// Delivery per platform in the window (replies by state) with each platform's outbox
+/// backlog now (count, age of the oldest), and the replies not getting through.
+async fn delivery(store: &Store, filter: &SummaryFilter) -> StoreResult<Value> {
+    let now = crate::domain::now_ms();
+    let mut channels: BTreeMap<String, Value> = BTreeMap::new();
+    let blank = || json!({ "DELIVERED": 0, "PENDING": 0, "FAILED": 0, "UNKNOWN": 0, "backlog": 0, "oldest_pending_age_ms": null });
+    for row in store.delivery_by_channel(filter).await? {
+        channels.entry(row.channel).or_insert_with(blank)[row.state.as_str()] = json!(row.count);
+    }
+    let (mut backlog, mut oldest) = (0, None::<i64>);
+    for (channel, count, first) in store.outbox_backlog().await? {
+        let entry = channels.entry(channel).or_insert_with(blank);
+        entry["backlog"] = json!(count);
+        entry["oldest_pending_age_ms"] = json!(now - first);
+        backlog += count;
+        oldest = Some(oldest.map_or(first, |o| o.min(first)));
+    }
+    let stuck = store.stuck_replies(filter, STUCK_REPLIES).await?;
+    Ok(json!({
+        "backlog": backlog,
+        "oldest_pending_age_ms": oldest.map(|first| now - first),
+        "by_channel": channels.into_iter().map(|(channel, mut v)| {
+            v["channel"] = json!(channel);
+            v
+        }).collect::<Vec<_>>(),
+        "stuck": stuck.iter().map(|r| json!({
+            "id": r.id,
+            "task_id": r.task_id,
+            "channel": r.channel,
+            "conversation_id": r.conversation_id,
+            "status": r.status,
+            "attempts": r.attempts,
+            "last_error": r.last_error.as_deref().map(|e| {
+                crate::redaction::redact(&crate::domain::truncate(e, 300))
+            }),
+            "created_at": r.created_at,
+            "next_attempt_at": r.next_attempt_at,
+        })).collect::<Vec<_>>(),
     }))
 }
 

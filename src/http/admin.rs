@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
-use axum::routing::get;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -19,6 +20,35 @@ pub fn router() -> Router<Arc<ApiContext>> {
         .route("/api/admin/job-runs", get(job_runs))
         .route("/api/admin/failure-summary", get(failure_summary))
         .route("/api/admin/mcp", get(mcp_servers))
+        .route("/api/admin/replies/{id}/retry", post(retry_reply))
+}
+
+/// "Retry delivery now" for a reply, shared with the admin page: due now (PENDING) or
+/// sent out again (FAILED), audited; 409 for one delivered, in doubt or being sent.
+pub async fn retry_reply_now(svc: &ApiContext, id: i64, actor: &str) -> Result<Value, ApiError> {
+    let now = crate::domain::now_ms();
+    match svc.store.retry_reply(id, actor, now).await? {
+        None => Err(ApiError::NotFound(format!("no reply {id}"))),
+        Some(Err(why)) => Err(ApiError::Conflict(format!("reply {id} not retried: {why}"))),
+        Some(Ok(reply)) => {
+            svc.control.wake.replies.notify_one();
+            Ok(
+                json!({ "id": reply.id, "task_id": reply.task_id, "status": reply.status,
+                       "attempts": reply.attempts, "next_attempt_at": reply.next_attempt_at }),
+            )
+        }
+    }
+}
+
+async fn retry_reply(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    retry_reply_now(&svc, id, &super::tasks::actor(&headers))
+        .await
+        .map(Json)
 }
 
 /// The MCP servers, their connection state and their tools with the kinds assistd gives

@@ -37,6 +37,7 @@ pub fn router() -> Router<Arc<ApiContext>> {
         .route("/admin/tasks/{id}", get(task_page))
         .route("/admin/tasks/{id}/{action}", post(task_action))
         .route("/admin/jobs/{job}/{action}", post(job_action))
+        .route("/admin/replies/{id}/retry", post(reply_retry))
 }
 
 fn templates() -> &'static minijinja::Environment<'static> {
@@ -256,8 +257,9 @@ struct DashboardQuery {
     agent: Option<String>,
     channel: Option<String>,
     failure_type: Option<String>,
-    /// The outcome of a scheduler panel action, shown once.
+    /// The outcome of a scheduler or delivery panel action, shown once in that panel.
     message: Option<String>,
+    panel: Option<String>,
 }
 
 async fn dashboard(
@@ -322,7 +324,7 @@ async fn dashboard(
         json!({ "s": summary, "chart": chart, "hours": hours, "bucket": bucket, "agent": q.agent,
                 "channel": q.channel, "failure_type": q.failure_type, "waiting": waiting,
                 "job_runs": job_runs, "jobs": jobs, "leases": leases, "csrf": admin.csrf,
-                "message": q.message }),
+                "message": q.message, "panel": q.panel }),
     ))
 }
 
@@ -527,6 +529,26 @@ async fn job_action(
     };
     Ok(Redirect::to(&format!(
         "/admin?message={}#scheduler",
+        url::form_urlencoded::byte_serialize(message.as_bytes()).collect::<String>()
+    ))
+    .into_response())
+}
+
+/// The delivery panel's "Retry now" button (CSRF, audited as the web admin).
+async fn reply_retry(
+    admin: AdminPage,
+    State(svc): State<Arc<ApiContext>>,
+    Path(id): Path<i64>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    check_csrf(&admin, &form)?;
+    let message = match super::admin::retry_reply_now(&svc, id, "admin:web").await {
+        Ok(_) => format!("reply {id} is being sent again now"),
+        Err(ApiError::Conflict(text) | ApiError::NotFound(text)) => text,
+        Err(e) => return Err(e),
+    };
+    Ok(Redirect::to(&format!(
+        "/admin?panel=delivery&message={}#delivery",
         url::form_urlencoded::byte_serialize(message.as_bytes()).collect::<String>()
     ))
     .into_response())

@@ -293,4 +293,70 @@ impl Store {
             sqlx::query_as::<_, ReplyRow>(&sql).bind(task_id).fetch_all(pool).await?
         }))
     }
+
+    /// An admin's "retry delivery now": a PENDING reply waiting out its backoff becomes due
+    /// now; a FAILED (given up) one is PENDING again with its attempts counted from zero.
+    /// Refused (`Err` with the reason) for a reply delivered, in doubt (UNKNOWN: it may
+    /// have reached the chat; sending again could show it twice) or being sent right now.
+    /// Audited (REPLY_RETRIED, target the reply). `Ok(None)`: no such reply.
+    pub async fn retry_reply(
+        &self,
+        reply_id: i64,
+        actor: &str,
+        now: i64,
+    ) -> StoreResult<Option<Result<ReplyRow, String>>> {
+        let sql = format!(
+            "UPDATE outbound_reply SET status = 'PENDING', next_attempt_at = $1, \
+             attempts = CASE WHEN status = 'FAILED' THEN 0 ELSE attempts END \
+             WHERE id = $2 AND status IN ('PENDING', 'FAILED') \
+             AND (locked_until IS NULL OR locked_until < $1) RETURNING {REPLY_COLUMNS}"
+        );
+        let out = write_tx!(self, tx => {
+            let before: Option<(ReplyStatus, Option<i64>)> =
+                sqlx::query_as("SELECT status, locked_until FROM outbound_reply WHERE id = $1")
+                    .bind(reply_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            match before {
+                None => None,
+                Some((status, locked_until)) => {
+                    let row: Option<ReplyRow> = sqlx::query_as(&sql)
+                        .bind(now)
+                        .bind(reply_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    match row {
+                        Some(row) => {
+                            let summary = format!(
+                                "reply {} ({status} before) sent out again now by {actor}",
+                                row.idempotency_key
+                            );
+                            insert_audit!(
+                                &mut *tx,
+                                Some(row.task_id),
+                                AuditEvent::ReplyRetried,
+                                actor,
+                                &summary,
+                                false,
+                                now,
+                                target = Some(AuditTarget::Reply(row.id)),
+                            )?;
+                            Some(Ok(row))
+                        }
+                        None => Some(Err(match status {
+                            ReplyStatus::Sent => "the reply was delivered".to_string(),
+                            ReplyStatus::Unknown => "the reply may have reached the chat \
+                                 (UNKNOWN); sending it again could show it twice"
+                                .to_string(),
+                            _ if locked_until.is_some_and(|l| l >= now) => {
+                                "the reply is being sent right now".to_string()
+                            }
+                            other => format!("the reply is {other}"),
+                        })),
+                    }
+                }
+            }
+        });
+        Ok(out)
+    }
 }

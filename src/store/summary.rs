@@ -21,7 +21,32 @@ pub struct SummaryRow {
     pub version: i64,
     pub status: TaskStatus,
     pub failure_type: Option<FailureType>,
+    /// Where the task's answer stands (`DELIVERY_STATE`): DELIVERED, PENDING, FAILED,
+    /// UNKNOWN, or `None` while there is no answer yet.
+    pub delivery: Option<String>,
     pub count: i64,
+}
+
+/// One platform's replies in a state (`DELIVERY_STATE`), and its outbox backlog.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ChannelDelivery {
+    pub channel: String,
+    pub state: String,
+    pub count: i64,
+}
+
+/// A reply that is not getting through: given up, in doubt, or retrying.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StuckReply {
+    pub id: i64,
+    pub task_id: i64,
+    pub channel: String,
+    pub conversation_id: String,
+    pub status: String,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub next_attempt_at: i64,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -30,6 +55,16 @@ pub struct ErrorRow {
     pub error_msg: String,
     pub count: i64,
 }
+
+/// A reply row `r` as a chat user sees it: DELIVERED (sent, and not a placeholder still
+/// waiting for its answer), PENDING (to be sent, or a placeholder shown), FAILED (given up)
+/// or UNKNOWN (given up in doubt).
+const DELIVERY_STATE: &str = "CASE WHEN r.status = 'SENT' AND r.placeholder = 0 THEN 'DELIVERED' \
+     WHEN r.status = 'SENT' THEN 'PENDING' ELSE r.status END";
+
+/// The key of a task `t`'s answer (`domain::reply_key`).
+const ANSWER_KEY: &str = "'agent-task-' || CAST(t.id AS TEXT) || CASE WHEN t.resume_count = 0 \
+     THEN '' ELSE '-r' || CAST(t.resume_count AS TEXT) END";
 
 const FILTER: &str = "t.created_at >= $2 AND t.created_at < $3 \
      AND ($4 IS NULL OR a.name = $4) AND ($5 IS NULL OR t.channel = $5) \
@@ -44,15 +79,83 @@ impl Store {
     ) -> StoreResult<Vec<SummaryRow>> {
         let sql = format!(
             "SELECT (t.created_at / $1) * $1 AS bucket, a.name AS agent, v.version_no AS version, \
-             t.status, t.failure_type, COUNT(*) AS count \
+             t.status, t.failure_type, \
+             (SELECT {DELIVERY_STATE} FROM outbound_reply r \
+                 WHERE r.idempotency_key = {ANSWER_KEY}) AS delivery, COUNT(*) AS count \
              FROM agent_task t JOIN agent a ON a.id = t.agent_id \
              JOIN agent_version v ON v.id = t.agent_version_id WHERE {FILTER} \
-             GROUP BY 1, 2, 3, 4, 5 \
+             GROUP BY 1, 2, 3, 4, 5, 6 \
              ORDER BY 1"
         );
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, SummaryRow>(&sql)
                 .bind(bucket_ms)
+                .bind(f.since)
+                .bind(f.until)
+                .bind(&f.agent)
+                .bind(&f.channel)
+                .bind(f.failure_type)
+                .fetch_all(pool)
+                .await?
+        }))
+    }
+
+    /// The replies of the filtered tasks (answers, notices, placeholders) per platform and
+    /// state.
+    pub async fn delivery_by_channel(
+        &self,
+        f: &SummaryFilter,
+    ) -> StoreResult<Vec<ChannelDelivery>> {
+        let sql = format!(
+            "SELECT r.channel, {DELIVERY_STATE} AS state, COUNT(*) AS count \
+             FROM outbound_reply r JOIN agent_task t ON t.id = r.task_id \
+             JOIN agent a ON a.id = t.agent_id WHERE $1 = $1 AND {FILTER} \
+             GROUP BY 1, 2 ORDER BY 1, 2"
+        );
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, ChannelDelivery>(&sql)
+                .bind(0i64)
+                .bind(f.since)
+                .bind(f.until)
+                .bind(&f.agent)
+                .bind(&f.channel)
+                .bind(f.failure_type)
+                .fetch_all(pool)
+                .await?
+        }))
+    }
+
+    /// The outbox backlog now, whatever the window: per platform, the replies still to be
+    /// sent and when the oldest of them was queued.
+    pub async fn outbox_backlog(&self) -> StoreResult<Vec<(String, i64, i64)>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT channel, COUNT(*), MIN(created_at) FROM outbound_reply \
+                 WHERE status = 'PENDING' GROUP BY channel ORDER BY channel",
+            )
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    /// Replies of the filtered tasks that are not getting through (given up, in doubt, or
+    /// failed at least once and still retrying), newest first.
+    pub async fn stuck_replies(
+        &self,
+        f: &SummaryFilter,
+        limit: i64,
+    ) -> StoreResult<Vec<StuckReply>> {
+        let sql = format!(
+            "SELECT r.id, r.task_id, r.channel, r.conversation_id, r.status, r.attempts, \
+             r.last_error, r.created_at, r.next_attempt_at FROM outbound_reply r \
+             JOIN agent_task t ON t.id = r.task_id JOIN agent a ON a.id = t.agent_id \
+             WHERE (r.status IN ('FAILED', 'UNKNOWN') \
+                 OR (r.status = 'PENDING' AND r.last_error IS NOT NULL)) AND {FILTER} \
+             ORDER BY r.id DESC LIMIT $1"
+        );
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, StuckReply>(&sql)
+                .bind(limit)
                 .bind(f.since)
                 .bind(f.until)
                 .bind(&f.agent)

@@ -188,3 +188,167 @@ async fn metrics_are_exposed_in_prometheus_format() {
     assert!(webhooks >= 6, "{text}");
     app.stop().await;
 }
+
+/// Issue 23: with the reply receiver down, a task that succeeded is not "answered": the
+/// summary shows its answer pending, the outbox backlog and its age, the platform's
+/// panel and the failing reply; an admin's "retry delivery now" (API, and the page's
+/// button with CSRF) sends it at once, audited, and then it counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers_it() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(503))
+        .with_priority(5)
+        .mount(&receiver)
+        .await;
+    // Backoff alone would not try again within the test: only the retry can deliver.
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
+        c.outbox.backoff_base_ms = 600_000;
+        c.outbox.backoff_max_ms = 600_000;
+    })
+    .await;
+    let id = task_id_of(app.post_message(&message("c-down", 1, "hello")).await).await;
+    let task = app
+        .wait_task(id, WAIT, |t| {
+            t["status"] == "SUCCEEDED" && t["replies"][0]["last_error"].is_string()
+        })
+        .await;
+    let reply = task["replies"][0]["id"].as_i64().unwrap();
+
+    let s: Value = app.summary("").await.json().await.unwrap();
+    let totals = &s["totals"];
+    assert_eq!(totals["by_status"]["SUCCEEDED"], 1, "{s:#}");
+    assert_eq!(totals["answers"]["PENDING"], 1, "{s:#}");
+    assert_eq!(totals["success_rate"], 0.0, "not answered: {s:#}");
+    assert_eq!(totals["outcome_success_rate"], 1.0);
+    let delivery = &s["delivery"];
+    assert_eq!(delivery["backlog"], 1);
+    assert!(delivery["oldest_pending_age_ms"].as_i64().unwrap() >= 0);
+    assert_eq!(delivery["by_channel"][0]["channel"], "generic");
+    assert_eq!(delivery["by_channel"][0]["PENDING"], 1);
+    assert_eq!(delivery["by_channel"][0]["backlog"], 1);
+    assert_eq!(delivery["stuck"][0]["id"], reply);
+    assert!(
+        delivery["stuck"][0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("503"),
+        "{delivery:#}"
+    );
+
+    // The page shows it, with a retry button that needs the page's CSRF token.
+    let http = crate::admin_pages::browser();
+    let cookie = crate::admin_pages::sign_in(&app, &http).await;
+    let page = http
+        .get(format!("{}/admin", app.addr))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("id=\"answers-pending\">1<"), "{page}");
+    assert!(page.contains(&format!("id=\"retry-{reply}\"")), "{page}");
+    let retry_page = format!("{}/admin/replies/{reply}/retry", app.addr);
+    let forged = http
+        .post(&retry_page)
+        .header("cookie", &cookie)
+        .form(&[("csrf", "0".repeat(64))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403, "no retry without the page's token");
+    let retry_api = format!("{}/api/admin/replies/{reply}/retry", app.addr);
+    assert_eq!(
+        app.http.post(&retry_api).send().await.unwrap().status(),
+        401
+    );
+
+    // The receiver is back; the admin retries from the page.
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200))
+        .with_priority(1)
+        .mount(&app.receiver)
+        .await;
+    let csrf = crate::admin_pages::csrf_of(&page);
+    let done = http
+        .post(&retry_page)
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 303);
+    let to = done.headers()["location"].to_str().unwrap();
+    assert!(to.contains("panel=delivery"), "{to}");
+    app.wait_replied(id, WAIT).await;
+
+    let s: Value = app.summary("").await.json().await.unwrap();
+    assert_eq!(s["totals"]["answers"]["DELIVERED"], 1, "{s:#}");
+    assert_eq!(s["totals"]["success_rate"], 1.0);
+    assert_eq!(s["delivery"]["backlog"], 0);
+    assert_eq!(s["delivery"]["stuck"], serde_json::json!([]));
+    let trail: Value = app
+        .http
+        .get(format!(
+            "{}/api/admin/audit?target_type=reply&target_id={reply}",
+            app.addr
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let events: Vec<(String, String)> = trail["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["event"].as_str().unwrap().to_string(),
+                a["actor"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        events.contains(&("REPLY_RETRIED".into(), "admin:web".into())),
+        "{events:?}"
+    );
+    assert!(events.iter().any(|(e, _)| e == "REPLY_SENT"), "{events:?}");
+
+    // Delivered: a second retry is refused; no such reply is 404.
+    let again = app
+        .http
+        .post(&retry_api)
+        .bearer_auth(ADMIN_TOKEN)
+        .header("X-Assistd-Actor", "carol")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+    let none = app
+        .http
+        .post(format!("{}/api/admin/replies/999999/retry", app.addr))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(none.status(), 404);
+    assert_eq!(
+        receiver_posts(&app).await,
+        2,
+        "one failed try, one delivery"
+    );
+    app.stop().await;
+}
+
+async fn receiver_posts(app: &TestApp) -> usize {
+    app.receiver.received_requests().await.unwrap().len()
+}
