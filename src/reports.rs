@@ -60,6 +60,7 @@ pub async fn failure_summary(
                 "by_status": self.by_status,
                 "by_failure_type": self.by_failure_type,
                 "answers": self.answers,
+                "answered": self.succeeded_and_delivered,
                 "success_rate": rate(self.succeeded_and_delivered),
                 "outcome_success_rate": rate(count("SUCCEEDED")),
             })

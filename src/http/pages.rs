@@ -44,6 +44,7 @@ fn templates() -> &'static minijinja::Environment<'static> {
     static ENV: OnceLock<minijinja::Environment<'static>> = OnceLock::new();
     ENV.get_or_init(|| {
         let mut env = minijinja::Environment::new();
+        env.add_filter("when", when);
         for (name, source) in [
             (
                 "layout.html",
@@ -228,26 +229,25 @@ async fn logout(State(svc): State<Arc<ApiContext>>, _admin: AdminPage) -> Respon
     ([(header::SET_COOKIE, cookie)], Redirect::to("/admin/login")).into_response()
 }
 
-/// `YYYY-MM-DD HH:MM:SS` UTC for milliseconds since the epoch.
+/// `YYYY-MM-DD HH:MM:SS` UTC for milliseconds since the epoch (`jiff`); empty when out of
+/// range.
 pub fn utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_default()
+}
+
+/// The `when` filter: milliseconds since the epoch as `<time datetime="…Z">… UTC</time>`,
+/// which the layout's script shows in the viewer's own time zone (UTC kept as the
+/// tooltip); empty for none.
+fn when(ms: Option<i64>) -> minijinja::Value {
+    match ms.and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok()) {
+        None => minijinja::Value::from(""),
+        Some(t) => minijinja::Value::from_safe_string(format!(
+            "<time datetime=\"{t}\">{} UTC</time>",
+            t.strftime("%Y-%m-%d %H:%M:%S")
+        )),
+    }
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -294,14 +294,14 @@ async fn dashboard(
         .find_tasks(Some(TaskStatus::WaitingHumanConfirm), None, None, false, LIST_LIMIT)
         .await?
         .iter()
-        .map(|t| json!({ "id": t.id, "conversation_id": t.conversation_id, "deadline": t.confirm_deadline.map(utc) }))
+        .map(|t| json!({ "id": t.id, "conversation_id": t.conversation_id, "deadline": t.confirm_deadline }))
         .collect();
     let job_runs: Vec<Value> = svc
         .store
         .job_runs(None, 20)
         .await?
         .iter()
-        .map(|r| json!({ "job": r.job, "instance": r.instance, "started": utc(r.started_at), "status": r.status,
+        .map(|r| json!({ "job": r.job, "instance": r.instance, "started": r.started_at, "status": r.status,
                          "scanned": r.scanned, "affected": r.affected, "error": r.error,
                          "trigger": r.trigger_kind, "actor": r.actor }))
         .collect();
@@ -315,9 +315,7 @@ async fn dashboard(
         .lease_holders()
         .await?
         .iter()
-        .map(
-            |(owner, tasks, until)| json!({ "owner": owner, "tasks": tasks, "until": utc(*until) }),
-        )
+        .map(|(owner, tasks, until)| json!({ "owner": owner, "tasks": tasks, "until": until }))
         .collect();
     Ok(render(
         "dashboard.html",
@@ -363,9 +361,7 @@ fn chart(summary: &Value) -> Value {
             let start = first + i * width_ms;
             let b = by_start.get(&start);
             let total = b.and_then(|b| b["tasks"].as_i64()).unwrap_or(0);
-            let ok = b
-                .and_then(|b| b["by_status"]["SUCCEEDED"].as_i64())
-                .unwrap_or(0);
+            let ok = b.and_then(|b| b["answered"].as_i64()).unwrap_or(0);
             let bad = total - ok;
             let ok_h = ok as f64 / max * HEIGHT;
             let bad_h = bad as f64 / max * HEIGHT;
@@ -373,7 +369,7 @@ fn chart(summary: &Value) -> Value {
                 "x": (i as f64 * slot).round(), "w": (slot - 1.0).max(1.0).round(),
                 "ok_y": (HEIGHT - ok_h).round(), "ok_h": ok_h.round(),
                 "bad_y": (HEIGHT - ok_h - bad_h).round(), "bad_h": bad_h.round(),
-                "ok": ok, "bad": bad, "label": utc(start),
+                "ok": ok, "bad": bad, "label": format!("{} UTC", utc(start)),
             })
         })
         .collect();
@@ -417,7 +413,7 @@ async fn tasks_page(
         .await?
         .iter()
         .map(|t| json!({ "id": t.id, "status": t.status, "failure_type": t.failure_type, "channel": t.channel,
-                         "conversation_id": t.conversation_id, "created": utc(t.created_at) }))
+                         "conversation_id": t.conversation_id, "created": t.created_at }))
         .collect();
     Ok(render(
         "tasks.html",
@@ -431,13 +427,7 @@ async fn task_page(
     Path(id): Path<i64>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let mut task = super::tasks::task_json(&svc, id).await?;
-    for event in task["audit"].as_array_mut().into_iter().flatten() {
-        event["at"] = json!(utc(event["at"].as_i64().unwrap_or(0)));
-    }
-    for action in task["pending_actions"].as_array_mut().into_iter().flatten() {
-        action["deadline"] = json!(utc(action["deadline"].as_i64().unwrap_or(0)));
-    }
+    let task = super::tasks::task_json(&svc, id).await?;
     Ok(render(
         "task.html",
         json!({ "t": task, "csrf": admin.csrf, "message": q.get("message") }),
@@ -581,6 +571,11 @@ mod tests {
         assert!(!session_valid("tok", "3000.deadbeef", 1_000, 3));
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(1_700_000_000_000), "2023-11-14 22:13:20");
+        assert_eq!(
+            when(Some(1_700_000_000_000)).to_string(),
+            "<time datetime=\"2023-11-14T22:13:20Z\">2023-11-14 22:13:20 UTC</time>"
+        );
+        assert_eq!(when(None).to_string(), "");
         for name in [
             "login.html",
             "dashboard.html",

@@ -33,6 +33,11 @@ impl Browser {
     /// Starts chromedriver and a headless Chromium session, or `None` when they are not
     /// installed (outside CI).
     async fn start() -> Option<Browser> {
+        Self::start_in("UTC").await
+    }
+
+    /// As `start`, the browser in time zone `tz` (its `TZ`).
+    async fn start_in(tz: &str) -> Option<Browser> {
         if !std::path::Path::new(CHROMIUM).exists() || !std::path::Path::new(CHROMEDRIVER).exists()
         {
             assert!(
@@ -45,6 +50,7 @@ impl Browser {
         let port = crate::binary::free_port();
         let driver = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
+            .env("TZ", tz)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -181,6 +187,19 @@ impl Browser {
         }
     }
 
+    async fn attribute(&self, css: &str, name: &str) -> String {
+        let id = self.find(css).await;
+        self.cmd(
+            reqwest::Method::GET,
+            &format!("/element/{id}/attribute/{name}"),
+            None,
+        )
+        .await
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+    }
+
     async fn screenshot(&self, name: &str) {
         use base64::Engine;
         let png = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
@@ -248,6 +267,78 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
         .await;
     assert_eq!(answer, "answer to: hello from the browser");
     browser.screenshot("console").await;
+    let _ = browser.cmd(reqwest::Method::DELETE, "", None).await;
+    app.stop().await;
+}
+
+/// Issue 23 in a real browser: with the reply receiver down the dashboard shows the answer
+/// pending and the backlog, not a success; the admin presses "Retry now" once the receiver
+/// is back and the answer counts as delivered. Times are shown in the browser's own zone
+/// (here Asia/Tokyo, UTC+9), UTC kept as their tooltip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let Some(browser) = Browser::start_in("Asia/Tokyo").await else {
+        return;
+    };
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(503))
+        .with_priority(5)
+        .mount(&receiver)
+        .await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
+        c.outbox.backoff_base_ms = 600_000;
+        c.outbox.backoff_max_ms = 600_000;
+    })
+    .await;
+    let id = task_id_of(app.post_message(&message("br-down", 1, "hello")).await).await;
+    let task = app
+        .wait_task(id, WAIT, |t| {
+            t["status"] == "SUCCEEDED" && t["replies"][0]["last_error"].is_string()
+        })
+        .await;
+    let reply = task["replies"][0]["id"].as_i64().unwrap();
+
+    browser.goto(&format!("{}/admin", app.addr)).await;
+    browser.type_into("#token", ADMIN_TOKEN).await;
+    browser.click("#login").await;
+    assert_eq!(browser.text("#answers-pending").await, "1");
+    assert_eq!(browser.text("#answers-delivered").await, "0");
+    assert_eq!(browser.text("#backlog").await, "1");
+    assert_eq!(browser.text("#success-rate").await, "0.0 %");
+    assert!(browser.text("#stuck-replies").await.contains("503"));
+    browser.screenshot("admin-delivery-pending").await;
+
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(200))
+        .with_priority(1)
+        .mount(&app.receiver)
+        .await;
+    browser.click(&format!("#retry-{reply}")).await;
+    assert!(
+        browser
+            .text("#delivery-message")
+            .await
+            .contains("being sent again"),
+    );
+    app.wait_replied(id, WAIT).await;
+    let dashboard = format!("{}/admin", app.addr);
+    browser
+        .wait_text("#answers-delivered", Some(&dashboard), |t| t == "1")
+        .await;
+    assert_eq!(browser.text("#success-rate").await, "100.0 %");
+    browser.screenshot("admin-delivery-retried").await;
+
+    // The task list's times: in the viewer's zone, UTC as the tooltip.
+    browser.goto(&format!("{}/admin/tasks", app.addr)).await;
+    let shown = browser.text("#tasks time").await;
+    let utc = browser.attribute("#tasks time", "title").await;
+    assert!(shown.contains("GMT+9"), "{shown}");
+    assert!(utc.ends_with(" UTC"), "{utc}");
     let _ = browser.cmd(reqwest::Method::DELETE, "", None).await;
     app.stop().await;
 }

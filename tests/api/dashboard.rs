@@ -223,6 +223,7 @@ async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers
     assert_eq!(totals["by_status"]["SUCCEEDED"], 1, "{s:#}");
     assert_eq!(totals["answers"]["PENDING"], 1, "{s:#}");
     assert_eq!(totals["success_rate"], 0.0, "not answered: {s:#}");
+    assert_eq!(totals["answered"], 0);
     assert_eq!(totals["outcome_success_rate"], 1.0);
     let delivery = &s["delivery"];
     assert_eq!(delivery["backlog"], 1);
@@ -291,6 +292,7 @@ async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers
     let s: Value = app.summary("").await.json().await.unwrap();
     assert_eq!(s["totals"]["answers"]["DELIVERED"], 1, "{s:#}");
     assert_eq!(s["totals"]["success_rate"], 1.0);
+    assert_eq!(s["totals"]["answered"], 1);
     assert_eq!(s["delivery"]["backlog"], 0);
     assert_eq!(s["delivery"]["stuck"], serde_json::json!([]));
     let trail: Value = app
