@@ -92,6 +92,11 @@ impl Channels {
     }
 
     /// The enabled platform named `name`.
+    /// The names of the configured platforms.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.platforms.keys().copied().collect()
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Platform>> {
         self.platforms.get(name)
     }

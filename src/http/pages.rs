@@ -22,7 +22,7 @@ use super::admin::{SummaryQuery, build_summary};
 use super::context::ApiContext;
 use super::error::ApiError;
 use crate::domain::{FailureType, TaskStatus, now_ms};
-use crate::store::tasks::Control;
+use crate::store::tasks::{Control, TaskSearch};
 
 const COOKIE: &str = "assistd_session";
 /// Rows shown in lists.
@@ -289,9 +289,29 @@ async fn dashboard(
     )
     .await?;
     let chart = chart(&summary);
+    // The summary's window and filters, carried by every count link to the task list.
+    let link: String = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(
+            [
+                ("since", summary["since"].as_i64().map(|v| v.to_string())),
+                ("until", summary["until"].as_i64().map(|v| v.to_string())),
+                ("agent", q.agent.clone().filter(|v| !v.is_empty())),
+                ("channel", q.channel.clone().filter(|v| !v.is_empty())),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v))),
+        )
+        .finish();
+    let agents: Vec<&String> = svc.config.agents.keys().collect();
+    let channels = svc.channels.names();
+    let failure_types: Vec<&str> = FailureType::ALL.iter().map(|f| f.as_str()).collect();
     let waiting: Vec<Value> = svc
         .store
-        .find_tasks(Some(TaskStatus::WaitingHumanConfirm), None, None, false, LIST_LIMIT)
+        .find_tasks(&TaskSearch {
+            status: Some(TaskStatus::WaitingHumanConfirm),
+            limit: LIST_LIMIT,
+            ..TaskSearch::default()
+        })
         .await?
         .iter()
         .map(|t| json!({ "id": t.id, "conversation_id": t.conversation_id, "deadline": t.confirm_deadline }))
@@ -322,7 +342,8 @@ async fn dashboard(
         json!({ "s": summary, "chart": chart, "hours": hours, "bucket": bucket, "agent": q.agent,
                 "channel": q.channel, "failure_type": q.failure_type, "waiting": waiting,
                 "job_runs": job_runs, "jobs": jobs, "leases": leases, "csrf": admin.csrf,
-                "message": q.message, "panel": q.panel }),
+                "message": q.message, "panel": q.panel, "link": link, "agents": agents,
+                "channels": channels, "failure_types": failure_types }),
     ))
 }
 
@@ -373,7 +394,9 @@ fn chart(summary: &Value) -> Value {
             })
         })
         .collect();
-    json!({ "width": WIDTH, "height": HEIGHT, "bars": bars })
+    // The axes: the window's ends (UTC) along the bottom, the tallest bar's count at the top.
+    json!({ "width": WIDTH, "height": HEIGHT, "bars": bars, "max": max as i64,
+            "from": format!("{} UTC", utc(first)), "to": format!("{} UTC", utc(until)) })
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -383,6 +406,17 @@ struct TasksQuery {
     conversation: Option<String>,
     /// `true`: only tasks with a risk-flagged audit event.
     risk: Option<String>,
+    agent: Option<String>,
+    channel: Option<String>,
+    /// Created at or after / before (UTC milliseconds), as the dashboard's links carry.
+    since: Option<String>,
+    until: Option<String>,
+    /// The next page: tasks older than this id.
+    before: Option<String>,
+    /// Words in the message's text.
+    q: Option<String>,
+    /// Tasks per page (at most, and by default, `LIST_LIMIT`).
+    limit: Option<String>,
 }
 
 async fn tasks_page(
@@ -390,34 +424,79 @@ async fn tasks_page(
     State(svc): State<Arc<ApiContext>>,
     Query(q): Query<TasksQuery>,
 ) -> Result<Response, ApiError> {
-    let status = q
-        .status
-        .as_deref()
-        .filter(|s| !s.is_empty())
-        .and_then(TaskStatus::parse);
-    let failure = q
-        .failure_type
-        .as_deref()
-        .filter(|s| !s.is_empty())
-        .and_then(FailureType::parse);
-    let risky = q.risk.as_deref() == Some("true");
-    let tasks: Vec<Value> = svc
-        .store
-        .find_tasks(
-            status,
-            failure,
-            q.conversation.as_deref().filter(|c| !c.is_empty()),
-            risky,
-            LIST_LIMIT,
-        )
-        .await?
+    let given = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    let number = |field: &str, v: &Option<String>| -> Result<Option<i64>, ApiError> {
+        given(v)
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| ApiError::BadRequest(format!("`{field}` must be a number")))
+            })
+            .transpose()
+    };
+    let search = TaskSearch {
+        status: given(&q.status).as_deref().and_then(TaskStatus::parse),
+        failure_type: given(&q.failure_type)
+            .as_deref()
+            .and_then(FailureType::parse),
+        conversation_id: given(&q.conversation),
+        risky: q.risk.as_deref() == Some("true"),
+        agent: given(&q.agent),
+        channel: given(&q.channel),
+        since: number("since", &q.since)?,
+        until: number("until", &q.until)?,
+        before_id: number("before", &q.before)?,
+        text: given(&q.q),
+        limit: number("limit", &q.limit)?
+            .unwrap_or(LIST_LIMIT)
+            .clamp(1, LIST_LIMIT),
+    };
+    let rows = svc.store.find_tasks(&search).await?;
+    // A full page may have more behind it: the next page starts below its last id.
+    let older = (rows.len() as i64 == search.limit)
+        .then(|| rows.last().map(|t| t.id))
+        .flatten();
+    let tasks: Vec<Value> = rows
         .iter()
         .map(|t| json!({ "id": t.id, "status": t.status, "failure_type": t.failure_type, "channel": t.channel,
                          "conversation_id": t.conversation_id, "created": t.created_at }))
         .collect();
+    // The filters as a query string, for the next page's link (without `before`).
+    let filters: String = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(
+            [
+                ("status", search.status.map(|s| s.as_str().to_string())),
+                (
+                    "failure_type",
+                    search.failure_type.map(|f| f.as_str().to_string()),
+                ),
+                ("conversation", search.conversation_id.clone()),
+                ("risk", search.risky.then(|| "true".to_string())),
+                ("agent", search.agent.clone()),
+                ("channel", search.channel.clone()),
+                ("since", search.since.map(|v| v.to_string())),
+                ("until", search.until.map(|v| v.to_string())),
+                ("q", search.text.clone()),
+                (
+                    "limit",
+                    (search.limit != LIST_LIMIT).then(|| search.limit.to_string()),
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v))),
+        )
+        .finish();
     Ok(render(
         "tasks.html",
-        json!({ "tasks": tasks, "status": status.map(|s| s.as_str()), "failure_type": failure.map(|f| f.as_str()), "risk": risky }),
+        json!({ "tasks": tasks, "status": search.status.map(|s| s.as_str()),
+                "failure_type": search.failure_type.map(|f| f.as_str()), "risk": search.risky,
+                "conversation": search.conversation_id, "q": search.text, "agent": search.agent,
+                "channel": search.channel, "since": search.since, "until": search.until,
+                "older": older, "filters": filters }),
     ))
 }
 

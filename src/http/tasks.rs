@@ -247,7 +247,13 @@ async fn list_tasks(
     };
     let tasks = svc
         .store
-        .find_tasks(status, None, conversation, risky, limit)
+        .find_tasks(&crate::store::tasks::TaskSearch {
+            status,
+            conversation_id: conversation.map(str::to_string),
+            risky,
+            limit,
+            ..Default::default()
+        })
         .await?;
     Ok(Json(json!({
         "tasks": tasks.iter().map(|t| json!({

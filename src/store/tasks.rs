@@ -34,6 +34,26 @@ const TASK_COLUMNS: &str = concat!(
 const MESSAGE_COLUMNS: &str = "id, channel, external_event_id, external_message_id, \
      conversation_id, sender_id, sender_name, text, received_at";
 
+/// What a task list keeps; `None` and `false` keep everything.
+#[derive(Debug, Clone, Default)]
+pub struct TaskSearch {
+    pub status: Option<TaskStatus>,
+    pub failure_type: Option<FailureType>,
+    pub conversation_id: Option<String>,
+    /// Only tasks with a risk-flagged audit row.
+    pub risky: bool,
+    pub agent: Option<String>,
+    pub channel: Option<String>,
+    /// Created at or after / before (UTC milliseconds).
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+    /// Older than this task (paging: the last id of the previous page).
+    pub before_id: Option<i64>,
+    /// The message's text contains this (any case).
+    pub text: Option<String>,
+    pub limit: i64,
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AuditRow {
     pub id: i64,
@@ -273,21 +293,18 @@ impl Store {
         conversation_id: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<TaskRow>> {
-        self.find_tasks(status, None, conversation_id, false, limit)
-            .await
+        self.find_tasks(&TaskSearch {
+            status,
+            conversation_id: conversation_id.map(str::to_string),
+            limit,
+            ..TaskSearch::default()
+        })
+        .await
     }
 
-    /// Tasks, newest first, by status, failure type and/or conversation; `risky` keeps only
-    /// those with a risk-flagged audit row.
-    pub async fn find_tasks(
-        &self,
-        status: Option<TaskStatus>,
-        failure_type: Option<FailureType>,
-        conversation_id: Option<&str>,
-        risky: bool,
-        limit: i64,
-    ) -> StoreResult<Vec<TaskRow>> {
-        let risk = if risky {
+    /// Tasks, newest first, matching every filter `search` sets (see [`TaskSearch`]).
+    pub async fn find_tasks(&self, search: &TaskSearch) -> StoreResult<Vec<TaskRow>> {
+        let risk = if search.risky {
             " AND EXISTS (SELECT 1 FROM audit_log a WHERE a.task_id = agent_task.id AND a.risk_flag)"
         } else {
             ""
@@ -295,16 +312,35 @@ impl Store {
         let sql = format!(
             "SELECT {TASK_COLUMNS} FROM agent_task \
              WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR conversation_id = $2) \
-             AND ($4 IS NULL OR failure_type = $4){risk} ORDER BY id DESC LIMIT $3"
+             AND ($4 IS NULL OR failure_type = $4) AND ($5 IS NULL OR channel = $5) \
+             AND ($6 IS NULL OR agent_id = (SELECT id FROM agent WHERE name = $6)) \
+             AND ($7 IS NULL OR created_at >= $7) AND ($8 IS NULL OR created_at < $8) \
+             AND ($9 IS NULL OR id < $9) \
+             AND ($10 IS NULL OR message_id IN (SELECT id FROM im_message \
+                 WHERE LOWER(text) LIKE $10 ESCAPE '\\')){risk} \
+             ORDER BY id DESC LIMIT $3"
         );
-        let status = status.map(|s| s.as_str());
-        let failure_type = failure_type.map(|f| f.as_str());
+        // The text as a case-insensitive substring, its own % and _ taken literally.
+        let text = search.text.as_deref().map(|t| {
+            let escaped = t
+                .to_lowercase()
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            format!("%{escaped}%")
+        });
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, TaskRow>(&sql)
-                .bind(status)
-                .bind(conversation_id)
-                .bind(limit)
-                .bind(failure_type)
+                .bind(search.status.map(|s| s.as_str()))
+                .bind(search.conversation_id.as_deref())
+                .bind(search.limit)
+                .bind(search.failure_type.map(|f| f.as_str()))
+                .bind(search.channel.as_deref())
+                .bind(search.agent.as_deref())
+                .bind(search.since)
+                .bind(search.until)
+                .bind(search.before_id)
+                .bind(text.as_deref())
                 .fetch_all(pool)
                 .await?
         }))

@@ -460,3 +460,101 @@ async fn risk_events_are_flagged_and_tasks_filter_on_them() {
     assert!(!page.contains(&format!("/admin/tasks/{ok}\"")), "{page}");
     app.stop().await;
 }
+
+/// Issue 23: the dashboard's count links keep its window and filters, its filters are
+/// selects of the known values, and the task list pages past its limit and searches by
+/// conversation id and message text (case-insensitive, `%` taken literally).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_list_keeps_the_dashboard_filters_pages_and_searches() {
+    let app = TestApp::spawn().await;
+    let mut ids = Vec::new();
+    for (n, text) in [
+        "Alpha one",
+        "beta 100% sure",
+        "alpha two",
+        "gamma",
+        "ALPHA three",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = task_id_of(app.post_message(&message(&format!("tl{n}"), 1, text)).await).await;
+        app.wait_replied(id, WAIT).await;
+        ids.push(id);
+    }
+    let http = browser();
+    let cookie = sign_in(&app, &http).await;
+    let get = |path: String| {
+        let (http, cookie, addr) = (http.clone(), cookie.clone(), app.addr.clone());
+        async move {
+            let resp = http
+                .get(format!("{addr}{path}"))
+                .header("cookie", &cookie)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{path}");
+            resp.text().await.unwrap()
+        }
+    };
+    let listed = |html: &str| -> Vec<i64> {
+        html.match_indices("class=\"task-link\">#")
+            .map(|(at, m)| {
+                let rest = &html[at + m.len()..];
+                rest[..rest.find('<').unwrap()].parse().unwrap()
+            })
+            .collect()
+    };
+
+    // The dashboard: selects, and count links carrying the window and the filters.
+    let dash = get("/admin?channel=generic&agent=default".into()).await;
+    assert!(dash.contains("<select name=\"agent\""), "{dash}");
+    assert!(dash.contains("<option selected>generic</option>"), "{dash}");
+    assert!(dash.contains("<option>AUTH_FAILED</option>"), "{dash}");
+    let at = dash
+        .find("href=\"/admin/tasks?status=SUCCEEDED&amp;")
+        .expect("a count link");
+    let href = &dash[at + 6..];
+    let href = href[..href.find('"').unwrap()].replace("&amp;", "&");
+    for part in ["since=", "until=", "agent=default", "channel=generic"] {
+        assert!(href.contains(part), "{href}");
+    }
+    assert_eq!(listed(&get(href.clone()).await).len(), 5);
+    let elsewhere = href.replace("channel=generic", "channel=slack");
+    assert!(listed(&get(elsewhere).await).is_empty());
+    assert!(
+        listed(&get("/admin/tasks?status=SUCCEEDED&since=0&until=1".into()).await).is_empty(),
+        "outside the window"
+    );
+
+    // Two per page, newest first, each page linking the next.
+    let page1 = get("/admin/tasks?limit=2".into()).await;
+    assert_eq!(listed(&page1), [ids[4], ids[3]]);
+    let at = page1.find("id=\"older\" href=\"").unwrap() + "id=\"older\" href=\"".len();
+    let next = page1[at..at + page1[at..].find('"').unwrap()].replace("&amp;", "&");
+    let page2 = get(next).await;
+    assert_eq!(listed(&page2), [ids[2], ids[1]]);
+    let page3 = get(format!("/admin/tasks?limit=2&before={}", ids[1])).await;
+    assert_eq!(listed(&page3), [ids[0]]);
+    assert!(!page3.contains("id=\"older\""), "the last page");
+
+    // Search: message text in any case, a literal %, and the conversation id.
+    assert_eq!(
+        listed(&get("/admin/tasks?q=alpha".into()).await),
+        [ids[4], ids[2], ids[0]]
+    );
+    assert_eq!(listed(&get("/admin/tasks?q=0%25".into()).await), [ids[1]]);
+    assert!(listed(&get("/admin/tasks?q=%25%25".into()).await).is_empty());
+    assert_eq!(
+        listed(&get("/admin/tasks?conversation=tl3".into()).await),
+        [ids[3]]
+    );
+    let bad = http
+        .get(format!("{}/admin/tasks?before=x", app.addr))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    app.stop().await;
+}
