@@ -194,6 +194,8 @@ text_enum!(
         ReplyFailed => "REPLY_FAILED",
         /// An admin sent a reply that was failing or given up out again now.
         ReplyRetried => "REPLY_RETRIED",
+        /// An admin opened a task's page unredacted ("show raw").
+        TaskViewedRaw => "TASK_VIEWED_RAW",
         AgentVersionPublished => "AGENT_VERSION_PUBLISHED",
         /// An admin ran a job's tick now.
         JobRun => "JOB_RUN",

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod agents;
 pub mod console;
 pub mod context;
+pub mod dashboard;
 pub mod error;
 pub mod health;
 pub mod jobs;
@@ -31,6 +32,7 @@ pub fn router(svc: Arc<ApiContext>) -> Router {
         .merge(admin::router())
         .merge(jobs::router())
         .merge(pages::router())
+        .merge(dashboard::router())
         .merge(console::router())
         .layer(axum::middleware::from_fn(count_webhooks))
         .layer(TraceLayer::new_for_http())

@@ -18,7 +18,6 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use super::admin::{SummaryQuery, build_summary};
 use super::context::ApiContext;
 use super::error::ApiError;
 use crate::domain::{FailureType, TaskStatus, now_ms};
@@ -26,18 +25,15 @@ use crate::store::tasks::{Control, TaskSearch};
 
 const COOKIE: &str = "assistd_session";
 /// Rows shown in lists.
-const LIST_LIMIT: i64 = 200;
+pub(super) const LIST_LIMIT: i64 = 200;
 
 pub fn router() -> Router<Arc<ApiContext>> {
     Router::new()
         .route("/admin/login", get(login_page).post(login))
         .route("/admin/logout", post(logout))
-        .route("/admin", get(dashboard))
         .route("/admin/tasks", get(tasks_page))
         .route("/admin/tasks/{id}", get(task_page))
         .route("/admin/tasks/{id}/{action}", post(task_action))
-        .route("/admin/jobs/{job}/{action}", post(job_action))
-        .route("/admin/replies/{id}/retry", post(reply_retry))
 }
 
 fn templates() -> &'static minijinja::Environment<'static> {
@@ -157,7 +153,7 @@ pub async fn has_admin_session(svc: &ApiContext, headers: &HeaderMap) -> bool {
 
 /// A signed-in admin; pages without one redirect to the sign-in form.
 pub struct AdminPage {
-    csrf: String,
+    pub(super) csrf: String,
 }
 
 impl FromRequestParts<Arc<ApiContext>> for AdminPage {
@@ -248,155 +244,6 @@ fn when(ms: Option<i64>) -> minijinja::Value {
             t.strftime("%Y-%m-%d %H:%M:%S")
         )),
     }
-}
-
-#[derive(Debug, serde::Deserialize)]
-struct DashboardQuery {
-    hours: Option<i64>,
-    bucket: Option<String>,
-    agent: Option<String>,
-    channel: Option<String>,
-    failure_type: Option<String>,
-    /// The outcome of a scheduler or delivery panel action, shown once in that panel.
-    message: Option<String>,
-    panel: Option<String>,
-}
-
-async fn dashboard(
-    admin: AdminPage,
-    State(svc): State<Arc<ApiContext>>,
-    Query(q): Query<DashboardQuery>,
-) -> Result<Response, ApiError> {
-    let hours = q.hours.unwrap_or(24).clamp(1, 24 * 400);
-    let now = now_ms();
-    let bucket = q.bucket.clone().unwrap_or_else(|| {
-        if hours > 72 {
-            "day".into()
-        } else {
-            "hour".into()
-        }
-    });
-    let summary = build_summary(
-        &svc,
-        SummaryQuery {
-            since: Some((now - hours * 3_600_000).to_string()),
-            until: Some((now + 1).to_string()),
-            bucket: Some(bucket.clone()),
-            agent: q.agent.clone(),
-            channel: q.channel.clone(),
-            failure_type: q.failure_type.clone(),
-        },
-    )
-    .await?;
-    let chart = chart(&summary);
-    // The summary's window and filters, carried by every count link to the task list.
-    let link: String = url::form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(
-            [
-                ("since", summary["since"].as_i64().map(|v| v.to_string())),
-                ("until", summary["until"].as_i64().map(|v| v.to_string())),
-                ("agent", q.agent.clone().filter(|v| !v.is_empty())),
-                ("channel", q.channel.clone().filter(|v| !v.is_empty())),
-            ]
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v))),
-        )
-        .finish();
-    let agents: Vec<&String> = svc.config.agents.keys().collect();
-    let channels = svc.channels.names();
-    let failure_types: Vec<&str> = FailureType::ALL.iter().map(|f| f.as_str()).collect();
-    let waiting: Vec<Value> = svc
-        .store
-        .find_tasks(&TaskSearch {
-            status: Some(TaskStatus::WaitingHumanConfirm),
-            limit: LIST_LIMIT,
-            ..TaskSearch::default()
-        })
-        .await?
-        .iter()
-        .map(|t| json!({ "id": t.id, "conversation_id": t.conversation_id, "deadline": t.confirm_deadline }))
-        .collect();
-    let job_runs: Vec<Value> = svc
-        .store
-        .job_runs(None, 20)
-        .await?
-        .iter()
-        .map(|r| json!({ "job": r.job, "instance": r.instance, "started": r.started_at, "status": r.status,
-                         "scanned": r.scanned, "affected": r.affected, "error": r.error,
-                         "trigger": r.trigger_kind, "actor": r.actor }))
-        .collect();
-    let jobs: Vec<Value> = crate::scheduler::job_states(&svc.jobs)
-        .await?
-        .iter()
-        .map(super::jobs::job_json)
-        .collect();
-    let leases: Vec<Value> = svc
-        .store
-        .lease_holders()
-        .await?
-        .iter()
-        .map(|(owner, tasks, until)| json!({ "owner": owner, "tasks": tasks, "until": until }))
-        .collect();
-    Ok(render(
-        "dashboard.html",
-        json!({ "s": summary, "chart": chart, "hours": hours, "bucket": bucket, "agent": q.agent,
-                "channel": q.channel, "failure_type": q.failure_type, "waiting": waiting,
-                "job_runs": job_runs, "jobs": jobs, "leases": leases, "csrf": admin.csrf,
-                "message": q.message, "panel": q.panel, "link": link, "agents": agents,
-                "channels": channels, "failure_types": failure_types }),
-    ))
-}
-
-/// Most bars the trend chart draws.
-const CHART_BARS_MAX: i64 = 800;
-
-/// Stacked bars (succeeded / the rest) for every bucket of the summary's range, empty ones
-/// included, as coordinates for the inline SVG.
-fn chart(summary: &Value) -> Value {
-    const WIDTH: f64 = 720.0;
-    const HEIGHT: f64 = 160.0;
-    let width_ms = if summary["bucket"] == "day" {
-        86_400_000
-    } else {
-        3_600_000
-    };
-    let since = summary["since"].as_i64().unwrap_or(0);
-    let until = summary["until"].as_i64().unwrap_or(since + width_ms);
-    let first = since.div_euclid(width_ms) * width_ms;
-    let count = ((until - first + width_ms - 1) / width_ms).clamp(1, CHART_BARS_MAX);
-    let by_start: HashMap<i64, &Value> = summary["buckets"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b["start"].as_i64().map(|s| (s, b)))
-        .collect();
-    let max = by_start
-        .values()
-        .filter_map(|b| b["tasks"].as_i64())
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-    let slot = WIDTH / count as f64;
-    let bars: Vec<Value> = (0..count)
-        .map(|i| {
-            let start = first + i * width_ms;
-            let b = by_start.get(&start);
-            let total = b.and_then(|b| b["tasks"].as_i64()).unwrap_or(0);
-            let ok = b.and_then(|b| b["answered"].as_i64()).unwrap_or(0);
-            let bad = total - ok;
-            let ok_h = ok as f64 / max * HEIGHT;
-            let bad_h = bad as f64 / max * HEIGHT;
-            json!({
-                "x": (i as f64 * slot).round(), "w": (slot - 1.0).max(1.0).round(),
-                "ok_y": (HEIGHT - ok_h).round(), "ok_h": ok_h.round(),
-                "bad_y": (HEIGHT - ok_h - bad_h).round(), "bad_h": bad_h.round(),
-                "ok": ok, "bad": bad, "label": format!("{} UTC", utc(start)),
-            })
-        })
-        .collect();
-    // The axes: the window's ends (UTC) along the bottom, the tallest bar's count at the top.
-    json!({ "width": WIDTH, "height": HEIGHT, "bars": bars, "max": max as i64,
-            "from": format!("{} UTC", utc(first)), "to": format!("{} UTC", utc(until)) })
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -506,10 +353,48 @@ async fn task_page(
     Path(id): Path<i64>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let task = super::tasks::task_json(&svc, id).await?;
+    let mut task = super::tasks::task_json(&svc, id).await?;
+    redact_bodies(&mut task);
     Ok(render(
         "task.html",
-        json!({ "t": task, "csrf": admin.csrf, "message": q.get("message") }),
+        json!({ "t": task, "csrf": admin.csrf, "message": q.get("message"), "raw": false }),
+    ))
+}
+
+/// The task page's bodies (message text, step inputs and outputs) through the audit's
+/// redaction: the page is for finding what went wrong, not for reading people's messages.
+/// "Show raw" (`raw_task_page`) shows them as they are, audited.
+fn redact_bodies(task: &mut Value) {
+    let redact = |v: &mut Value| {
+        if let Some(text) = v.as_str() {
+            *v = json!(crate::redaction::redact(text));
+        }
+    };
+    redact(&mut task["message"]["text"]);
+    for step in task["steps"].as_array_mut().into_iter().flatten() {
+        redact(&mut step["input"]);
+        redact(&mut step["output"]);
+    }
+}
+
+/// "Show raw": the task page unredacted, for the admin who asked (CSRF), with a
+/// TASK_VIEWED_RAW audit row naming them, before anything is shown.
+async fn raw_task_page(svc: &ApiContext, admin: &AdminPage, id: i64) -> Result<Response, ApiError> {
+    let task = super::tasks::task_json(svc, id).await?;
+    svc.store
+        .audit(
+            Some(id),
+            None,
+            crate::domain::AuditEvent::TaskViewedRaw,
+            "admin:web",
+            "task page shown unredacted",
+            false,
+            now_ms(),
+        )
+        .await?;
+    Ok(render(
+        "task.html",
+        json!({ "t": task, "csrf": admin.csrf, "message": null, "raw": true }),
     ))
 }
 
@@ -520,6 +405,9 @@ async fn task_action(
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     check_csrf(&admin, &form)?;
+    if action == "raw" {
+        return raw_task_page(&svc, &admin, id).await;
+    }
     let actor = "admin:web";
     let outcome: Option<String> = match action.as_str() {
         "confirm" => {
@@ -554,73 +442,16 @@ async fn task_action(
 }
 
 /// A form post must carry the page's CSRF token (compared in constant time).
-fn check_csrf(admin: &AdminPage, form: &HashMap<String, String>) -> Result<(), ApiError> {
+pub(super) fn check_csrf(
+    admin: &AdminPage,
+    form: &HashMap<String, String>,
+) -> Result<(), ApiError> {
     let given = form.get("csrf").map(String::as_str).unwrap_or("");
     if bool::from(given.as_bytes().ct_eq(admin.csrf.as_bytes())) {
         Ok(())
     } else {
         Err(ApiError::Forbidden("missing or wrong CSRF token".into()))
     }
-}
-
-/// The scheduler panel's buttons: run a job now, switch it on or off (CSRF, audited).
-async fn job_action(
-    admin: AdminPage,
-    State(svc): State<Arc<ApiContext>>,
-    Path((job, action)): Path<(String, String)>,
-    Form(form): Form<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    check_csrf(&admin, &form)?;
-    let actor = "admin:web";
-    let result = match action.as_str() {
-        "run" => super::jobs::run_job_now(&svc, &job, actor).await.map(|r| {
-            format!(
-                "{job}: {} (scanned {}, affected {})",
-                r["status"].as_str().unwrap_or("?"),
-                r["scanned"],
-                r["affected"]
-            )
-        }),
-        "enable" | "disable" => super::jobs::switch_job_to(&svc, &job, action == "enable", actor)
-            .await
-            .map(|_| {
-                format!(
-                    "{job} switched {}",
-                    if action == "enable" { "on" } else { "off" }
-                )
-            }),
-        other => return Err(ApiError::NotFound(format!("no action {other}"))),
-    };
-    let message = match result {
-        Ok(text) => text,
-        Err(ApiError::Conflict(text)) => text,
-        Err(e) => return Err(e),
-    };
-    Ok(Redirect::to(&format!(
-        "/admin?message={}#scheduler",
-        url::form_urlencoded::byte_serialize(message.as_bytes()).collect::<String>()
-    ))
-    .into_response())
-}
-
-/// The delivery panel's "Retry now" button (CSRF, audited as the web admin).
-async fn reply_retry(
-    admin: AdminPage,
-    State(svc): State<Arc<ApiContext>>,
-    Path(id): Path<i64>,
-    Form(form): Form<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    check_csrf(&admin, &form)?;
-    let message = match super::admin::retry_reply_now(&svc, id, "admin:web").await {
-        Ok(_) => format!("reply {id} is being sent again now"),
-        Err(ApiError::Conflict(text) | ApiError::NotFound(text)) => text,
-        Err(e) => return Err(e),
-    };
-    Ok(Redirect::to(&format!(
-        "/admin?panel=delivery&message={}#delivery",
-        url::form_urlencoded::byte_serialize(message.as_bytes()).collect::<String>()
-    ))
-    .into_response())
 }
 
 fn conflict_text(control: Control) -> Option<String> {

@@ -558,3 +558,75 @@ async fn the_task_list_keeps_the_dashboard_filters_pages_and_searches() {
     assert_eq!(bad.status(), 400);
     app.stop().await;
 }
+
+/// Issue 23: the task page shows message text and step bodies through the audit's
+/// redaction; "Show raw" (CSRF) shows them as they are and leaves a TASK_VIEWED_RAW audit
+/// row naming the admin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_page_redacts_bodies_and_showing_them_raw_is_audited() {
+    let app = TestApp::spawn().await;
+    let text = "please mail bob.smith@example.com about it";
+    let id = task_id_of(app.post_message(&message("raw", 1, text)).await).await;
+    app.wait_replied(id, WAIT).await;
+    let http = browser();
+    let cookie = sign_in(&app, &http).await;
+    let page = http
+        .get(format!("{}/admin/tasks/{id}", app.addr))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains("bob.smith@example.com"), "{page}");
+    assert!(page.contains("[email]"), "{page}");
+    assert!(page.contains("id=\"show-raw\""), "{page}");
+    let raw_url = format!("{}/admin/tasks/{id}/raw", app.addr);
+    let forged = http
+        .post(&raw_url)
+        .header("cookie", &cookie)
+        .form(&[("csrf", "f".repeat(64))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    let task = app.get_task(id).await;
+    let audit = |task: &Value| -> Vec<String> {
+        task["audit"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} {}",
+                    a["event"].as_str().unwrap(),
+                    a["actor"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert!(
+        !audit(&task)
+            .iter()
+            .any(|e| e.starts_with("TASK_VIEWED_RAW"))
+    );
+    let raw = http
+        .post(&raw_url)
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_of(&page).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 200);
+    let raw = raw.text().await.unwrap();
+    assert!(raw.contains("bob.smith@example.com"), "{raw}");
+    assert!(raw.contains("id=\"raw-banner\""), "{raw}");
+    let task = app.get_task(id).await;
+    assert!(
+        audit(&task).contains(&"TASK_VIEWED_RAW admin:web".to_string()),
+        "{:?}",
+        audit(&task)
+    );
+    app.stop().await;
+}
