@@ -13,6 +13,7 @@ mod control;
 mod crash;
 mod dashboard;
 mod declines;
+mod deploy;
 mod examples;
 mod jobs;
 mod lifecycle;
