@@ -1,24 +1,25 @@
-//! A real headless Chromium, driven over WebDriver (chromedriver), using the admin pages and
-//! the console as a person would. CI installs Debian's `chromium` and `chromium-driver`;
-//! elsewhere the test is skipped with a message when they are missing (never under CI=true).
-//! Screenshots go to `target/screenshots/`.
+//! A real headless Chromium, driven over WebDriver (chromedriver, through the `fantoccini`
+//! client), using the admin pages and the console as a person would. CI installs Debian's
+//! `chromium` and `chromium-driver`; elsewhere the test is skipped with a message when they
+//! are missing (never under CI=true). Screenshots go to `target/screenshots/`, which
+//! `.ci/run` keeps in `ci-artefacts/screenshots/`.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
 
 use crate::helpers::*;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
+/// A headless Chromium session over WebDriver, through `fantoccini` (chromedriver is
+/// started and stopped with it).
 struct Browser {
+    client: Client,
     driver: Child,
-    base: String,
-    session: String,
-    http: reqwest::Client,
     _profile: tempfile::TempDir,
 }
 
@@ -56,114 +57,80 @@ impl Browser {
             .spawn()
             .expect("start chromedriver");
         let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap();
+        let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(20);
         while http.get(format!("{base}/status")).send().await.is_err() {
             assert!(Instant::now() < deadline, "chromedriver did not start");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let profile = tempfile::tempdir().unwrap();
-        let caps = json!({"capabilities": {"alwaysMatch": {"goog:chromeOptions": {
-            "binary": CHROMIUM,
-            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--disable-quic", "--no-first-run", "--disable-background-networking",
-                     "--disable-component-update", "--disable-sync", "--window-size=1280,1000",
-                     format!("--user-data-dir={}", profile.path().display())]
-        }}}});
-        let created: Value = http
-            .post(format!("{base}/session"))
-            .json(&caps)
-            .send()
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": CHROMIUM,
+                "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--disable-quic", "--no-first-run", "--disable-background-networking",
+                         "--disable-component-update", "--disable-sync", "--window-size=1280,1000",
+                         format!("--user-data-dir={}", profile.path().display())]
+            }),
+        );
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&base)
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let session = created["value"]["sessionId"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no session: {created}"))
-            .to_string();
+            .expect("a Chromium session");
         Some(Browser {
+            client,
             driver,
-            base,
-            session,
-            http,
             _profile: profile,
         })
     }
 
-    async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let url = format!("{}/session/{}{path}", self.base, self.session);
-        let mut req = self.http.request(method, url);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let v: Value = req.send().await.unwrap().json().await.unwrap();
-        v["value"].clone()
-    }
-
     async fn goto(&self, url: &str) {
-        self.cmd(reqwest::Method::POST, "/url", Some(json!({"url": url})))
-            .await;
+        self.client.goto(url).await.unwrap();
     }
 
     /// Waits for the element matching `css`, up to 10 s.
-    async fn find(&self, css: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let v = self
-                .cmd(
-                    reqwest::Method::POST,
-                    "/element",
-                    Some(json!({"using": "css selector", "value": css})),
-                )
-                .await;
-            if let Some(id) = v[ELEMENT].as_str() {
-                return id.to_string();
-            }
-            if Instant::now() > deadline {
-                let url = self.cmd(reqwest::Method::GET, "/url", None).await;
-                let source = self.cmd(reqwest::Method::GET, "/source", None).await;
-                let source = source.as_str().unwrap_or("");
+    async fn find(&self, css: &str) -> fantoccini::elements::Element {
+        match self
+            .client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
+            .await
+        {
+            Ok(element) => element,
+            Err(e) => {
+                let url = self.client.current_url().await.map(|u| u.to_string());
+                let source = self.client.source().await.unwrap_or_default();
                 panic!(
-                    "no element {css} on {url}: {v} {}",
+                    "no element {css} on {url:?}: {e} {}",
                     &source[..source.len().min(600)]
                 );
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     async fn text(&self, css: &str) -> String {
-        let id = self.find(css).await;
-        self.cmd(reqwest::Method::GET, &format!("/element/{id}/text"), None)
+        self.find(css).await.text().await.unwrap()
+    }
+
+    async fn attribute(&self, css: &str, name: &str) -> String {
+        self.find(css)
             .await
-            .as_str()
-            .unwrap_or("")
-            .to_string()
+            .attr(name)
+            .await
+            .unwrap()
+            .unwrap_or_default()
     }
 
     async fn type_into(&self, css: &str, text: &str) {
-        let id = self.find(css).await;
-        self.cmd(
-            reqwest::Method::POST,
-            &format!("/element/{id}/value"),
-            Some(json!({"text": text})),
-        )
-        .await;
+        self.find(css).await.send_keys(text).await.unwrap();
     }
 
     async fn click(&self, css: &str) {
-        let id = self.find(css).await;
-        self.cmd(
-            reqwest::Method::POST,
-            &format!("/element/{id}/click"),
-            Some(json!({})),
-        )
-        .await;
+        self.find(css).await.click().await.unwrap();
     }
 
     /// Waits until the text of `css` satisfies `pred`, up to 20 s, reloading when asked.
@@ -187,30 +154,17 @@ impl Browser {
         }
     }
 
-    async fn attribute(&self, css: &str, name: &str) -> String {
-        let id = self.find(css).await;
-        self.cmd(
-            reqwest::Method::GET,
-            &format!("/element/{id}/attribute/{name}"),
-            None,
-        )
-        .await
-        .as_str()
-        .unwrap_or("")
-        .to_string()
-    }
-
+    /// A PNG of the page in `target/screenshots/` (CI keeps them as artefacts).
     async fn screenshot(&self, name: &str) {
-        use base64::Engine;
-        let png = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
-        if let Some(data) = png
-            .as_str()
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-        {
+        if let Ok(png) = self.client.screenshot().await {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
             let _ = std::fs::create_dir_all(&dir);
-            let _ = std::fs::write(dir.join(format!("{name}.png")), data);
+            let _ = std::fs::write(dir.join(format!("{name}.png")), png);
         }
+    }
+
+    async fn close(self) {
+        let _ = self.client.clone().close().await;
     }
 }
 
@@ -267,7 +221,7 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
         .await;
     assert_eq!(answer, "answer to: hello from the browser");
     browser.screenshot("console").await;
-    let _ = browser.cmd(reqwest::Method::DELETE, "", None).await;
+    browser.close().await;
     app.stop().await;
 }
 
@@ -339,6 +293,6 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
     let utc = browser.attribute("#tasks time", "title").await;
     assert!(shown.contains("GMT+9"), "{shown}");
     assert!(utc.ends_with(" UTC"), "{utc}");
-    let _ = browser.cmd(reqwest::Method::DELETE, "", None).await;
+    browser.close().await;
     app.stop().await;
 }
