@@ -126,7 +126,7 @@ pub struct MetricCounts {
 }
 
 /// The whole exposition: database counts plus this instance's histograms and counters.
-pub fn render(counts: &MetricCounts) -> String {
+pub fn render(counts: &MetricCounts, llm: &crate::config::LlmConfig) -> String {
     let mut out = String::new();
     family(&mut out, "assistd_tasks", "gauge", "Tasks by status.");
     for (status, n) in &counts.tasks_by_status {
@@ -173,12 +173,12 @@ pub fn render(counts: &MetricCounts) -> String {
             label(job)
         );
     }
-    render_local(&mut out);
+    render_local(&mut out, llm);
     out
 }
 
 /// This instance's counters and histograms.
-fn render_local(out: &mut String) {
+fn render_local(out: &mut String, llm: &crate::config::LlmConfig) {
     family(
         out,
         "assistd_webhook_requests_total",
@@ -233,6 +233,24 @@ fn render_local(out: &mut String) {
                 "assistd_model_tokens_total{{agent=\"{}\",model=\"{}\",kind=\"{kind}\"}} {n}",
                 label(agent),
                 label(model)
+            );
+        }
+    }
+    family(
+        out,
+        "assistd_model_estimated_cost_total",
+        "counter",
+        "Estimated cost of those tokens at llm.prices, by agent, model and currency (models with a price; this instance).",
+    );
+    for ((agent, model), (prompt, completion)) in &tokens {
+        if let Some(price) = llm.prices.get(model) {
+            let _ = writeln!(
+                out,
+                "assistd_model_estimated_cost_total{{agent=\"{}\",model=\"{}\",currency=\"{}\"}} {}",
+                label(agent),
+                label(model),
+                label(&llm.price_currency),
+                price.cost(*prompt as i64, *completion as i64)
             );
         }
     }

@@ -25,6 +25,7 @@ pub async fn failure_summary(
     store: &Store,
     filter: &SummaryFilter,
     bucket_ms: i64,
+    llm: &crate::config::LlmConfig,
 ) -> StoreResult<Value> {
     let rows = store.summary_counts(filter, bucket_ms).await?;
     let mut latencies = store.reply_latencies(filter, LATENCY_SAMPLE).await?;
@@ -88,8 +89,10 @@ pub async fn failure_summary(
         }
     }
     let delivery = delivery(store, filter).await?;
+    let tokens = tokens(store, filter, llm).await?;
     Ok(json!({
         "delivery": delivery,
+        "tokens": tokens,
         "since": filter.since,
         "until": filter.until,
         "bucket": if bucket_ms == 3_600_000 { "hour" } else { "day" },
@@ -152,6 +155,38 @@ async fn delivery(store: &Store, filter: &SummaryFilter) -> StoreResult<Value> {
             "created_at": r.created_at,
             "next_attempt_at": r.next_attempt_at,
         })).collect::<Vec<_>>(),
+    }))
+}
+
+/// Model calls, tokens and the estimated cost (`llm.prices`, in `llm.price_currency`) per
+/// agent and model; the cost is `null` for a model without a price.
+async fn tokens(
+    store: &Store,
+    filter: &SummaryFilter,
+    llm: &crate::config::LlmConfig,
+) -> StoreResult<Value> {
+    let rows = store.tokens_by_agent_model(filter).await?;
+    let mut total_cost = 0.0;
+    let by_agent_model: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let price = r.model.as_ref().and_then(|m| llm.prices.get(m));
+            let cost = price.map(|p| p.cost(r.prompt_tokens, r.completion_tokens));
+            total_cost += cost.unwrap_or(0.0);
+            json!({
+                "agent": r.agent,
+                "model": r.model,
+                "calls": r.calls,
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "estimated_cost": cost,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "currency": llm.price_currency,
+        "estimated_cost": total_cost,
+        "by_agent_model": by_agent_model,
     }))
 }
 

@@ -349,6 +349,25 @@ pub struct LlmConfig {
     /// Named providers agents may choose with `provider`.
     #[serde(default)]
     pub providers: BTreeMap<String, LlmProviderConfig>,
+    /// Prices per model name, for the estimated cost on the dashboard and in /metrics.
+    #[serde(default)]
+    pub prices: BTreeMap<String, ModelPrice>,
+    pub price_currency: String,
+}
+
+/// What a model's tokens cost, per million, in `llm.price_currency`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub prompt_per_million: f64,
+    pub completion_per_million: f64,
+}
+
+impl ModelPrice {
+    pub fn cost(&self, prompt: i64, completion: i64) -> f64 {
+        (prompt as f64 * self.prompt_per_million + completion as f64 * self.completion_per_million)
+            / 1_000_000.0
+    }
 }
 
 impl LlmConfig {

@@ -99,6 +99,19 @@ impl Config {
     /// The model, worker, outbox and redaction settings.
     fn check_runtime(&self) -> Result<(), ConfigError> {
         http_url("llm.base_url", &self.llm.base_url)?;
+        for (model, price) in &self.llm.prices {
+            for (field, value) in [
+                ("prompt_per_million", price.prompt_per_million),
+                ("completion_per_million", price.completion_per_million),
+            ] {
+                if !value.is_finite() || value < 0.0 {
+                    return Err(invalid(
+                        &format!("llm.prices.{model}.{field}"),
+                        "must be a number of 0 or more",
+                    ));
+                }
+            }
+        }
         if self.llm.model.trim().is_empty() {
             return Err(invalid("llm.model", "must not be empty"));
         }

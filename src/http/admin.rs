@@ -123,7 +123,7 @@ pub async fn build_summary(svc: &ApiContext, q: SummaryQuery) -> Result<Value, A
         channel: q.channel.filter(|c| !c.is_empty()),
         failure_type,
     };
-    Ok(crate::reports::failure_summary(&svc.store, &filter, bucket_ms).await?)
+    Ok(crate::reports::failure_summary(&svc.store, &filter, bucket_ms, &svc.config.llm).await?)
 }
 
 #[derive(Debug, Deserialize)]

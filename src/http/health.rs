@@ -40,6 +40,6 @@ async fn metrics(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        crate::metrics::render(&counts),
+        crate::metrics::render(&counts, &svc.config.llm),
     ))
 }

@@ -35,6 +35,18 @@ pub struct ChannelDelivery {
     pub count: i64,
 }
 
+/// One agent's model calls to one model in the window, and their tokens.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TokenRow {
+    pub agent: String,
+    /// The model the call asked for (from the journalled request; `None` once retention
+    /// removed it).
+    pub model: Option<String>,
+    pub calls: i64,
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+}
+
 /// A reply that is not getting through: given up, in doubt, or retrying.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct StuckReply {
@@ -156,6 +168,39 @@ impl Store {
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, StuckReply>(&sql)
                 .bind(limit)
+                .bind(f.since)
+                .bind(f.until)
+                .bind(&f.agent)
+                .bind(&f.channel)
+                .bind(f.failure_type)
+                .fetch_all(pool)
+                .await?
+        }))
+    }
+
+    /// Model calls and tokens of the filtered tasks, per agent and model (the model read
+    /// from each journalled request).
+    pub async fn tokens_by_agent_model(&self, f: &SummaryFilter) -> StoreResult<Vec<TokenRow>> {
+        let model = match self.dialect() {
+            super::Dialect::Sqlite => {
+                "(CASE WHEN json_valid(s.input) THEN json_extract(s.input, '$.model') END)"
+            }
+            super::Dialect::Postgres => {
+                "(CASE WHEN s.input LIKE '{%' THEN s.input::json ->> 'model' END)"
+            }
+        };
+        let sql = format!(
+            "SELECT a.name AS agent, {model} AS model, COUNT(*) AS calls, \
+             CAST(COALESCE(SUM(s.tokens_in), 0) AS BIGINT) AS prompt_tokens, \
+             CAST(COALESCE(SUM(s.tokens_out), 0) AS BIGINT) AS completion_tokens \
+             FROM agent_step s JOIN agent_task t ON t.id = s.task_id \
+             JOIN agent a ON a.id = t.agent_id \
+             WHERE s.step_type = 'llm' AND s.tokens_in IS NOT NULL AND $1 = $1 AND {FILTER} \
+             GROUP BY 1, 2 ORDER BY 1, 2"
+        );
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, TokenRow>(&sql)
+                .bind(0i64)
                 .bind(f.since)
                 .bind(f.until)
                 .bind(&f.agent)

@@ -354,3 +354,89 @@ async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers
 async fn receiver_posts(app: &TestApp) -> usize {
     app.receiver.received_requests().await.unwrap().len()
 }
+
+/// Issue 23: tokens and an estimated cost per agent and model, from `llm.prices`, on the
+/// summary (read from the journal) and in /metrics (this instance's counters); a model
+/// without a price shows its tokens and no cost. Refused: a negative price, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_estimated_cost_per_agent_and_model() {
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.llm.model = "priced-model-23".into();
+        c.llm.prices.insert(
+            "priced-model-23".into(),
+            assistd::config::ModelPrice {
+                prompt_per_million: 2.0,
+                completion_per_million: 10.0,
+            },
+        );
+    })
+    .await;
+    let (mut prompt, mut completion) = (0, 0);
+    for n in 0..2 {
+        let id = task_id_of(
+            app.post_message(&message(&format!("tok{n}"), 1, "count me"))
+                .await,
+        )
+        .await;
+        let task = app.wait_replied(id, WAIT).await;
+        prompt += task["steps"][0]["tokens_in"].as_i64().unwrap();
+        completion += task["steps"][0]["tokens_out"].as_i64().unwrap();
+    }
+    assert!(prompt > 0 && completion > 0);
+    let cost = (prompt as f64 * 2.0 + completion as f64 * 10.0) / 1e6;
+    let s: Value = app.summary("").await.json().await.unwrap();
+    let tokens = &s["tokens"];
+    assert_eq!(tokens["currency"], "USD");
+    let row = &tokens["by_agent_model"][0];
+    assert_eq!(row["agent"], "default", "{tokens:#}");
+    assert_eq!(row["model"], "priced-model-23");
+    assert_eq!(row["calls"], 2);
+    assert_eq!(row["prompt_tokens"], prompt);
+    assert_eq!(row["completion_tokens"], completion);
+    assert!(
+        (row["estimated_cost"].as_f64().unwrap() - cost).abs() < 1e-12,
+        "{row}"
+    );
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "assistd_model_estimated_cost_total{agent=\"default\",model=\"priced-model-23\",currency=\"USD\"} ",
+            )
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let shown: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((shown - cost).abs() < 1e-12, "{line}");
+    app.stop().await;
+
+    // Unpriced: tokens, no cost.
+    let app = TestApp::spawn().await;
+    let id = task_id_of(app.post_message(&message("tok-free", 1, "hi")).await).await;
+    app.wait_replied(id, WAIT).await;
+    let s: Value = app.summary("").await.json().await.unwrap();
+    assert_eq!(s["tokens"]["by_agent_model"][0]["model"], "test-model");
+    assert!(s["tokens"]["by_agent_model"][0]["estimated_cost"].is_null());
+    assert_eq!(s["tokens"]["estimated_cost"], 0.0);
+    app.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prices.toml");
+    std::fs::write(
+        &file,
+        "[llm.prices.\"m\"]\nprompt_per_million = -1.0\ncompletion_per_million = 1.0\n",
+    )
+    .unwrap();
+    let err = assistd::config::Config::load_with_env(Some(&file), Vec::new())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("llm.prices.m.prompt_per_million"), "{err}");
+}
