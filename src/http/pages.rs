@@ -13,6 +13,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
+use axum_extra::extract::cookie::{Cookie, Key, SameSite, SignedCookieJar};
+
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
@@ -96,54 +98,46 @@ fn sign(key: &str, data: &str) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
-/// `<expiry ms>.<epoch>.<signature>`.
-fn session_value(token: &str, expires: i64, epoch: i64) -> String {
-    format!(
-        "{expires}.{epoch}.{}",
-        sign(token, &format!("session:{expires}:{epoch}"))
-    )
+/// The key that signs session cookies, derived from the admin token (SHA-512, so any token
+/// length gives the 64 bytes `Key` takes): a new token ends every session.
+fn cookie_key(token: &str) -> Key {
+    use sha2::Digest;
+    let mut master = sha2::Sha512::new();
+    master.update(b"assistd admin session cookie:");
+    master.update(token.as_bytes());
+    Key::from(&master.finalize())
+}
+
+/// The session cookie's value before signing: `<expiry ms>.<epoch>`. The signed jar
+/// (`axum-extra`) adds and checks the signature.
+fn session_value(expires: i64, epoch: i64) -> String {
+    format!("{expires}.{epoch}")
 }
 
 /// A session is good while it has not expired and was signed in under the current epoch
-/// (signing out moves the epoch on).
-fn session_valid(token: &str, value: &str, now: i64, epoch: i64) -> bool {
-    let mut parts = value.splitn(3, '.');
-    let (Some(expires), Some(signed_epoch), Some(signature)) =
-        (parts.next(), parts.next(), parts.next())
-    else {
+/// (signing out moves the epoch on). `value` is the verified value of the signed cookie.
+fn session_valid(value: &str, now: i64, epoch: i64) -> bool {
+    let Some((expires, signed_epoch)) = value.split_once('.') else {
         return false;
     };
     let (Ok(expires), Ok(signed_epoch)) = (expires.parse::<i64>(), signed_epoch.parse::<i64>())
     else {
         return false;
     };
-    let expected = sign(token, &format!("session:{expires}:{signed_epoch}"));
-    expires > now
-        && signed_epoch == epoch
-        && bool::from(expected.as_bytes().ct_eq(signature.as_bytes()))
+    expires > now && signed_epoch == epoch
 }
 
-/// The session cookie of `headers` when it is a valid session now.
+/// The verified value of the session cookie of `headers` when it is a valid session now.
 async fn valid_session(svc: &ApiContext, headers: &HeaderMap) -> Option<String> {
-    let value = cookie(headers, COOKIE)?;
+    let jar = SignedCookieJar::from_headers(headers, cookie_key(&svc.admin_token));
+    let value = jar.get(COOKIE)?.value().to_string();
     // Without the epoch no session can be trusted (a signed-out one might pass).
     let epoch = svc.store.admin_session_epoch().await.ok()?;
-    session_valid(&svc.admin_token, &value, now_ms(), epoch).then_some(value)
+    session_valid(&value, now_ms(), epoch).then_some(value)
 }
 
 fn csrf_for(token: &str, session: &str) -> String {
     sign(token, &format!("csrf:{session}"))
-}
-
-fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.to_string())
 }
 
 /// Whether the request carries a valid admin session cookie.
@@ -201,18 +195,21 @@ async fn login(
         Ok(epoch) => epoch,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let value = session_value(&svc.admin_token, now_ms() + hours * 3_600_000, epoch);
+    let value = session_value(now_ms() + hours * 3_600_000, epoch);
     // Behind an https proxy the cookie must not travel over plain http.
     let secure = headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|p| p.eq_ignore_ascii_case("https"));
-    let cookie = format!(
-        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
-        hours * 3600,
-        if secure { "; Secure" } else { "" }
+    let jar = SignedCookieJar::new(cookie_key(&svc.admin_token)).add(
+        Cookie::build((COOKIE, value))
+            .path("/")
+            .http_only(true)
+            .same_site(SameSite::Strict)
+            .max_age(time::Duration::hours(hours))
+            .secure(secure),
     );
-    ([(header::SET_COOKIE, cookie)], Redirect::to("/admin")).into_response()
+    (jar, Redirect::to("/admin")).into_response()
 }
 
 /// Signing out ends every admin session (a copied cookie stops working too); only a signed-in
@@ -221,8 +218,9 @@ async fn logout(State(svc): State<Arc<ApiContext>>, _admin: AdminPage) -> Respon
     if let Err(e) = svc.store.end_admin_sessions().await {
         return ApiError::from(e).into_response();
     }
-    let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
-    ([(header::SET_COOKIE, cookie)], Redirect::to("/admin/login")).into_response()
+    let jar =
+        SignedCookieJar::new(cookie_key(&svc.admin_token)).remove(Cookie::build(COOKIE).path("/"));
+    (jar, Redirect::to("/admin/login")).into_response()
 }
 
 /// `YYYY-MM-DD HH:MM:SS` UTC for milliseconds since the epoch (`jiff`); empty when out of
@@ -469,16 +467,37 @@ mod tests {
 
     #[test]
     fn sessions_and_dates() {
-        let v = session_value("tok", 2_000, 3);
-        assert!(session_valid("tok", &v, 1_000, 3));
-        assert!(!session_valid("tok", &v, 2_001, 3), "expired");
-        assert!(!session_valid("tok", &v, 1_000, 4), "signed out since");
-        assert!(
-            !session_valid("other", &v, 1_000, 3),
-            "signed with another token"
+        let v = session_value(2_000, 3);
+        assert!(session_valid(&v, 1_000, 3));
+        assert!(!session_valid(&v, 2_001, 3), "expired");
+        assert!(!session_valid(&v, 1_000, 4), "signed out since");
+        assert!(!session_valid("3000.deadbeef", 1_000, 3));
+        // The signed jar: the value comes back only under the key that signed it, unaltered.
+        let jar = SignedCookieJar::new(cookie_key("tok")).add(Cookie::new(COOKIE, v.clone()));
+        let set = jar.get(COOKIE).unwrap();
+        let signed = jar.into_response();
+        let header = signed.headers()[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let sent = header.split(';').next().unwrap().to_string();
+        let read = |token: &str, cookie: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::COOKIE, cookie.parse().unwrap());
+            SignedCookieJar::from_headers(&headers, cookie_key(token))
+                .get(COOKIE)
+                .map(|c| c.value().to_string())
+        };
+        assert_eq!(set.value(), v);
+        assert_eq!(read("tok", &sent).as_deref(), Some(v.as_str()));
+        assert_eq!(read("other", &sent), None, "signed with another token");
+        let forged = sent.replace(".3", ".4");
+        assert_eq!(read("tok", &forged), None, "a value changed after signing");
+        assert_eq!(
+            read("tok", &format!("{COOKIE}=9999999999999.3")),
+            None,
+            "unsigned"
         );
-        assert!(!session_valid("tok", "3000.3.deadbeef", 1_000, 3));
-        assert!(!session_valid("tok", "3000.deadbeef", 1_000, 3));
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(1_700_000_000_000), "2023-11-14 22:13:20");
         assert_eq!(

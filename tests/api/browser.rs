@@ -112,8 +112,20 @@ impl Browser {
         }
     }
 
+    /// The element's text; found again when the page replaced it between finding and
+    /// reading (a stale element: the console re-renders the answer as it streams in).
     async fn text(&self, css: &str) -> String {
-        self.find(css).await.text().await.unwrap()
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.find(css).await.text().await {
+                Ok(text) => return text,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("reading {css} again: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot read {css}: {e}"),
+            }
+        }
     }
 
     async fn attribute(&self, css: &str, name: &str) -> String {
