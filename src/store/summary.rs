@@ -78,6 +78,18 @@ const DELIVERY_STATE: &str = "CASE WHEN r.status = 'SENT' AND r.placeholder = 0 
 const ANSWER_KEY: &str = "'agent-task-' || CAST(t.id AS TEXT) || CASE WHEN t.resume_count = 0 \
      THEN '' ELSE '-r' || CAST(t.resume_count AS TEXT) END";
 
+/// `query` with the five parameters of `FILTER` (`$2` to `$6`) bound from `f`.
+macro_rules! with_filter {
+    ($query:expr, $f:expr) => {
+        $query
+            .bind($f.since)
+            .bind($f.until)
+            .bind(&$f.agent)
+            .bind(&$f.channel)
+            .bind($f.failure_type)
+    };
+}
+
 const FILTER: &str = "t.created_at >= $2 AND t.created_at < $3 \
      AND ($4 IS NULL OR a.name = $4) AND ($5 IS NULL OR t.channel = $5) \
      AND ($6 IS NULL OR t.failure_type = $6)";
@@ -100,13 +112,7 @@ impl Store {
              ORDER BY 1"
         );
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, SummaryRow>(&sql)
-                .bind(bucket_ms)
-                .bind(f.since)
-                .bind(f.until)
-                .bind(&f.agent)
-                .bind(&f.channel)
-                .bind(f.failure_type)
+            with_filter!(sqlx::query_as::<_, SummaryRow>(&sql).bind(bucket_ms), f)
                 .fetch_all(pool)
                 .await?
         }))
@@ -125,13 +131,7 @@ impl Store {
              GROUP BY 1, 2 ORDER BY 1, 2"
         );
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, ChannelDelivery>(&sql)
-                .bind(0i64)
-                .bind(f.since)
-                .bind(f.until)
-                .bind(&f.agent)
-                .bind(&f.channel)
-                .bind(f.failure_type)
+            with_filter!(sqlx::query_as::<_, ChannelDelivery>(&sql).bind(0i64), f)
                 .fetch_all(pool)
                 .await?
         }))
@@ -166,13 +166,7 @@ impl Store {
              ORDER BY r.id DESC LIMIT $1"
         );
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, StuckReply>(&sql)
-                .bind(limit)
-                .bind(f.since)
-                .bind(f.until)
-                .bind(&f.agent)
-                .bind(&f.channel)
-                .bind(f.failure_type)
+            with_filter!(sqlx::query_as::<_, StuckReply>(&sql).bind(limit), f)
                 .fetch_all(pool)
                 .await?
         }))
@@ -199,13 +193,7 @@ impl Store {
              GROUP BY 1, 2 ORDER BY 1, 2"
         );
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, TokenRow>(&sql)
-                .bind(0i64)
-                .bind(f.since)
-                .bind(f.until)
-                .bind(&f.agent)
-                .bind(&f.channel)
-                .bind(f.failure_type)
+            with_filter!(sqlx::query_as::<_, TokenRow>(&sql).bind(0i64), f)
                 .fetch_all(pool)
                 .await?
         }))
@@ -221,13 +209,7 @@ impl Store {
              ORDER BY r.id DESC LIMIT $1"
         );
         let rows: Vec<(i64,)> = on_pool!(self, pool => {
-            sqlx::query_as(&sql)
-                .bind(limit)
-                .bind(f.since)
-                .bind(f.until)
-                .bind(&f.agent)
-                .bind(&f.channel)
-                .bind(f.failure_type)
+            with_filter!(sqlx::query_as(&sql).bind(limit), f)
                 .fetch_all(pool)
                 .await?
         });
@@ -243,13 +225,7 @@ impl Store {
              GROUP BY t.failure_type, t.error_msg ORDER BY count DESC LIMIT 200"
         );
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, ErrorRow>(&sql)
-                .bind(0i64)
-                .bind(f.since)
-                .bind(f.until)
-                .bind(&f.agent)
-                .bind(&f.channel)
-                .bind(f.failure_type)
+            with_filter!(sqlx::query_as::<_, ErrorRow>(&sql).bind(0i64), f)
                 .fetch_all(pool)
                 .await?
         }))

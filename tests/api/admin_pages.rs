@@ -31,6 +31,23 @@ pub(crate) async fn sign_in(app: &TestApp, http: &reqwest::Client) -> String {
     cookie.split(';').next().unwrap().to_string()
 }
 
+/// The HTML of the admin page at `path`, asked for with the session `cookie`.
+pub(crate) async fn page_of(
+    app: &TestApp,
+    http: &reqwest::Client,
+    cookie: &str,
+    path: &str,
+) -> String {
+    let resp = http
+        .get(format!("{}{path}", app.addr))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.text().await.unwrap()
+}
+
 pub(crate) fn csrf_of(html: &str) -> String {
     let at =
         html.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
@@ -82,27 +99,17 @@ async fn admins_sign_in_see_failures_and_resume_a_task() {
         "no external assets"
     );
 
-    let list = http
-        .get(format!("{}/admin/tasks?failure_type=AUTH_FAILED", app.addr))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let list = page_of(
+        &app,
+        &http,
+        &cookie,
+        "/admin/tasks?failure_type=AUTH_FAILED",
+    )
+    .await;
     assert!(list.contains(&format!("href=\"/admin/tasks/{failed}\"")));
     assert!(!list.contains(&format!("href=\"/admin/tasks/{ok}\"")));
 
-    let timeline = http
-        .get(format!("{}/admin/tasks/{failed}", app.addr))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let timeline = page_of(&app, &http, &cookie, &format!("/admin/tasks/{failed}")).await;
     assert!(
         timeline.contains("id=\"resume\"") && timeline.contains("TASK_FAILED"),
         "{timeline}"
@@ -447,15 +454,7 @@ async fn risk_events_are_flagged_and_tasks_filter_on_them() {
 
     let http = browser();
     let cookie = sign_in(&app, &http).await;
-    let page = http
-        .get(format!("{}/admin/tasks?risk=true", app.addr))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = page_of(&app, &http, &cookie, "/admin/tasks?risk=true").await;
     assert!(page.contains(&format!("/admin/tasks/{failed}\"")), "{page}");
     assert!(!page.contains(&format!("/admin/tasks/{ok}\"")), "{page}");
     app.stop().await;
@@ -570,15 +569,7 @@ async fn the_task_page_redacts_bodies_and_showing_them_raw_is_audited() {
     app.wait_replied(id, WAIT).await;
     let http = browser();
     let cookie = sign_in(&app, &http).await;
-    let page = http
-        .get(format!("{}/admin/tasks/{id}", app.addr))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = page_of(&app, &http, &cookie, &format!("/admin/tasks/{id}")).await;
     assert!(!page.contains("bob.smith@example.com"), "{page}");
     assert!(page.contains("[email]"), "{page}");
     assert!(page.contains("id=\"show-raw\""), "{page}");

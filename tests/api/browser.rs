@@ -244,29 +244,11 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() {
     use wiremock::matchers::{method, path};
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::{Mock, ResponseTemplate};
     let Some(browser) = Browser::start_in("Asia/Tokyo").await else {
         return;
     };
-    let receiver = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .respond_with(ResponseTemplate::new(503))
-        .with_priority(5)
-        .mount(&receiver)
-        .await;
-    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
-        c.outbox.backoff_base_ms = 600_000;
-        c.outbox.backoff_max_ms = 600_000;
-    })
-    .await;
-    let id = task_id_of(app.post_message(&message("br-down", 1, "hello")).await).await;
-    let task = app
-        .wait_task(id, WAIT, |t| {
-            t["status"] == "SUCCEEDED" && t["replies"][0]["last_error"].is_string()
-        })
-        .await;
-    let reply = task["replies"][0]["id"].as_i64().unwrap();
+    let (app, id, reply) = crate::dashboard::an_answer_the_receiver_refused().await;
 
     browser.goto(&format!("{}/admin", app.addr)).await;
     browser.type_into("#token", ADMIN_TOKEN).await;

@@ -197,26 +197,7 @@ async fn metrics_are_exposed_in_prometheus_format() {
 async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers_it() {
     use wiremock::matchers::{method, path};
     use wiremock::{Mock, ResponseTemplate};
-    let receiver = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .respond_with(ResponseTemplate::new(503))
-        .with_priority(5)
-        .mount(&receiver)
-        .await;
-    // Backoff alone would not try again within the test: only the retry can deliver.
-    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
-        c.outbox.backoff_base_ms = 600_000;
-        c.outbox.backoff_max_ms = 600_000;
-    })
-    .await;
-    let id = task_id_of(app.post_message(&message("c-down", 1, "hello")).await).await;
-    let task = app
-        .wait_task(id, WAIT, |t| {
-            t["status"] == "SUCCEEDED" && t["replies"][0]["last_error"].is_string()
-        })
-        .await;
-    let reply = task["replies"][0]["id"].as_i64().unwrap();
+    let (app, id, reply) = an_answer_the_receiver_refused().await;
 
     let s: Value = app.summary("").await.json().await.unwrap();
     let totals = &s["totals"];
@@ -243,15 +224,7 @@ async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers
     // The page shows it, with a retry button that needs the page's CSRF token.
     let http = crate::admin_pages::browser();
     let cookie = crate::admin_pages::sign_in(&app, &http).await;
-    let page = http
-        .get(format!("{}/admin", app.addr))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = crate::admin_pages::page_of(&app, &http, &cookie, "/admin").await;
     assert!(page.contains("id=\"answers-pending\">1<"), "{page}");
     assert!(page.contains(&format!("id=\"retry-{reply}\"")), "{page}");
     let retry_page = format!("{}/admin/replies/{reply}/retry", app.addr);
@@ -308,17 +281,7 @@ async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers
         .json()
         .await
         .unwrap();
-    let events: Vec<(String, String)> = trail["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| {
-            (
-                a["event"].as_str().unwrap().to_string(),
-                a["actor"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let events = crate::jobs::events(&trail);
     assert!(
         events.contains(&("REPLY_RETRIED".into(), "admin:web".into())),
         "{events:?}"
@@ -439,4 +402,32 @@ async fn tokens_and_estimated_cost_per_agent_and_model() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("llm.prices.m.prompt_per_million"), "{err}");
+}
+
+/// An app whose reply receiver answers 503 (until a test mounts a 200 of higher priority),
+/// with a backoff so long that only a retry can deliver, and one task that succeeded and
+/// whose answer failed once: (app, task id, reply id).
+pub(crate) async fn an_answer_the_receiver_refused() -> (TestApp, i64, i64) {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(503))
+        .with_priority(5)
+        .mount(&receiver)
+        .await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
+        c.outbox.backoff_base_ms = 600_000;
+        c.outbox.backoff_max_ms = 600_000;
+    })
+    .await;
+    let id = task_id_of(app.post_message(&message("c-down", 1, "hello")).await).await;
+    let task = app
+        .wait_task(id, WAIT, |t| {
+            t["status"] == "SUCCEEDED" && t["replies"][0]["last_error"].is_string()
+        })
+        .await;
+    let reply = task["replies"][0]["id"].as_i64().unwrap();
+    (app, id, reply)
 }

@@ -49,7 +49,7 @@ impl TestApp {
     }
 }
 
-fn events(trail: &Value) -> Vec<(String, String)> {
+pub(crate) fn events(trail: &Value) -> Vec<(String, String)> {
     trail["audit"]
         .as_array()
         .unwrap()
