@@ -141,8 +141,33 @@ impl Browser {
         self.find(css).await.send_keys(text).await.unwrap();
     }
 
+    /// Clicks the element; found again when the page replaced it between finding and
+    /// clicking.
     async fn click(&self, css: &str) {
-        self.find(css).await.click().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.find(css).await.click().await {
+                Ok(()) => return,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("clicking {css} again: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot click {css}: {e}"),
+            }
+        }
+    }
+
+    /// Waits until the page's URL satisfies `pred` (a navigation has happened), up to 10 s.
+    async fn wait_url(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let url = self.client.current_url().await.unwrap().to_string();
+            if pred(&url) {
+                return url;
+            }
+            assert!(Instant::now() < deadline, "stayed on {url}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until the text of `css` satisfies `pred`, up to 20 s, reloading when asked.
@@ -279,14 +304,46 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
         .wait_text("#answers-delivered", Some(&dashboard), |t| t == "1")
         .await;
     assert_eq!(browser.text("#success-rate").await, "100.0 %");
+    // Tokens per agent and model (no price set for the test model: no cost).
+    let tokens = browser.text("#tokens-by-agent-model").await;
+    assert!(
+        tokens.contains("test-model") && tokens.contains("no price set"),
+        "{tokens}"
+    );
     browser.screenshot("admin-delivery-retried").await;
 
-    // The task list's times: in the viewer's zone, UTC as the tooltip.
+    // A count link keeps the dashboard's filters (chosen in its selects).
+    browser
+        .click("#channel-filter option[value='generic']")
+        .await;
+    browser.click("form.card button[type='submit']").await;
+    browser.click("a.count").await;
+    let url = browser.client.current_url().await.unwrap().to_string();
+    assert!(
+        url.contains("channel=generic") && url.contains("since="),
+        "{url}"
+    );
+    browser.find(&format!("a[href='/admin/tasks/{id}']")).await;
+
+    // The task list: times in the viewer's zone (UTC as the tooltip), and a search.
     browser.goto(&format!("{}/admin/tasks", app.addr)).await;
     let shown = browser.text("#tasks time").await;
     let utc = browser.attribute("#tasks time", "title").await;
     assert!(shown.contains("GMT+9"), "{shown}");
     assert!(utc.ends_with(" UTC"), "{utc}");
+    browser.type_into("#q", "HELLO").await;
+    browser.click("#search").await;
+    browser.wait_url(|u| u.contains("q=HELLO")).await;
+    browser.find(&format!("a[href='/admin/tasks/{id}']")).await;
+
+    // The task page redacts; "Show raw" shows the text as sent (and is audited).
+    browser.click(&format!("a[href='/admin/tasks/{id}']")).await;
+    browser
+        .wait_url(|u| u.ends_with(&format!("/admin/tasks/{id}")))
+        .await;
+    browser.click("#show-raw").await;
+    browser.find("#raw-banner").await;
+    browser.screenshot("admin-task-raw").await;
     browser.close().await;
     app.stop().await;
 }
