@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::admin::{SummaryQuery, build_summary};
 use super::context::ApiContext;
 use super::error::ApiError;
-use super::pages::{AdminPage, LIST_LIMIT, check_csrf, render, utc};
+use super::pages::{AdminPage, LIST_LIMIT, check_csrf, query_string, render, utc};
 use crate::domain::{FailureType, TaskStatus, now_ms};
 use crate::store::tasks::TaskSearch;
 
@@ -64,18 +64,12 @@ async fn dashboard(
     .await?;
     let chart = chart(&summary);
     // The summary's window and filters, carried by every count link to the task list.
-    let link: String = url::form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(
-            [
-                ("since", summary["since"].as_i64().map(|v| v.to_string())),
-                ("until", summary["until"].as_i64().map(|v| v.to_string())),
-                ("agent", q.agent.clone().filter(|v| !v.is_empty())),
-                ("channel", q.channel.clone().filter(|v| !v.is_empty())),
-            ]
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v))),
-        )
-        .finish();
+    let link = query_string([
+        ("since", summary["since"].as_i64().map(|v| v.to_string())),
+        ("until", summary["until"].as_i64().map(|v| v.to_string())),
+        ("agent", q.agent.clone().filter(|v| !v.is_empty())),
+        ("channel", q.channel.clone().filter(|v| !v.is_empty())),
+    ]);
     let agents: Vec<&String> = svc.config.agents.keys().collect();
     let channels = svc.channels.names();
     let failure_types: Vec<&str> = FailureType::ALL.iter().map(|f| f.as_str()).collect();

@@ -223,6 +223,15 @@ async fn logout(State(svc): State<Arc<ApiContext>>, _admin: AdminPage) -> Respon
     (jar, Redirect::to("/admin/login")).into_response()
 }
 
+/// A URL query of the pairs that have a value (`a=1&b=x`, encoded).
+pub(super) fn query_string<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, Option<String>)>,
+) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))))
+        .finish()
+}
+
 /// `YYYY-MM-DD HH:MM:SS` UTC for milliseconds since the epoch (`jiff`); empty when out of
 /// range.
 pub fn utc(ms: i64) -> String {
@@ -311,30 +320,24 @@ async fn tasks_page(
                          "conversation_id": t.conversation_id, "created": t.created_at }))
         .collect();
     // The filters as a query string, for the next page's link (without `before`).
-    let filters: String = url::form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(
-            [
-                ("status", search.status.map(|s| s.as_str().to_string())),
-                (
-                    "failure_type",
-                    search.failure_type.map(|f| f.as_str().to_string()),
-                ),
-                ("conversation", search.conversation_id.clone()),
-                ("risk", search.risky.then(|| "true".to_string())),
-                ("agent", search.agent.clone()),
-                ("channel", search.channel.clone()),
-                ("since", search.since.map(|v| v.to_string())),
-                ("until", search.until.map(|v| v.to_string())),
-                ("q", search.text.clone()),
-                (
-                    "limit",
-                    (search.limit != LIST_LIMIT).then(|| search.limit.to_string()),
-                ),
-            ]
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v))),
-        )
-        .finish();
+    let filters = query_string([
+        ("status", search.status.map(|s| s.as_str().to_string())),
+        (
+            "failure_type",
+            search.failure_type.map(|f| f.as_str().to_string()),
+        ),
+        ("conversation", search.conversation_id.clone()),
+        ("risk", search.risky.then(|| "true".to_string())),
+        ("agent", search.agent.clone()),
+        ("channel", search.channel.clone()),
+        ("since", search.since.map(|v| v.to_string())),
+        ("until", search.until.map(|v| v.to_string())),
+        ("q", search.text.clone()),
+        (
+            "limit",
+            (search.limit != LIST_LIMIT).then(|| search.limit.to_string()),
+        ),
+    ]);
     Ok(render(
         "tasks.html",
         json!({ "tasks": tasks, "status": search.status.map(|s| s.as_str()),

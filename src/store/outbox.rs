@@ -312,49 +312,43 @@ impl Store {
              AND (locked_until IS NULL OR locked_until < $1) RETURNING {REPLY_COLUMNS}"
         );
         let out = write_tx!(self, tx => {
-            let before: Option<(ReplyStatus, Option<i64>)> =
-                sqlx::query_as("SELECT status, locked_until FROM outbound_reply WHERE id = $1")
-                    .bind(reply_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            match before {
-                None => None,
-                Some((status, locked_until)) => {
-                    let row: Option<ReplyRow> = sqlx::query_as(&sql)
-                        .bind(now)
+            let row: Option<ReplyRow> = sqlx::query_as(&sql)
+                .bind(now)
+                .bind(reply_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let Some(row) = row {
+                let summary = format!("reply {} sent out again now by {actor}", row.idempotency_key);
+                insert_audit!(
+                    &mut *tx,
+                    Some(row.task_id),
+                    AuditEvent::ReplyRetried,
+                    actor,
+                    &summary,
+                    false,
+                    now,
+                    target = Some(AuditTarget::Reply(row.id)),
+                )?;
+                Some(Ok(row))
+            } else {
+                // Not retried: say why, or that there is no such reply.
+                let found: Option<(ReplyStatus, Option<i64>)> =
+                    sqlx::query_as("SELECT status, locked_until FROM outbound_reply WHERE id = $1")
                         .bind(reply_id)
                         .fetch_optional(&mut *tx)
                         .await?;
-                    match row {
-                        Some(row) => {
-                            let summary = format!(
-                                "reply {} ({status} before) sent out again now by {actor}",
-                                row.idempotency_key
-                            );
-                            insert_audit!(
-                                &mut *tx,
-                                Some(row.task_id),
-                                AuditEvent::ReplyRetried,
-                                actor,
-                                &summary,
-                                false,
-                                now,
-                                target = Some(AuditTarget::Reply(row.id)),
-                            )?;
-                            Some(Ok(row))
+                found.map(|(status, locked_until)| {
+                    Err(match status {
+                        ReplyStatus::Sent => "the reply was delivered".to_string(),
+                        ReplyStatus::Unknown => "the reply may have reached the chat (UNKNOWN); \
+                             sending it again could show it twice"
+                            .to_string(),
+                        _ if locked_until.is_some_and(|l| l >= now) => {
+                            "the reply is being sent right now".to_string()
                         }
-                        None => Some(Err(match status {
-                            ReplyStatus::Sent => "the reply was delivered".to_string(),
-                            ReplyStatus::Unknown => "the reply may have reached the chat \
-                                 (UNKNOWN); sending it again could show it twice"
-                                .to_string(),
-                            _ if locked_until.is_some_and(|l| l >= now) => {
-                                "the reply is being sent right now".to_string()
-                            }
-                            other => format!("the reply is {other}"),
-                        })),
-                    }
-                }
+                        other => format!("the reply is {other}"),
+                    })
+                })
             }
         });
         Ok(out)

@@ -86,6 +86,25 @@ impl RealServer {
     }
 }
 
+impl RealServer {
+    /// POSTs `message` to the server's generic webhook, signed with the test secret.
+    pub async fn post_message(&self, message: &Value) -> reqwest::Response {
+        let body = serde_json::to_vec(message).unwrap();
+        let ts = assistd::domain::now_ms() / 1000;
+        reqwest::Client::new()
+            .post(format!("{}/webhooks/generic", self.addr))
+            .header("X-Assistd-Timestamp", ts.to_string())
+            .header(
+                "X-Assistd-Signature",
+                assistd::channels::generic::sign(SECRET, ts, &body),
+            )
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
@@ -115,18 +134,9 @@ async fn the_binary_answers_a_signed_message_and_stops_cleanly_on_sigterm() {
     ];
     let server = RealServer::start(&envs, workdir.path()).await;
 
-    let body = serde_json::to_vec(&message("bin", 1, "hello binary")).unwrap();
-    let ts = assistd::domain::now_ms() / 1000;
-    let sig = assistd::channels::generic::sign(SECRET, ts, &body);
-    let http = reqwest::Client::new();
-    let resp = http
-        .post(format!("{}/webhooks/generic", server.addr))
-        .header("X-Assistd-Timestamp", ts.to_string())
-        .header("X-Assistd-Signature", sig)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let resp = server
+        .post_message(&message("bin", 1, "hello binary"))
+        .await;
     assert_eq!(resp.status(), 200);
     let id = resp.json::<Value>().await.unwrap()["task_id"]
         .as_i64()
@@ -368,19 +378,7 @@ async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
     assert!(sample(&metrics, &series("prompt")).unwrap() > 0.0);
 
     // A message claimed the ordinary way is no takeover.
-    let body = serde_json::to_vec(&message("fresh", 1, "new one")).unwrap();
-    let ts = assistd::domain::now_ms() / 1000;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/webhooks/generic", server.addr))
-        .header("X-Assistd-Timestamp", ts.to_string())
-        .header(
-            "X-Assistd-Signature",
-            assistd::channels::generic::sign(SECRET, ts, &body),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let resp = server.post_message(&message("fresh", 1, "new one")).await;
     assert_eq!(resp.status(), 200);
     while received_replies(&receiver).await.len() < 2 {
         assert!(Instant::now() < deadline, "no second reply");

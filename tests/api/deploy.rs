@@ -162,19 +162,9 @@ async fn the_compose_start_up_runs_two_instances_on_one_postgres() {
     }
     let http = reqwest::Client::new();
     for (n, server) in servers.iter().enumerate() {
-        let body = serde_json::to_vec(&message(&format!("compose{n}"), 1, "hello")).unwrap();
-        let ts = assistd::domain::now_ms() / 1000;
-        let resp = http
-            .post(format!("{}/webhooks/generic", server.addr))
-            .header("X-Assistd-Timestamp", ts.to_string())
-            .header(
-                "X-Assistd-Signature",
-                assistd::channels::generic::sign(SECRET, ts, &body),
-            )
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let resp = server
+            .post_message(&message(&format!("compose{n}"), 1, "hello"))
+            .await;
         assert_eq!(resp.status(), 200);
         let ready = http
             .get(format!("{}/readyz", server.addr))
