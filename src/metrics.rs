@@ -1,118 +1,105 @@
-//! In-process metrics for `GET /metrics` (Prometheus text format). Latency histograms and
-//! webhook counters live here; task, reply and job counts are read from the database at
-//! scrape time, so every instance reports the shared truth for those.
+//! In-process metrics for `GET /metrics`, exposed in the OpenMetrics text format by
+//! `prometheus-client`. Latency histograms and webhook, group-commit and token counters live
+//! in this process; task, reply and job counts are read from the database at scrape time, so
+//! every instance reports the shared truth for those; the `process_*` families are this
+//! process's CPU, memory, threads and file descriptors (`metrics-process`'s collector).
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
 use crate::domain::{FailureType, JobRunStatus, ReplyStatus, TaskStatus};
+
+/// The content type of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Upper bounds of the latency buckets, in seconds.
 const BOUNDS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-pub struct Histogram {
-    buckets: [AtomicU64; BOUNDS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
-}
+/// A latency histogram with [`BOUNDS`].
+pub struct Latency(LazyLock<Histogram>);
 
-impl Histogram {
+impl Latency {
     const fn new() -> Self {
-        Histogram {
-            buckets: [const { AtomicU64::new(0) }; BOUNDS.len()],
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }
+        Latency(LazyLock::new(|| Histogram::new(BOUNDS)))
     }
 
     pub fn observe(&self, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        for (i, bound) in BOUNDS.iter().enumerate() {
-            if secs <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (i, bound) in BOUNDS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{bound}\"}} {}",
-                self.buckets[i].load(Ordering::Relaxed)
-            );
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(out, "{name}_count {count}");
+        self.0.observe(elapsed.as_secs_f64());
     }
 }
 
 /// Model calls, each try.
-pub static MODEL_CALL_SECONDS: Histogram = Histogram::new();
+pub static MODEL_CALL_SECONDS: Latency = Latency::new();
 /// Journalled steps, from start to recorded end (including retries).
-pub static STEP_SECONDS: Histogram = Histogram::new();
-/// Group-commit transactions and the operations they carried, by queue (intake, journal).
-static GROUP_COMMITS: Mutex<BTreeMap<&'static str, (u64, u64)>> = Mutex::new(BTreeMap::new());
-
-pub fn count_group_commit(queue: &'static str, operations: usize) {
-    let mut map = GROUP_COMMITS.lock().unwrap_or_else(|p| p.into_inner());
-    let entry = map.entry(queue).or_default();
-    entry.0 += 1;
-    entry.1 += operations as u64;
-}
-
+pub static STEP_SECONDS: Latency = Latency::new();
 /// Time from the claim that took a task over (its last owner's lease ran out, or the
 /// orphan reclaim put it back) to the first step that claim begins: how long a crash
 /// stalls a task once another instance has it.
-pub static RECOVERY_SECONDS: Histogram = Histogram::new();
+pub static RECOVERY_SECONDS: Latency = Latency::new();
 
-/// Model tokens by (agent, model): (prompt, completion). Agents and models are the
-/// configured ones, so the label sets stay few.
-static TOKENS: Mutex<BTreeMap<(String, String), (u64, u64)>> = Mutex::new(BTreeMap::new());
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    channel: &'static str,
+    status: u16,
+}
+
+/// This instance's counters. Agents and models are the configured ones and channels a fixed
+/// set, so the label sets stay few.
+#[derive(Default)]
+struct Counters {
+    /// Group-commit transactions, by queue (intake, journal).
+    group_commits: Family<QueueLabels, Counter>,
+    /// The operations those transactions carried.
+    group_commit_operations: Family<QueueLabels, Counter>,
+    /// Webhook requests by channel and status code.
+    webhooks: Family<WebhookLabels, Counter>,
+    /// Tokens of recorded model calls by (agent, model): (prompt, completion). Kept as plain
+    /// sums because the estimated cost is priced at scrape time, with the serving app's prices.
+    tokens: Mutex<BTreeMap<(String, String), (u64, u64)>>,
+}
+
+static COUNTERS: LazyLock<Counters> = LazyLock::new(Counters::default);
+
+pub fn count_group_commit(queue: &'static str, operations: usize) {
+    let labels = QueueLabels { queue };
+    COUNTERS.group_commits.get_or_create(&labels).inc();
+    COUNTERS
+        .group_commit_operations
+        .get_or_create(&labels)
+        .inc_by(operations as u64);
+}
 
 /// Counts the tokens of one recorded model call.
 pub fn count_tokens(agent: &str, model: &str, prompt: i64, completion: i64) {
-    let mut map = TOKENS.lock().unwrap_or_else(|p| p.into_inner());
-    let entry = map
+    let mut tokens = COUNTERS.tokens.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = tokens
         .entry((agent.to_string(), model.to_string()))
         .or_default();
     entry.0 += prompt.max(0) as u64;
     entry.1 += completion.max(0) as u64;
 }
 
-/// Webhook requests by (channel, status code); the channel is one of a fixed set.
-static WEBHOOKS: Mutex<BTreeMap<(&'static str, u16), u64>> = Mutex::new(BTreeMap::new());
-
 pub fn count_webhook(channel: &'static str, status: u16) {
-    let mut map = WEBHOOKS.lock().unwrap_or_else(|p| p.into_inner());
-    *map.entry((channel, status)).or_default() += 1;
-}
-
-/// A label value as the exposition format wants it: `\`, `"` and newlines escaped.
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    COUNTERS
+        .webhooks
+        .get_or_create(&WebhookLabels { channel, status })
+        .inc();
 }
 
 /// Counts for the metrics endpoint.
@@ -125,148 +112,203 @@ pub struct MetricCounts {
     pub lease_takeovers: i64,
 }
 
-/// The whole exposition: database counts plus this instance's histograms and counters.
+/// A gauge family of one label, filled from database counts.
+fn counted<T: ToString>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    rows: &[(T, i64)],
+) {
+    let family = Family::<Vec<(&'static str, String)>, Gauge>::default();
+    for (value, n) in rows {
+        family
+            .get_or_create(&vec![(label, value.to_string())])
+            .set(*n);
+    }
+    registry.register(name, help, family);
+}
+
+/// The whole exposition: database counts plus this instance's histograms and counters and
+/// its process metrics. A registry is built per scrape: the database gauges and the estimated
+/// cost (which depends on the serving app's prices) are computed now; the instance metrics
+/// are handles onto the shared counters.
 pub fn render(counts: &MetricCounts, llm: &crate::config::LlmConfig) -> String {
-    let mut out = String::new();
-    family(&mut out, "assistd_tasks", "gauge", "Tasks by status.");
-    for (status, n) in &counts.tasks_by_status {
-        let _ = writeln!(out, "assistd_tasks{{status=\"{status}\"}} {n}");
-    }
-    family(
-        &mut out,
+    let mut registry = Registry::default();
+    counted(
+        &mut registry,
+        "assistd_tasks",
+        "Tasks by status",
+        "status",
+        &counts.tasks_by_status,
+    );
+    counted(
+        &mut registry,
         "assistd_task_failures",
-        "gauge",
-        "Tasks by failure type.",
+        "Tasks by failure type",
+        "failure_type",
+        &counts.failures_by_type,
     );
-    for (failure, n) in &counts.failures_by_type {
-        let _ = writeln!(
-            out,
-            "assistd_task_failures{{failure_type=\"{failure}\"}} {n}"
-        );
-    }
-    family(
-        &mut out,
+    counted(
+        &mut registry,
         "assistd_replies",
-        "gauge",
-        "Outbox replies by status (PENDING = backlog).",
+        "Outbox replies by status (PENDING = backlog)",
+        "status",
+        &counts.replies_by_status,
     );
-    for (status, n) in &counts.replies_by_status {
-        let _ = writeln!(out, "assistd_replies{{status=\"{status}\"}} {n}");
-    }
-    family(
-        &mut out,
+    registry.register(
         "assistd_lease_takeovers",
-        "gauge",
-        "Claims of a task beyond its first.",
+        "Claims of a task beyond its first",
+        ConstGauge::new(counts.lease_takeovers),
     );
-    let _ = writeln!(out, "assistd_lease_takeovers {}", counts.lease_takeovers);
-    family(
-        &mut out,
-        "assistd_job_runs",
-        "gauge",
-        "Scheduled job runs by job and status.",
-    );
+    let job_runs = Family::<Vec<(&'static str, String)>, Gauge>::default();
     for (job, status, n) in &counts.job_runs {
-        let _ = writeln!(
-            out,
-            "assistd_job_runs{{job=\"{}\",status=\"{status}\"}} {n}",
-            label(job)
-        );
+        job_runs
+            .get_or_create(&vec![("job", job.clone()), ("status", status.to_string())])
+            .set(*n);
     }
-    render_local(&mut out, llm);
+    registry.register(
+        "assistd_job_runs",
+        "Scheduled job runs by job and status",
+        job_runs,
+    );
+    register_local(&mut registry, llm);
+    register_process(&mut registry);
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
     out
 }
 
 /// This instance's counters and histograms.
-fn render_local(out: &mut String, llm: &crate::config::LlmConfig) {
-    family(
-        out,
-        "assistd_webhook_requests_total",
-        "counter",
-        "Webhook requests by channel and HTTP status (this instance).",
+fn register_local(registry: &mut Registry, llm: &crate::config::LlmConfig) {
+    let c = &*COUNTERS;
+    registry.register(
+        "assistd_webhook_requests",
+        "Webhook requests by channel and HTTP status (this instance)",
+        c.webhooks.clone(),
     );
-    for ((channel, status), n) in WEBHOOKS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-        let _ = writeln!(
-            out,
-            "assistd_webhook_requests_total{{channel=\"{channel}\",status=\"{status}\"}} {n}"
-        );
+    registry.register(
+        "assistd_group_commits",
+        "Group-commit transactions by queue (this instance)",
+        c.group_commits.clone(),
+    );
+    registry.register(
+        "assistd_group_commit_operations",
+        "Operations carried by those transactions (operations / transactions = mean batch)",
+        c.group_commit_operations.clone(),
+    );
+    register_tokens(registry, llm);
+    for (name, help, latency) in [
+        (
+            "assistd_recovery",
+            "From the claim that took a task over after a lost lease to its next step (this instance)",
+            &RECOVERY_SECONDS,
+        ),
+        (
+            "assistd_model_call",
+            "Model call latency (this instance)",
+            &MODEL_CALL_SECONDS,
+        ),
+        (
+            "assistd_step",
+            "Step latency including retries (this instance)",
+            &STEP_SECONDS,
+        ),
+    ] {
+        registry.register_with_unit(name, help, Unit::Seconds, (*latency.0).clone());
     }
-    let groups = GROUP_COMMITS
+}
+
+type Labelled<N = u64> = Family<Vec<(&'static str, String)>, Counter<N, AtomicU64>>;
+
+/// The tokens counted so far, and their cost at `llm.prices` (models without a price are
+/// left out of the cost).
+fn register_tokens(registry: &mut Registry, llm: &crate::config::LlmConfig) {
+    let counted = COUNTERS
+        .tokens
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    family(
-        out,
-        "assistd_group_commits_total",
-        "counter",
-        "Group-commit transactions by queue (this instance).",
-    );
-    for (queue, (batches, _)) in &groups {
-        let _ = writeln!(
-            out,
-            "assistd_group_commits_total{{queue=\"{queue}\"}} {batches}"
-        );
-    }
-    family(
-        out,
-        "assistd_group_commit_operations_total",
-        "counter",
-        "Operations carried by those transactions (operations / transactions = mean batch).",
-    );
-    for (queue, (_, ops)) in &groups {
-        let _ = writeln!(
-            out,
-            "assistd_group_commit_operations_total{{queue=\"{queue}\"}} {ops}"
-        );
-    }
-    family(
-        out,
-        "assistd_model_tokens_total",
-        "counter",
-        "Model tokens of recorded calls by agent, model and kind (prompt, completion; this instance).",
-    );
-    let tokens = TOKENS.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for ((agent, model), (prompt, completion)) in &tokens {
+    let tokens = Labelled::<u64>::default();
+    let cost = Labelled::<f64>::default();
+    for ((agent, model), (prompt, completion)) in counted {
         for (kind, n) in [("prompt", prompt), ("completion", completion)] {
-            let _ = writeln!(
-                out,
-                "assistd_model_tokens_total{{agent=\"{}\",model=\"{}\",kind=\"{kind}\"}} {n}",
-                label(agent),
-                label(model)
-            );
+            tokens
+                .get_or_create(&vec![
+                    ("agent", agent.clone()),
+                    ("model", model.clone()),
+                    ("kind", kind.to_string()),
+                ])
+                .inc_by(n);
+        }
+        if let Some(price) = llm.prices.get(&model) {
+            cost.get_or_create(&vec![
+                ("agent", agent),
+                ("model", model),
+                ("currency", llm.price_currency.clone()),
+            ])
+            .inc_by(price.cost(prompt as i64, completion as i64));
         }
     }
-    family(
-        out,
-        "assistd_model_estimated_cost_total",
-        "counter",
-        "Estimated cost of those tokens at llm.prices, by agent, model and currency (models with a price; this instance).",
+    registry.register(
+        "assistd_model_tokens",
+        "Model tokens of recorded calls by agent, model and kind (prompt, completion; this instance)",
+        tokens,
     );
-    for ((agent, model), (prompt, completion)) in &tokens {
-        if let Some(price) = llm.prices.get(model) {
-            let _ = writeln!(
-                out,
-                "assistd_model_estimated_cost_total{{agent=\"{}\",model=\"{}\",currency=\"{}\"}} {}",
-                label(agent),
-                label(model),
-                label(&llm.price_currency),
-                price.cost(*prompt as i64, *completion as i64)
-            );
+    registry.register(
+        "assistd_model_estimated_cost",
+        "Estimated cost of those tokens at llm.prices, by agent, model and currency (models with a price; this instance)",
+        cost,
+    );
+}
+
+/// The standard `process_*` families, read now (Linux: `/proc/self`).
+fn register_process(registry: &mut Registry) {
+    let m = metrics_process::collector::collect();
+    if let Some(cpu) = m.cpu_seconds_total {
+        registry.register_with_unit(
+            "process_cpu",
+            "Total user and system CPU time spent in seconds",
+            Unit::Seconds,
+            ConstCounter::new(cpu),
+        );
+    }
+    let gauges = [
+        (
+            "process_open_fds",
+            "Number of open file descriptors",
+            m.open_fds,
+        ),
+        (
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            m.max_fds,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            m.virtual_memory_bytes,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            m.resident_memory_bytes,
+        ),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            m.start_time_seconds,
+        ),
+        (
+            "process_threads",
+            "Number of OS threads in the process",
+            m.threads,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        if let Some(value) = value {
+            registry.register(name, help, ConstGauge::new(value as i64));
         }
     }
-    RECOVERY_SECONDS.render(
-        out,
-        "assistd_recovery_seconds",
-        "From the claim that took a task over after a lost lease to its next step (this instance).",
-    );
-    MODEL_CALL_SECONDS.render(
-        out,
-        "assistd_model_call_seconds",
-        "Model call latency (this instance).",
-    );
-    STEP_SECONDS.render(
-        out,
-        "assistd_step_seconds",
-        "Step latency including retries (this instance).",
-    );
 }

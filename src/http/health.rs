@@ -38,7 +38,7 @@ async fn metrics(
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
+            crate::metrics::CONTENT_TYPE,
         )],
         crate::metrics::render(&counts, &svc.config.llm),
     ))

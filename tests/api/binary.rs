@@ -282,12 +282,6 @@ fn an_unreachable_database_is_reported_with_its_address_and_cause() {
 }
 
 /// The value of one sample line of a Prometheus exposition, by its name and labels.
-fn sample(exposition: &str, series: &str) -> Option<f64> {
-    exposition
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
     let model = echo_model().await;
@@ -351,31 +345,25 @@ async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
         received_replies(&receiver).await[0].0,
         format!("agent-task-{id}")
     );
-    let metrics = reqwest::get(format!("{}/metrics", server.addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = crate::metrics::scrape(&server.addr).await;
     assert_eq!(
-        sample(&metrics, "assistd_recovery_seconds_count"),
+        m.sample("assistd_recovery_seconds_count", &[]),
         Some(1.0),
-        "{metrics}"
+        "{m:?}"
     );
-    let recovery = sample(&metrics, "assistd_recovery_seconds_sum").unwrap();
+    let recovery = m.sample("assistd_recovery_seconds_sum", &[]).unwrap();
     assert!(recovery > 0.0 && recovery < 30.0, "{recovery}");
     // The model double reports 7 completion tokens per call and the prompt's size.
-    let series = |kind: &str| {
-        format!(
-            "assistd_model_tokens_total{{agent=\"default\",model=\"tiny-model\",kind=\"{kind}\"}}"
-        )
+    let tokens = |m: &crate::metrics::Exposition, kind| {
+        let labels = [
+            ("agent", "default"),
+            ("model", "tiny-model"),
+            ("kind", kind),
+        ];
+        m.sample("assistd_model_tokens_total", &labels)
     };
-    assert_eq!(
-        sample(&metrics, &series("completion")),
-        Some(7.0),
-        "{metrics}"
-    );
-    assert!(sample(&metrics, &series("prompt")).unwrap() > 0.0);
+    assert_eq!(tokens(&m, "completion"), Some(7.0), "{m:?}");
+    assert!(tokens(&m, "prompt").unwrap() > 0.0);
 
     // A message claimed the ordinary way is no takeover.
     let resp = server.post_message(&message("fresh", 1, "new one")).await;
@@ -384,17 +372,9 @@ async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
         assert!(Instant::now() < deadline, "no second reply");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let metrics = reqwest::get(format!("{}/metrics", server.addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert_eq!(
-        sample(&metrics, "assistd_recovery_seconds_count"),
-        Some(1.0)
-    );
-    assert_eq!(sample(&metrics, &series("completion")), Some(14.0));
+    let m = crate::metrics::scrape(&server.addr).await;
+    assert_eq!(m.sample("assistd_recovery_seconds_count", &[]), Some(1.0));
+    assert_eq!(tokens(&m, "completion"), Some(14.0));
     assert_eq!(server.terminate(), Some(0));
     db.drop_db().await;
 }

@@ -21,7 +21,7 @@ impl ModelScript for ScriptedFailures {
     }
 }
 
-async fn seeded() -> (TestApp, Vec<i64>) {
+pub async fn seeded() -> (TestApp, Vec<i64>) {
     let model = MockServer::start().await;
     model_mock(ScriptedFailures).mount(&model).await;
     let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
@@ -147,45 +147,6 @@ async fn audit_summaries_are_redacted() {
         summary.contains("[email]") && !summary.contains("ops@example.com"),
         "{summary}"
     );
-    app.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_are_exposed_in_prometheus_format() {
-    let (app, _) = seeded().await;
-    let resp = app
-        .http
-        .get(format!("{}/metrics", app.addr))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/plain")
-    );
-    let text = resp.text().await.unwrap();
-    for line in [
-        "assistd_tasks{status=\"SUCCEEDED\"} 3",
-        "assistd_tasks{status=\"FAILED\"} 3",
-        "assistd_task_failures{failure_type=\"AUTH_FAILED\"} 2",
-        "assistd_replies{status=\"SENT\"} 6",
-        "# TYPE assistd_model_call_seconds histogram",
-        "assistd_step_seconds_bucket{le=\"+Inf\"}",
-    ] {
-        assert!(text.contains(line), "missing `{line}` in\n{text}");
-    }
-    // Webhook counters are per process, and tests share one: at least this test's six.
-    let webhooks: u64 = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("assistd_webhook_requests_total{channel=\"generic\",status=\"200\"} ")
-        })
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(webhooks >= 6, "{text}");
     app.stop().await;
 }
 
@@ -360,25 +321,18 @@ async fn tokens_and_estimated_cost_per_agent_and_model() {
         (row["estimated_cost"].as_f64().unwrap() - cost).abs() < 1e-12,
         "{row}"
     );
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with(
-                "assistd_model_estimated_cost_total{agent=\"default\",model=\"priced-model-23\",currency=\"USD\"} ",
-            )
-        })
-        .unwrap_or_else(|| panic!("{metrics}"));
-    let shown: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!((shown - cost).abs() < 1e-12, "{line}");
+    let m = crate::metrics::scrape(&app.addr).await;
+    let shown = m
+        .sample(
+            "assistd_model_estimated_cost_total",
+            &[
+                ("agent", "default"),
+                ("model", "priced-model-23"),
+                ("currency", "USD"),
+            ],
+        )
+        .unwrap_or_else(|| panic!("{m:?}"));
+    assert!((shown - cost).abs() < 1e-12, "{shown}");
     app.stop().await;
 
     // Unpriced: tokens, no cost.
@@ -389,6 +343,21 @@ async fn tokens_and_estimated_cost_per_agent_and_model() {
     assert_eq!(s["tokens"]["by_agent_model"][0]["model"], "test-model");
     assert!(s["tokens"]["by_agent_model"][0]["estimated_cost"].is_null());
     assert_eq!(s["tokens"]["estimated_cost"], 0.0);
+    let m = crate::metrics::scrape(&app.addr).await;
+    let tokens = [
+        ("agent", "default"),
+        ("model", "test-model"),
+        ("kind", "completion"),
+    ];
+    assert!(
+        m.sample("assistd_model_tokens_total", &tokens).is_some(),
+        "{m:?}"
+    );
+    let priced = m.samples("assistd_model_estimated_cost_total");
+    assert!(
+        priced.iter().all(|(l, _)| l["model"] != "test-model"),
+        "{m:?}"
+    );
     app.stop().await;
 
     let dir = tempfile::tempdir().unwrap();

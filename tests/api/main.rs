@@ -18,6 +18,7 @@ mod examples;
 mod jobs;
 mod lifecycle;
 mod mcp;
+mod metrics;
 mod model_contract;
 mod model_failures;
 mod pipeline;
