@@ -340,6 +340,8 @@ pub struct MessageRow {
     pub sender_name: Option<String>,
     pub text: String,
     pub received_at: i64,
+    /// See [`NewMessage::trace_context`].
+    pub trace_context: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -427,6 +429,9 @@ pub struct NewMessage {
     /// What the platform needs later to answer this message (JSON), e.g. DingTalk's
     /// session webhook.
     pub reply_context: Option<String>,
+    /// The W3C `traceparent` of the intake that stores it (set by intake, not by the
+    /// platforms; see `crate::telemetry`).
+    pub trace_context: Option<String>,
 }
 
 /// Longest id (event, message, conversation, sender) or sender name accepted, in bytes.
@@ -483,6 +488,7 @@ impl NewMessage {
             sender_name: self.sender_name.as_ref().map(strip),
             text: strip(&self.text),
             reply_context: self.reply_context.as_ref().map(strip),
+            trace_context: self.trace_context.clone(),
         }
     }
 }

@@ -35,19 +35,25 @@ pub struct Intake {
 /// A message as intake takes it: ids within their size, U+0000 dropped (platforms retry
 /// until they get a 2xx, so it is dropped rather than refused; the generic webhook refuses it
 /// at parse time instead).
+/// While traces are exported, the message carries the intake span's `traceparent`.
 fn prepared(message: &NewMessage) -> Result<std::borrow::Cow<'_, NewMessage>, IntakeError> {
     message.check_sizes().map_err(IntakeError::Invalid)?;
-    Ok(if message.has_nul() {
+    let mut message = if message.has_nul() {
         tracing::warn!("dropped U+0000 from an inbound message");
         std::borrow::Cow::Owned(message.without_nul())
     } else {
         std::borrow::Cow::Borrowed(message)
-    })
+    };
+    if let Some(traceparent) = crate::telemetry::traceparent() {
+        message.to_mut().trace_context = Some(traceparent);
+    }
+    Ok(message)
 }
 
 /// Commits `messages` (a platform's delivery of several, e.g. a Matrix transaction) in one
 /// intake transaction, in their order, and wakes the workers once. Each gets its own result:
 /// a message intake cannot take is refused alone.
+#[tracing::instrument(name = "intake", skip_all, fields(messages = messages.len()))]
 pub async fn accept_messages(
     svc: &Intake,
     messages: &[NewMessage],
@@ -94,7 +100,11 @@ pub async fn accept_messages(
     Ok(results)
 }
 
-#[tracing::instrument(skip_all, fields(channel = %message.channel, conversation = %message.conversation_id))]
+#[tracing::instrument(
+    name = "intake",
+    skip_all,
+    fields(channel = %message.channel, conversation = %message.conversation_id, task_id = tracing::field::Empty)
+)]
 pub async fn accept_message(
     svc: &Intake,
     message: &NewMessage,
@@ -110,6 +120,7 @@ pub async fn accept_message(
             StoreError::NotFound => IntakeError::UnknownAgent(agent.to_string()),
             other => IntakeError::Store(other),
         })?;
+    tracing::Span::current().record("task_id", ingested.task_id);
     if ingested.duplicate {
         tracing::info!(task_id = ingested.task_id, "duplicate delivery ignored");
     } else {

@@ -20,6 +20,7 @@ pub mod redaction;
 pub mod reports;
 pub mod scheduler;
 pub mod store;
+pub mod telemetry;
 pub mod templating;
 pub mod tools;
 pub mod wake;

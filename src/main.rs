@@ -5,9 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
-use assistd::config::{Config, LogFormat};
+use assistd::config::Config;
 
 #[derive(Parser)]
 #[command(
@@ -47,7 +46,15 @@ fn main() -> ExitCode {
     if let Some(Command::Serve { role: Some(role) }) = &cli.command {
         config.server.role = *role;
     }
-    init_logging(&config);
+    // One instance id for the exported spans and the leases (the fallback is random).
+    config.worker.instance_id = config.instance_id();
+    let telemetry = match assistd::telemetry::init(&config, &config.worker.instance_id) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("assistd: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -61,6 +68,8 @@ fn main() -> ExitCode {
             Command::Migrate => migrate(config).await,
         }
     });
+    drop(runtime);
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -103,19 +112,5 @@ async fn wait_for_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
-    }
-}
-
-fn init_logging(config: &Config) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Pretty => builder.init(),
     }
 }

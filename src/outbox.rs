@@ -89,8 +89,10 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             finished = false;
             for reply in due {
                 let svc = svc.clone();
-                let span = tracing::info_span!("reply", task_id = reply.task_id);
-                sends.spawn(async move { deliver(&svc, reply).await }.instrument(span));
+                sends.spawn(async move {
+                    let span = delivery_span(&svc, &reply).await;
+                    deliver(&svc, reply).instrument(span).await
+                });
             }
         }
         timer = false;
@@ -126,6 +128,29 @@ fn note_deferral(
         }
         _ => true,
     }
+}
+
+/// The span of one delivery try, in the trace of the message it answers (while traces are
+/// exported: the message's stored `traceparent` is read for it).
+async fn delivery_span(svc: &Sender, reply: &ReplyRow) -> tracing::Span {
+    let span = tracing::info_span!(
+        "reply",
+        task_id = reply.task_id,
+        key = %reply.idempotency_key,
+        attempt = reply.attempts,
+        otel.kind = "client"
+    );
+    if crate::telemetry::enabled() && !reply.in_reply_to.is_empty() {
+        match svc
+            .store
+            .trace_context(&reply.channel, &reply.in_reply_to)
+            .await
+        {
+            Ok(parent) => crate::telemetry::continue_trace(&span, parent.as_deref()),
+            Err(e) => tracing::debug!(error = %e, "reading the answered message's trace failed"),
+        }
+    }
+    span
 }
 
 /// Sends one claimed reply and records the outcome; returns the time it was deferred to

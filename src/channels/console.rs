@@ -31,5 +31,6 @@ pub fn message(conversation_id: &str, text: &str) -> Result<NewMessage, String> 
         sender_name: Some("console".into()),
         text: text.to_string(),
         reply_context: None,
+        trace_context: None,
     })
 }

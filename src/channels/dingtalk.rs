@@ -181,6 +181,7 @@ pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
         sender_name: v["senderNick"].as_str().map(str::to_string),
         text,
         reply_context: Some(context.to_string()),
+        trace_context: None,
     }))
 }
 

@@ -120,6 +120,7 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
         sender_id: required(&object, "sender_id", MAX_ID_LEN)?,
         sender_name,
         text,
+        trace_context: None,
     })
 }
 

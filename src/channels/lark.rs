@@ -154,6 +154,7 @@ pub fn parse_event(
         sender_id: sender,
         sender_name: None,
         text,
+        trace_context: None,
     }))
 }
 

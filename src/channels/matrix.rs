@@ -183,6 +183,7 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                     sender_id: sender.to_string(),
                     sender_name: None,
                     text,
+                    trace_context: None,
                 }));
             }
             _ => {}

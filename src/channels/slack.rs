@@ -161,6 +161,7 @@ pub fn parse_event(body: &[u8], bot_user_id: &str) -> Result<Inbound, Refused> {
                 sender_id: user.to_string(),
                 sender_name: None,
                 text,
+                trace_context: None,
             }))
         }
         _ => Ok(Inbound::Ignore("unknown request type")),

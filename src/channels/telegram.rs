@@ -104,6 +104,7 @@ pub fn parse(body: &[u8], bot_username: &str) -> Result<Inbound, Refused> {
             .or_else(|| from["first_name"].as_str())
             .map(str::to_string),
         text,
+        trace_context: None,
     }))
 }
 

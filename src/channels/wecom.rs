@@ -312,6 +312,7 @@ pub fn parse(
         sender_name: None,
         text,
         reply_context: None,
+        trace_context: None,
     }))
 }
 

@@ -18,6 +18,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub replies: RepliesConfig,
     pub log: LogConfig,
+    pub telemetry: TelemetryConfig,
     pub channels: ChannelsConfig,
     pub agents: BTreeMap<String, AgentConfig>,
     pub context: ContextConfig,
@@ -524,6 +525,23 @@ pub enum LogFormat {
 pub struct LogConfig {
     pub format: LogFormat,
     pub level: String,
+}
+
+/// OpenTelemetry traces over OTLP/HTTP (see `crate::telemetry`); off while `otlp_endpoint`
+/// is empty.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL, e.g. `http://otel-collector:4318` (traces go to
+    /// `<endpoint>/v1/traces`); empty = no export.
+    pub otlp_endpoint: String,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    /// Longest wait for one export request (the exporter drops that batch after it).
+    pub export_timeout_secs: u64,
+    /// More headers for the export requests (e.g. a collector's API key).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -9,6 +9,7 @@ impl Config {
         self.check_runtime()?;
         self.check_scheduler()?;
         self.check_log()?;
+        self.check_telemetry()?;
         self.check_channels()?;
         self.check_agents()
     }
@@ -247,6 +248,25 @@ impl Config {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(level) {
             return Err(bad(format!("is not a filter: {e}")));
+        }
+        Ok(())
+    }
+
+    /// The trace export, when it is on.
+    fn check_telemetry(&self) -> Result<(), ConfigError> {
+        let t = &self.telemetry;
+        if t.otlp_endpoint.is_empty() {
+            return Ok(());
+        }
+        http_url("telemetry.otlp_endpoint", &t.otlp_endpoint)?;
+        if t.service_name.trim().is_empty() {
+            return Err(invalid("telemetry.service_name", "is empty"));
+        }
+        if !(1..=300).contains(&t.export_timeout_secs) {
+            return Err(invalid(
+                "telemetry.export_timeout_secs",
+                format!("{} is not between 1 and 300", t.export_timeout_secs),
+            ));
         }
         Ok(())
     }

@@ -100,10 +100,15 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
             let svc = svc.clone();
             let shutdown = shutdown.clone();
             let message = messages.remove(&task.message_id);
+            // One span per claim of the task, in the trace its message's intake began.
             let span = tracing::info_span!(
-                "task",
+                "claim",
                 task_id = task.id,
                 conversation = tracing::field::Empty
+            );
+            crate::telemetry::continue_trace(
+                &span,
+                message.as_ref().and_then(|m| m.trace_context.as_deref()),
             );
             running.spawn(
                 async move {

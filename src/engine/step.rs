@@ -111,6 +111,11 @@ impl StepExec<'_> {
     /// or its retry plan runs out; every retry is recorded on the step as it starts, and a
     /// lost lease stops the wait and the call at once. The retry budget counts this run's
     /// tries, so a task an admin resumes gets a fresh budget.
+    #[tracing::instrument(
+        name = "step",
+        skip_all,
+        fields(task_id = self.fence.task_id, step = row.step_no, name = %row.tool_name)
+    )]
     pub async fn attempt<T, F, Fut>(&self, row: &StepRow, call: F) -> Result<Attempted<T>, RunError>
     where
         F: Fn(String) -> Fut,

@@ -309,11 +309,17 @@ async fn tasks_page(
             .unwrap_or(LIST_LIMIT)
             .clamp(1, LIST_LIMIT),
     };
-    let rows = svc.store.find_tasks(&search).await?;
-    // A full page may have more behind it: the next page starts below its last id.
-    let older = (rows.len() as i64 == search.limit)
-        .then(|| rows.last().map(|t| t.id))
-        .flatten();
+    // One row more than the page tells whether there is an older page (below its last id).
+    let mut rows = svc
+        .store
+        .find_tasks(&TaskSearch {
+            limit: search.limit + 1,
+            ..search.clone()
+        })
+        .await?;
+    let more = rows.len() as i64 > search.limit;
+    rows.truncate(search.limit as usize);
+    let older = more.then(|| rows.last().map(|t| t.id)).flatten();
     let tasks: Vec<Value> = rows
         .iter()
         .map(|t| json!({ "id": t.id, "status": t.status, "failure_type": t.failure_type, "channel": t.channel,

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::{Json, Router};
 use serde_json::json;
+use tracing::Instrument;
 
 use super::context::ApiContext;
 use super::error::ApiError;
@@ -29,8 +30,8 @@ pub fn router() -> Router<Arc<ApiContext>> {
         .route("/webhooks/{platform}/{*rest}", any(webhook))
 }
 
-/// Every platform's webhook: read the body under the limit, let the platform verify and
-/// parse it, keep it to once where the platform says so, then carry out what it asks.
+/// Every platform's webhook, in a `webhook` span that continues the caller's `traceparent`
+/// (see `crate::telemetry`).
 async fn webhook(
     State(svc): State<Arc<ApiContext>>,
     Path(params): Path<HashMap<String, String>>,
@@ -45,10 +46,48 @@ async fn webhook(
             "no channel is enabled at this path".into(),
         ));
     };
+    let span = tracing::info_span!(
+        "webhook",
+        channel = name,
+        otel.kind = "server",
+        task_id = tracing::field::Empty
+    );
+    let caller = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    crate::telemetry::continue_trace(&span, caller);
+    let request = Request {
+        platform,
+        rest: params.get("rest").map(String::as_str).unwrap_or(""),
+        method,
+        query,
+        headers,
+    };
+    receive(&svc, request, body).instrument(span).await
+}
+
+/// A webhook request whose channel is enabled, before its body is read.
+struct Request<'a> {
+    platform: Arc<dyn Platform>,
+    rest: &'a str,
+    method: Method,
+    query: Option<String>,
+    headers: HeaderMap,
+}
+
+/// Reads the body under the limit, lets the platform verify and parse it, keeps it to once
+/// where the platform says so, then carries out what it asks.
+async fn receive(svc: &ApiContext, req: Request<'_>, body: Body) -> Result<Response, ApiError> {
+    let Request {
+        platform,
+        rest,
+        method,
+        query,
+        headers,
+    } = req;
+    let name = platform.name();
     let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
     let request = InboundRequest {
         method: method.as_str(),
-        rest: params.get("rest").map(String::as_str).unwrap_or(""),
+        rest,
         headers: &headers,
         query: query.as_deref(),
         body: &raw,
@@ -83,12 +122,12 @@ async fn webhook(
         return refusal(refused);
     }
     if parsed.transaction {
-        return transaction(&svc, platform.as_ref(), parsed).await;
+        return transaction(svc, platform.as_ref(), parsed).await;
     }
     let Some(item) = parsed.items.into_iter().next() else {
         return Ok(Json(json!({ "ignored": "nothing to do" })).into_response());
     };
-    let response = handle_inbound(&svc, platform.as_ref(), item).await?;
+    let response = handle_inbound(svc, platform.as_ref(), item).await?;
     Ok(parsed.answer.map(fixed_response).unwrap_or(response))
 }
 
@@ -187,6 +226,7 @@ async fn handle_inbound(
     match inbound {
         Inbound::Message(message) => {
             let ingested = accept_message(&svc.intake, &message, platform.agent()).await?;
+            tracing::Span::current().record("task_id", ingested.task_id);
             Ok(
                 Json(json!({ "task_id": ingested.task_id, "duplicate": ingested.duplicate }))
                     .into_response(),

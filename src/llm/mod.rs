@@ -382,7 +382,7 @@ impl OpenAiClient {
     /// One chat completion with the body `request` (see [`ChatRequest::to_wire`]).
     /// `idempotency_key` (the step's key) is sent as `Idempotency-Key` so a provider or proxy
     /// that honours it can drop a repeat after a crash.
-    #[tracing::instrument(skip_all, fields(model = %request.model))]
+    #[tracing::instrument(skip_all, fields(model = %request.model, otel.kind = "client"))]
     pub async fn chat(
         &self,
         request: &WireRequest,
@@ -397,7 +397,7 @@ impl OpenAiClient {
     /// given the answer so far each time a chunk adds to it, and the whole answer is
     /// returned as [`ChatResponse`] once the stream ends with `[DONE]`. For calls that
     /// offer no tools: a streamed tool call is an INVALID_RESPONSE.
-    #[tracing::instrument(skip_all, fields(model = %request.model))]
+    #[tracing::instrument(skip_all, fields(model = %request.model, otel.kind = "client"))]
     pub async fn chat_stream(
         &self,
         request: &WireRequest,
@@ -493,6 +493,10 @@ impl OpenAiClient {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", idempotency_key)
             .body(body);
+        // The call's span, for a provider or proxy that traces (W3C Trace Context).
+        if let Some(traceparent) = crate::telemetry::traceparent() {
+            call = call.header("traceparent", traceparent);
+        }
         if !self.query.is_empty() {
             call = call.query(&self.query);
         }

@@ -92,6 +92,7 @@ impl Store {
                             "sender_name": m.sender_name,
                             "text": m.text,
                             "reply_context": m.reply_context,
+                            "trace_context": m.trace_context,
                         })
                     })
                     .collect();
@@ -232,14 +233,35 @@ impl Store {
         channel: &str,
         external_message_id: &str,
     ) -> StoreResult<Option<String>> {
+        self.message_field("reply_context", channel, external_message_id)
+            .await
+    }
+
+    /// The `traceparent` intake stored with message `external_message_id`.
+    pub async fn trace_context(
+        &self,
+        channel: &str,
+        external_message_id: &str,
+    ) -> StoreResult<Option<String>> {
+        self.message_field("trace_context", channel, external_message_id)
+            .await
+    }
+
+    async fn message_field(
+        &self,
+        column: &'static str,
+        channel: &str,
+        external_message_id: &str,
+    ) -> StoreResult<Option<String>> {
+        let sql = format!(
+            "SELECT {column} FROM im_message WHERE channel = $1 AND external_message_id = $2"
+        );
         let row: Option<(Option<String>,)> = super::on_pool!(self, pool => {
-            sqlx::query_as(
-                "SELECT reply_context FROM im_message WHERE channel = $1 AND external_message_id = $2",
-            )
-            .bind(channel)
-            .bind(external_message_id)
-            .fetch_optional(pool)
-            .await?
+            sqlx::query_as(&sql)
+                .bind(channel)
+                .bind(external_message_id)
+                .fetch_optional(pool)
+                .await?
         });
         Ok(row.and_then(|r| r.0))
     }
@@ -310,9 +332,10 @@ impl IntakeSql {
     fn new(sqlite: bool) -> IntakeSql {
         let messages = format!(
             "INSERT INTO im_message (channel, external_event_id, external_message_id, \
-             conversation_id, sender_id, sender_name, text, received_at, reply_context) \
-             SELECT v.channel, v.event_id, v.message_id, v.conversation_id, v.sender_id, \
-             v.sender_name, v.text, $2, v.reply_context FROM {} ORDER BY v.ord \
+             conversation_id, sender_id, sender_name, text, received_at, reply_context, \
+             trace_context) SELECT v.channel, v.event_id, v.message_id, v.conversation_id, \
+             v.sender_id, v.sender_name, v.text, $2, v.reply_context, v.trace_context FROM {} \
+             ORDER BY v.ord \
              ON CONFLICT DO NOTHING RETURNING id, channel, external_event_id",
             json_rows(
                 sqlite,
@@ -326,6 +349,7 @@ impl IntakeSql {
                     ("sender_name", "text"),
                     ("text", "text"),
                     ("reply_context", "text"),
+                    ("trace_context", "text"),
                 ],
             )
         );

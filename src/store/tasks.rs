@@ -32,7 +32,7 @@ const TASK_COLUMNS: &str = concat!(
 );
 
 const MESSAGE_COLUMNS: &str = "id, channel, external_event_id, external_message_id, \
-     conversation_id, sender_id, sender_name, text, received_at";
+     conversation_id, sender_id, sender_name, text, received_at, trace_context";
 
 /// What a task list keeps; `None` and `false` keep everything.
 #[derive(Debug, Clone, Default)]

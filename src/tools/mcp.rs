@@ -370,6 +370,10 @@ impl McpTools {
         let mut meta = rmcp::model::MetaObject::default();
         meta.0
             .insert(IDEMPOTENCY_META.into(), json!(idempotency_key));
+        // The call's span, for a server that traces (SEP-414: W3C Trace Context in `_meta`).
+        if let Some(traceparent) = crate::telemetry::traceparent() {
+            meta.set_traceparent(traceparent);
+        }
         params.meta = Some(rmcp::model::RequestMetaObject(meta));
         let timeout = self.servers[server].timeout;
         let result = match tokio::time::timeout(timeout, client.call_tool(params)).await {

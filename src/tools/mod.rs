@@ -220,7 +220,11 @@ impl ToolRegistry {
     }
 
     /// Calls configured tool `name` with validated `args`, carrying `idempotency_key`.
-    #[tracing::instrument(skip_all, fields(tool = %name, key = %idempotency_key))]
+    #[tracing::instrument(
+        name = "tool",
+        skip_all,
+        fields(tool = %name, key = %idempotency_key, otel.kind = "client")
+    )]
     pub async fn call(
         &self,
         name: &str,
@@ -245,7 +249,11 @@ impl ToolRegistry {
     }
 
     /// Calls `tool` of MCP server `server` (a tool pinned in the task's agent version).
-    #[tracing::instrument(skip_all, fields(server = %server, tool = %tool, key = %idempotency_key))]
+    #[tracing::instrument(
+        name = "mcp_tool",
+        skip_all,
+        fields(server = %server, tool = %tool, key = %idempotency_key, otel.kind = "client")
+    )]
     pub async fn call_mcp(
         &self,
         server: &str,
@@ -307,6 +315,9 @@ impl ToolRegistry {
             .request(method.clone(), url)
             .timeout(Duration::from_secs(timeout_secs))
             .header("idempotency-key", idempotency_key);
+        if let Some(traceparent) = crate::telemetry::traceparent() {
+            request = request.header("traceparent", traceparent);
+        }
         for (name, value) in &call.headers {
             request = request.header(name.as_str(), render(value, context)?);
         }

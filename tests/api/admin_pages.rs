@@ -542,6 +542,12 @@ async fn the_task_list_keeps_the_dashboard_filters_pages_and_searches() {
     let page3 = get(format!("/admin/tasks?limit=2&before={}", ids[1])).await;
     assert_eq!(listed(&page3), [ids[0]]);
     assert!(!page3.contains("id=\"older\""), "the last page");
+    let full_last = get(format!("/admin/tasks?limit=2&before={}", ids[2])).await;
+    assert_eq!(listed(&full_last), [ids[1], ids[0]]);
+    assert!(
+        !full_last.contains("id=\"older\""),
+        "a full last page links no empty page"
+    );
 
     // Search: message text in any case, a literal %, and the conversation id.
     assert_eq!(

@@ -89,10 +89,22 @@ impl RealServer {
 impl RealServer {
     /// POSTs `message` to the server's generic webhook, signed with the test secret.
     pub async fn post_message(&self, message: &Value) -> reqwest::Response {
+        self.post_message_with(message, &[]).await
+    }
+
+    /// [`Self::post_message`] with more request headers.
+    pub async fn post_message_with(
+        &self,
+        message: &Value,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
         let body = serde_json::to_vec(message).unwrap();
         let ts = assistd::domain::now_ms() / 1000;
-        reqwest::Client::new()
-            .post(format!("{}/webhooks/generic", self.addr))
+        let mut request = reqwest::Client::new().post(format!("{}/webhooks/generic", self.addr));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
             .header("X-Assistd-Timestamp", ts.to_string())
             .header(
                 "X-Assistd-Signature",
@@ -154,6 +166,10 @@ async fn the_binary_answers_a_signed_message_and_stops_cleanly_on_sigterm() {
         assert!(Instant::now() < deadline, "no reply from the binary");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Traces are off by default: nothing names a span to the model.
+    let calls = model.received_requests().await.unwrap();
+    assert!(!calls.is_empty());
+    assert!(calls.iter().all(|r| !r.headers.contains_key("traceparent")));
     assert_eq!(server.terminate(), Some(0));
     db.drop_db().await;
 }
@@ -303,6 +319,7 @@ async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
             sender_id: "u".into(),
             sender_name: None,
             text: "left behind".into(),
+            trace_context: None,
         };
         let id = store
             .ingest_message(&msg, "default", now - 5_000)

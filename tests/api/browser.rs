@@ -336,6 +336,39 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
     browser.wait_url(|u| u.contains("q=HELLO")).await;
     browser.find(&format!("a[href='/admin/tasks/{id}']")).await;
 
+    // Paging: one task a page; "Older tasks" keeps the filters and the page size.
+    let newer = task_id_of(app.post_message(&message("paging", 1, "another")).await).await;
+    let paged = format!("{}/admin/tasks?channel=generic&limit=1", app.addr);
+    browser.goto(&paged).await;
+    browser
+        .find(&format!("a[href='/admin/tasks/{newer}']"))
+        .await;
+    let rows = || async {
+        let links = browser
+            .client
+            .find_all(fantoccini::Locator::Css("#tasks a.task-link"))
+            .await
+            .unwrap();
+        links.len()
+    };
+    assert_eq!(rows().await, 1);
+    browser.click("#older").await;
+    let url = browser.wait_url(|u| u.contains("before=")).await;
+    assert!(
+        url.contains("channel=generic") && url.contains("limit=1"),
+        "{url}"
+    );
+    browser.find(&format!("a[href='/admin/tasks/{id}']")).await;
+    assert_eq!(rows().await, 1);
+    // The last page offers no page after it.
+    let more = browser
+        .client
+        .find_all(fantoccini::Locator::Css("#older"))
+        .await
+        .unwrap();
+    assert!(more.is_empty(), "an older page after the oldest task");
+    browser.screenshot("admin-tasks-older-page").await;
+
     // The task page redacts; "Show raw" shows the text as sent (and is audited).
     browser.click(&format!("a[href='/admin/tasks/{id}']")).await;
     browser

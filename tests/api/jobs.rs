@@ -347,6 +347,7 @@ async fn an_orphan_reclaim_posts_a_signed_alert_naming_the_task_and_its_last_own
             sender_id: "u".into(),
             sender_name: None,
             text: "hi".into(),
+            trace_context: None,
         };
         let id = store
             .ingest_message(&msg, "default", now)

@@ -30,6 +30,7 @@ mod reply_delivery;
 mod scheduler;
 mod security;
 mod strict_model;
+mod telemetry;
 mod webhook_errors;
 mod workflow_crash;
 mod workflow_history;

@@ -299,6 +299,7 @@ async fn orphaned_running_tasks_go_back_to_pending_with_an_audit_event() {
         sender_id: "u".into(),
         sender_name: None,
         text: "hi".into(),
+        trace_context: None,
     };
     let id = store
         .ingest_message(&msg, "default", now - 300_000)

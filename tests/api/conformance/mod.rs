@@ -37,6 +37,7 @@ pub(crate) fn msg(conversation: &str, n: u32) -> NewMessage {
         sender_id: "u".into(),
         sender_name: None,
         text: format!("text {n}"),
+        trace_context: None,
     }
 }
 

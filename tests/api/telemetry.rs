@@ -1,0 +1,431 @@
+//! OpenTelemetry traces over OTLP/HTTP (`[telemetry]`, issue 23), with the real binary and
+//! a collector stand-in that decodes what it is sent with the OTLP protobuf definitions
+//! (`opentelemetry-proto`) and refuses what a collector refuses.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use prost::Message;
+
+use crate::binary::RealServer;
+use crate::helpers::*;
+
+/// One span as the collector got it; ids in lower-case hex.
+#[derive(Debug, Clone)]
+pub struct Got {
+    pub name: String,
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent: String,
+    pub attributes: HashMap<String, String>,
+    pub service: String,
+}
+
+/// An OTLP/HTTP trace receiver on 127.0.0.1: `POST /v1/traces` with a protobuf
+/// `ExportTraceServiceRequest` (anything else is refused: 415 for another content type, 400
+/// for a body that does not decode or a span id of the wrong length).
+pub struct Collector {
+    pub url: String,
+    spans: Arc<Mutex<Vec<Got>>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn text(value: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(Any::StringValue(s)) => s.clone(),
+        Some(Any::IntValue(n)) => n.to_string(),
+        Some(Any::BoolValue(b)) => b.to_string(),
+        Some(Any::DoubleValue(d)) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn attributes(list: &[KeyValue]) -> HashMap<String, String> {
+    list.iter()
+        .map(|kv| (kv.key.clone(), text(&kv.value)))
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the receiver makes of one export request.
+fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Got>, (StatusCode, String)> {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type != "application/x-protobuf" {
+        return Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content type `{content_type}`"),
+        ));
+    }
+    let request = ExportTraceServiceRequest::decode(body)
+        .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    let mut got = Vec::new();
+    for resource in request.resource_spans {
+        let service = resource
+            .resource
+            .as_ref()
+            .map(|r| attributes(&r.attributes))
+            .and_then(|a| a.get("service.name").cloned())
+            .unwrap_or_default();
+        for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+            let bad = span.trace_id.len() != 16
+                || span.span_id.len() != 8
+                || !(span.parent_span_id.is_empty() || span.parent_span_id.len() == 8);
+            if bad {
+                return Err((StatusCode::BAD_REQUEST, format!("bad ids in {span:?}")));
+            }
+            got.push(Got {
+                name: span.name.clone(),
+                trace_id: hex(&span.trace_id),
+                span_id: hex(&span.span_id),
+                parent: hex(&span.parent_span_id),
+                attributes: attributes(&span.attributes),
+                service: service.clone(),
+            });
+        }
+    }
+    Ok(got)
+}
+
+impl Collector {
+    pub async fn start() -> Collector {
+        let spans: Arc<Mutex<Vec<Got>>> = Arc::default();
+        let kept = spans.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+                let kept = kept.clone();
+                async move {
+                    match decode(&headers, &body) {
+                        Ok(got) => {
+                            kept.lock().unwrap().extend(got);
+                            let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                            (
+                                StatusCode::OK,
+                                [("content-type", "application/x-protobuf")],
+                                answer,
+                            )
+                        }
+                        Err((status, why)) => {
+                            (status, [("content-type", "text/plain")], why.into_bytes())
+                        }
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Collector { url, spans, stop }
+    }
+
+    pub fn spans(&self) -> Vec<Got> {
+        self.spans.lock().unwrap().clone()
+    }
+
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+    }
+}
+
+/// The stand-in refuses what a collector refuses, so spans it shows were sent right.
+#[tokio::test]
+async fn the_collector_stand_in_refuses_what_a_collector_refuses() {
+    let collector = Collector::start().await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/traces", collector.url);
+    let json = http
+        .post(&url)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json.status(), 415);
+    let junk = http
+        .post(&url)
+        .header("content-type", "application/x-protobuf")
+        .body(vec![0xff, 0xff, 0xff])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(junk.status(), 400);
+    assert!(collector.spans().is_empty());
+    collector.stop();
+}
+
+fn envs(db: &TestDb, model: &str, receiver: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut envs = vec![
+        ("ASSISTD_DATABASE__URL".to_string(), db.url.clone()),
+        ("ASSISTD_LLM__BASE_URL".to_string(), format!("{model}/v1")),
+        (
+            "ASSISTD_CHANNELS__GENERIC__SECRET".to_string(),
+            SECRET.to_string(),
+        ),
+        (
+            "ASSISTD_CHANNELS__GENERIC__REPLY_URL".to_string(),
+            format!("{receiver}/reply"),
+        ),
+        ("ASSISTD_ADMIN__TOKEN".to_string(), ADMIN_TOKEN.to_string()),
+    ];
+    envs.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    envs
+}
+
+async fn wait_for_replies(receiver: &wiremock::MockServer, n: usize) {
+    let deadline = Instant::now() + WAIT;
+    while received_replies(receiver).await.len() < n {
+        assert!(Instant::now() < deadline, "no reply from the binary");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A message's whole way is one trace: the webhook continues the caller's `traceparent`,
+/// and intake, the claim, the step, the model call and the delivery follow it across the
+/// database, each span with the task id; the model is told the model call's span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_one_trace_from_webhook_to_delivery() {
+    let model = echo_model().await;
+    let receiver = accepting_receiver().await;
+    let collector = Collector::start().await;
+    let db = TestDb::new().await;
+    let workdir = tempfile::tempdir().unwrap();
+    let envs = envs(
+        &db,
+        &model.uri(),
+        &receiver.uri(),
+        &[
+            ("ASSISTD_TELEMETRY__OTLP_ENDPOINT", &collector.url),
+            ("ASSISTD_TELEMETRY__SERVICE_NAME", "assistd-under-test"),
+        ],
+    );
+    let server = RealServer::start(&envs, workdir.path()).await;
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let resp = server
+        .post_message_with(
+            &message("otel", 1, "trace me"),
+            &[(
+                "traceparent",
+                &format!("00-{caller_trace}-{caller_span}-01"),
+            )],
+        )
+        .await;
+    let id = task_id_of(resp).await.to_string();
+    wait_for_replies(&receiver, 1).await;
+    // SIGTERM flushes the spans still buffered.
+    assert_eq!(server.terminate(), Some(0));
+
+    let spans = collector.spans();
+    let named = |name: &str| -> Got {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no `{name}` span in {spans:#?}"))
+            .clone()
+    };
+    let by_id: HashMap<&str, &Got> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let parent_name = |s: &Got| by_id.get(s.parent.as_str()).map(|p| p.name.clone());
+    let webhook = named("webhook");
+    assert_eq!(
+        webhook.parent, caller_span,
+        "the caller's span is the parent"
+    );
+    for name in ["webhook", "intake", "claim", "step", "chat", "reply"] {
+        let span = named(name);
+        assert_eq!(span.trace_id, caller_trace, "`{name}` is in another trace");
+        assert_eq!(span.service, "assistd-under-test");
+        if name != "chat" {
+            assert_eq!(span.attributes.get("task_id"), Some(&id), "{span:?}");
+        }
+    }
+    assert_eq!(parent_name(&named("intake")).as_deref(), Some("webhook"));
+    // The claim and the delivery continue the trace from what intake stored.
+    assert_eq!(parent_name(&named("claim")).as_deref(), Some("intake"));
+    assert_eq!(parent_name(&named("reply")).as_deref(), Some("intake"));
+    assert_eq!(parent_name(&named("step")).as_deref(), Some("claim"));
+    let chat = named("chat");
+    assert_eq!(parent_name(&chat).as_deref(), Some("step"));
+
+    // The model was told the model call's span.
+    let calls = model.received_requests().await.unwrap();
+    let traceparent = calls[0].headers["traceparent"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        traceparent,
+        format!("00-{caller_trace}-{}-01", chat.span_id),
+        "{chat:?}"
+    );
+    collector.stop();
+    db.drop_db().await;
+}
+
+/// A collector that is down costs the chat user nothing: the message is answered, and the
+/// process still stops cleanly (the export gives up after its timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_does_not_hold_up_answers_or_shutdown() {
+    let model = echo_model().await;
+    let receiver = accepting_receiver().await;
+    let db = TestDb::new().await;
+    let workdir = tempfile::tempdir().unwrap();
+    let closed = format!("http://127.0.0.1:{}", crate::binary::free_port());
+    let envs = envs(
+        &db,
+        &model.uri(),
+        &receiver.uri(),
+        &[
+            ("ASSISTD_TELEMETRY__OTLP_ENDPOINT", &closed),
+            ("ASSISTD_TELEMETRY__EXPORT_TIMEOUT_SECS", "1"),
+        ],
+    );
+    let server = RealServer::start(&envs, workdir.path()).await;
+    let resp = server.post_message(&message("otel-down", 1, "hi")).await;
+    task_id_of(resp).await;
+    wait_for_replies(&receiver, 1).await;
+    assert_eq!(server.terminate(), Some(0));
+    db.drop_db().await;
+}
+
+/// A bad endpoint or timeout is refused at start-up, naming the key.
+#[test]
+fn bad_telemetry_settings_are_refused_naming_the_key() {
+    let load = |pairs: &[(&str, &str)]| {
+        let env: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assistd::config::Config::load_with_env(None, env)
+    };
+    assert!(
+        load(&[]).unwrap().telemetry.otlp_endpoint.is_empty(),
+        "off by default"
+    );
+    let err = load(&[("ASSISTD_TELEMETRY__OTLP_ENDPOINT", "collector:4318")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("telemetry.otlp_endpoint"), "{err}");
+    let err = load(&[
+        ("ASSISTD_TELEMETRY__OTLP_ENDPOINT", "http://collector:4318"),
+        ("ASSISTD_TELEMETRY__EXPORT_TIMEOUT_SECS", "0"),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("telemetry.export_timeout_secs"), "{err}");
+    assert_eq!(
+        assistd::telemetry::traces_url("http://c:4318/"),
+        "http://c:4318/v1/traces"
+    );
+    assert_eq!(
+        assistd::telemetry::traces_url("http://c:4318/v1/traces"),
+        "http://c:4318/v1/traces"
+    );
+}
+
+/// The `traceparent` of each request in `requests`: (trace id, parent span id).
+fn traceparents(requests: &[wiremock::Request]) -> Vec<(String, String)> {
+    requests
+        .iter()
+        .map(|r| {
+            let value = r
+                .headers
+                .get("traceparent")
+                .unwrap_or_else(|| panic!("no traceparent on {}", r.url))
+                .to_str()
+                .unwrap();
+            let parts: Vec<&str> = value.split('-').collect();
+            assert_eq!(
+                (parts.len(), parts[0], parts[3]),
+                (4, "00", "01"),
+                "{value}"
+            );
+            (parts[1].to_string(), parts[2].to_string())
+        })
+        .collect()
+}
+
+/// A workflow agent's loop: every model call and every tool call names its own span (a
+/// `chat` or `tool` span under a `step` of the task's claim) in the message's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_model_and_tool_call_carries_its_span() {
+    use crate::workflows::{AGENT_LOOP, ToolScriptModel, overlay, tool_server};
+    let model = wiremock::MockServer::start().await;
+    model_mock(ToolScriptModel::default()).mount(&model).await;
+    let tools = tool_server().await;
+    let receiver = accepting_receiver().await;
+    let collector = Collector::start().await;
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let wf = dir.path().join("flow.json");
+    std::fs::write(&wf, AGENT_LOOP).unwrap();
+    let config = dir.path().join("overlay.toml");
+    std::fs::write(&config, overlay(&tools.uri(), &wf)).unwrap();
+    let config = config.display().to_string();
+    let envs = envs(
+        &db,
+        &model.uri(),
+        &receiver.uri(),
+        &[
+            ("ASSISTD_CONFIG", &config),
+            ("ASSISTD_TELEMETRY__OTLP_ENDPOINT", &collector.url),
+        ],
+    );
+    let server = RealServer::start(&envs, dir.path()).await;
+    let id = task_id_of(server.post_message(&message("otel-wf", 1, "look up")).await)
+        .await
+        .to_string();
+    wait_for_replies(&receiver, 1).await;
+    assert_eq!(server.terminate(), Some(0));
+
+    let spans = collector.spans();
+    let by_id: HashMap<&str, &Got> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let trace = &spans
+        .iter()
+        .find(|s| s.name == "webhook")
+        .unwrap_or_else(|| panic!("{spans:#?}"))
+        .trace_id;
+    let model_calls = traceparents(&model.received_requests().await.unwrap());
+    let tool_calls = traceparents(&tools.received_requests().await.unwrap());
+    assert!(!model_calls.is_empty());
+    assert_eq!(
+        tool_calls.len(),
+        3,
+        "lookup_a, lookup_b and lookup_c, once each"
+    );
+    for (calls, kind) in [(&model_calls, "chat"), (&tool_calls, "tool")] {
+        for (trace_id, span_id) in calls {
+            assert_eq!(trace_id, trace, "a {kind} call outside the message's trace");
+            let span = by_id
+                .get(span_id.as_str())
+                .unwrap_or_else(|| panic!("the {kind} call names span {span_id}, never exported"));
+            assert_eq!(span.name, kind);
+            let step = by_id[span.parent.as_str()];
+            assert_eq!(step.name, "step");
+            assert_eq!(step.attributes["task_id"], id);
+            assert_eq!(by_id[step.parent.as_str()].name, "claim");
+        }
+    }
+    collector.stop();
+    db.drop_db().await;
+}
