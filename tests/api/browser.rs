@@ -304,6 +304,17 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
         .wait_text("#answers-delivered", Some(&dashboard), |t| t == "1")
         .await;
     assert_eq!(browser.text("#success-rate").await, "100.0 %");
+    // The trend chart: bars, a scale from 0 to its highest bar, the window's ends, a legend.
+    let bars = browser
+        .client
+        .find_all(fantoccini::Locator::Css("#trend rect"))
+        .await
+        .unwrap();
+    assert!(!bars.is_empty());
+    assert_eq!(browser.text("#chart-max").await, "1");
+    assert!(!browser.text("#chart-from").await.is_empty());
+    assert!(!browser.text("#chart-to").await.is_empty());
+    assert!(browser.text("#chart-legend").await.contains("not answered"));
     // Tokens per agent and model (no price set for the test model: no cost).
     let tokens = browser.text("#tokens-by-agent-model").await;
     assert!(
@@ -337,7 +348,11 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
     browser.find(&format!("a[href='/admin/tasks/{id}']")).await;
 
     // Paging: one task a page; "Older tasks" keeps the filters and the page size.
-    let newer = task_id_of(app.post_message(&message("paging", 1, "another")).await).await;
+    let newer = task_id_of(
+        app.post_message(&message("paging", 1, "write to ops@example.com"))
+            .await,
+    )
+    .await;
     let paged = format!("{}/admin/tasks?channel=generic&limit=1", app.addr);
     browser.goto(&paged).await;
     browser
@@ -370,12 +385,17 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
     browser.screenshot("admin-tasks-older-page").await;
 
     // The task page redacts; "Show raw" shows the text as sent (and is audited).
-    browser.click(&format!("a[href='/admin/tasks/{id}']")).await;
     browser
-        .wait_url(|u| u.ends_with(&format!("/admin/tasks/{id}")))
+        .goto(&format!("{}/admin/tasks/{newer}", app.addr))
         .await;
+    let shown = browser.text("main").await;
+    assert!(
+        shown.contains("[email]") && !shown.contains("ops@example.com"),
+        "{shown}"
+    );
     browser.click("#show-raw").await;
     browser.find("#raw-banner").await;
+    assert!(browser.text("main").await.contains("ops@example.com"));
     browser.screenshot("admin-task-raw").await;
     browser.close().await;
     app.stop().await;

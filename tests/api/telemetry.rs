@@ -232,15 +232,26 @@ async fn a_message_is_one_trace_from_webhook_to_delivery() {
         )
         .await;
     let id = task_id_of(resp).await.to_string();
-    wait_for_replies(&receiver, 1).await;
+    // A malformed traceparent is ignored: that message starts a trace of its own.
+    let junk = server
+        .post_message_with(&message("otel", 2, "junk"), &[("traceparent", "00-zz-1")])
+        .await;
+    let junk_id = task_id_of(junk).await.to_string();
+    wait_for_replies(&receiver, 2).await;
     // SIGTERM flushes the spans still buffered.
     assert_eq!(server.terminate(), Some(0));
 
     let spans = collector.spans();
+    let junk_webhook = spans
+        .iter()
+        .find(|s| s.name == "webhook" && s.attributes.get("task_id") == Some(&junk_id))
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert!(junk_webhook.parent.is_empty(), "{junk_webhook:?}");
+    assert_ne!(junk_webhook.trace_id, caller_trace);
     let named = |name: &str| -> Got {
         spans
             .iter()
-            .find(|s| s.name == name)
+            .find(|s| s.name == name && s.trace_id == caller_trace)
             .unwrap_or_else(|| panic!("no `{name}` span in {spans:#?}"))
             .clone()
     };
