@@ -122,28 +122,38 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_answers_a_signed_message_and_stops_cleanly_on_sigterm() {
-    let model = echo_model().await;
-    let receiver = accepting_receiver().await;
-    let db = TestDb::new().await;
-    let workdir = tempfile::tempdir().unwrap();
-    let envs = vec![
+/// The environment of a server on `db` answering the generic channel with `model` (its
+/// base URL) and replying to `receiver` (its base URL), plus `extra`.
+pub fn server_envs(
+    db: &TestDb,
+    model: &str,
+    receiver: &str,
+    extra: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let mut envs = vec![
         ("ASSISTD_DATABASE__URL".to_string(), db.url.clone()),
-        (
-            "ASSISTD_LLM__BASE_URL".to_string(),
-            format!("{}/v1", model.uri()),
-        ),
+        ("ASSISTD_LLM__BASE_URL".to_string(), format!("{model}/v1")),
         (
             "ASSISTD_CHANNELS__GENERIC__SECRET".to_string(),
             SECRET.to_string(),
         ),
         (
             "ASSISTD_CHANNELS__GENERIC__REPLY_URL".to_string(),
-            format!("{}/reply", receiver.uri()),
+            format!("{receiver}/reply"),
         ),
         ("ASSISTD_ADMIN__TOKEN".to_string(), ADMIN_TOKEN.to_string()),
     ];
+    envs.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    envs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_answers_a_signed_message_and_stops_cleanly_on_sigterm() {
+    let model = echo_model().await;
+    let receiver = accepting_receiver().await;
+    let db = TestDb::new().await;
+    let workdir = tempfile::tempdir().unwrap();
+    let envs = server_envs(&db, &model.uri(), &receiver.uri(), &[]);
     let server = RealServer::start(&envs, workdir.path()).await;
 
     let resp = server
@@ -297,7 +307,6 @@ fn an_unreachable_database_is_reported_with_its_address_and_cause() {
     drop(silent);
 }
 
-/// The value of one sample line of a Prometheus exposition, by its name and labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
     let model = echo_model().await;
@@ -335,23 +344,12 @@ async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
         id
     };
     let workdir = tempfile::tempdir().unwrap();
-    let envs = vec![
-        ("ASSISTD_DATABASE__URL".to_string(), db.url.clone()),
-        (
-            "ASSISTD_LLM__BASE_URL".to_string(),
-            format!("{}/v1", model.uri()),
-        ),
-        ("ASSISTD_LLM__MODEL".to_string(), "tiny-model".to_string()),
-        (
-            "ASSISTD_CHANNELS__GENERIC__SECRET".to_string(),
-            SECRET.to_string(),
-        ),
-        (
-            "ASSISTD_CHANNELS__GENERIC__REPLY_URL".to_string(),
-            format!("{}/reply", receiver.uri()),
-        ),
-        ("ASSISTD_ADMIN__TOKEN".to_string(), ADMIN_TOKEN.to_string()),
-    ];
+    let envs = server_envs(
+        &db,
+        &model.uri(),
+        &receiver.uri(),
+        &[("ASSISTD_LLM__MODEL", "tiny-model")],
+    );
     let server = RealServer::start(&envs, workdir.path()).await;
     let deadline = Instant::now() + WAIT;
     while received_replies(&receiver).await.is_empty() {

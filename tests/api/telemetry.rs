@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use prost::Message;
 
-use crate::binary::RealServer;
+use crate::binary::{RealServer, server_envs};
 use crate::helpers::*;
 
 /// One span as the collector got it; ids in lower-case hex.
@@ -174,24 +174,6 @@ async fn the_collector_stand_in_refuses_what_a_collector_refuses() {
     collector.stop();
 }
 
-fn envs(db: &TestDb, model: &str, receiver: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut envs = vec![
-        ("ASSISTD_DATABASE__URL".to_string(), db.url.clone()),
-        ("ASSISTD_LLM__BASE_URL".to_string(), format!("{model}/v1")),
-        (
-            "ASSISTD_CHANNELS__GENERIC__SECRET".to_string(),
-            SECRET.to_string(),
-        ),
-        (
-            "ASSISTD_CHANNELS__GENERIC__REPLY_URL".to_string(),
-            format!("{receiver}/reply"),
-        ),
-        ("ASSISTD_ADMIN__TOKEN".to_string(), ADMIN_TOKEN.to_string()),
-    ];
-    envs.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    envs
-}
-
 async fn wait_for_replies(receiver: &wiremock::MockServer, n: usize) {
     let deadline = Instant::now() + WAIT;
     while received_replies(receiver).await.len() < n {
@@ -210,7 +192,7 @@ async fn a_message_is_one_trace_from_webhook_to_delivery() {
     let collector = Collector::start().await;
     let db = TestDb::new().await;
     let workdir = tempfile::tempdir().unwrap();
-    let envs = envs(
+    let envs = server_envs(
         &db,
         &model.uri(),
         &receiver.uri(),
@@ -302,7 +284,7 @@ async fn a_collector_that_is_down_does_not_hold_up_answers_or_shutdown() {
     let db = TestDb::new().await;
     let workdir = tempfile::tempdir().unwrap();
     let closed = format!("http://127.0.0.1:{}", crate::binary::free_port());
-    let envs = envs(
+    let envs = server_envs(
         &db,
         &model.uri(),
         &receiver.uri(),
@@ -393,7 +375,7 @@ async fn every_model_and_tool_call_carries_its_span() {
     let config = dir.path().join("overlay.toml");
     std::fs::write(&config, overlay(&tools.uri(), &wf)).unwrap();
     let config = config.display().to_string();
-    let envs = envs(
+    let envs = server_envs(
         &db,
         &model.uri(),
         &receiver.uri(),
