@@ -400,3 +400,41 @@ pub(crate) async fn an_answer_the_receiver_refused() -> (TestApp, i64, i64) {
     let reply = task["replies"][0]["id"].as_i64().unwrap();
     (app, id, reply)
 }
+
+/// A resumed task's answer is its `-r<n>` reply (`domain::reply_key`, repeated in SQL by
+/// the summary): until that one is delivered the task is not answered, even though the
+/// first run's failure notice was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_task_is_answered_only_by_its_resumed_answer() {
+    use wiremock::matchers::{header, method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let model = model_failing_first(1, "").await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
+    let id = task_id_of(app.post_message(&message("c-resumed", 1, "again")).await).await;
+    let failed = app.wait_replied(id, WAIT).await;
+    assert_eq!(failed["status"], "FAILED");
+    let resumed_key = format!("agent-task-{id}-r1");
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .and(header("idempotency-key", resumed_key.as_str()))
+        .respond_with(ResponseTemplate::new(503))
+        .with_priority(1)
+        .mount(&app.receiver)
+        .await;
+    assert_eq!(app.control(id, "resume").await.status(), 200);
+    app.wait_task(id, WAIT, |t| {
+        t["status"] == "SUCCEEDED"
+            && t["reply"]["idempotency_key"] == resumed_key
+            && t["reply"]["attempts"].as_i64().unwrap_or(0) >= 1
+    })
+    .await;
+    let s: Value = app.summary("").await.json().await.unwrap();
+    let totals = &s["totals"];
+    assert_eq!(totals["answers"]["PENDING"], 1, "{s:#}");
+    assert!(
+        totals["answers"]["DELIVERED"].is_null() || totals["answers"]["DELIVERED"] == 0,
+        "{s:#}"
+    );
+    assert_eq!(totals["success_rate"], 0.0, "{s:#}");
+    app.stop().await;
+}

@@ -149,12 +149,50 @@ pub async fn accepting_receiver() -> MockServer {
     receiver_answering(ResponseTemplate::new(200)).await
 }
 
-/// A mock receiver that answers every reply with `answer`.
+/// The in-house IM's check of a signed reply, written from the generic channel's documented
+/// contract (README, "The generic webhook"), not from assistd's code: `X-Assistd-Timestamp`
+/// within 300 s of now, and `X-Assistd-Signature: v1=<hex HMAC-SHA256(SECRET,
+/// "<timestamp>.<raw body>")>`.
+pub struct SignedWithTestSecret;
+
+impl wiremock::Match for SignedWithTestSecret {
+    fn matches(&self, request: &wiremock::Request) -> bool {
+        use hmac::Mac;
+        let header = |name: &str| request.headers.get(name).and_then(|v| v.to_str().ok());
+        let (Some(ts), Some(signature)) =
+            (header("x-assistd-timestamp"), header("x-assistd-signature"))
+        else {
+            return false;
+        };
+        let Ok(ts_secs) = ts.parse::<i64>() else {
+            return false;
+        };
+        if (assistd::domain::now_ms() / 1000 - ts_secs).abs() > 300 {
+            return false;
+        }
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+        mac.update(format!("{ts}.").as_bytes());
+        mac.update(&request.body);
+        let want = format!("v1={}", hex::encode(mac.finalize().into_bytes()));
+        signature == want
+    }
+}
+
+/// A mock receiver that answers every signed reply with `answer`, and refuses one that is
+/// not signed with the test secret (401), as the IM would.
 pub async fn receiver_answering(answer: ResponseTemplate) -> MockServer {
     let receiver = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(answer)
+        .with_priority(5)
+        .mount(&receiver)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .respond_with(ResponseTemplate::new(401).set_body_string("bad signature"))
+        .with_priority(10)
         .mount(&receiver)
         .await;
     receiver

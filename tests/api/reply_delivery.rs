@@ -283,3 +283,42 @@ async fn a_reply_refused_for_good_holds_its_conversation_only_for_the_order_wait
     );
     app.stop().await;
 }
+
+/// The reply receiver double is as strict as the IM it stands for: a reply not signed with
+/// the channel secret, or signed for another body or an old timestamp, is refused (401), so
+/// every test that sees a reply delivered also shows assistd signed it by the contract.
+#[tokio::test]
+async fn the_receiver_double_refuses_replies_not_signed_by_the_contract() {
+    let receiver = accepting_receiver().await;
+    let url = format!("{}/reply", receiver.uri());
+    let body = br#"{"task_id":1,"text":"hi"}"#;
+    let now = assistd::domain::now_ms() / 1000;
+    let post = |ts: i64, signature: String, body: &'static [u8]| {
+        let url = url.clone();
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("X-Assistd-Timestamp", ts.to_string())
+                .header("X-Assistd-Signature", signature)
+                .body(body.to_vec())
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let sign = assistd::channels::generic::sign;
+    assert_eq!(post(now, sign(SECRET, now, body), body).await, 200);
+    assert_eq!(post(now, sign("other", now, body), body).await, 401);
+    assert_eq!(post(now, sign(SECRET, now, body), b"{}").await, 401);
+    let old = now - 3_600;
+    assert_eq!(post(old, sign(SECRET, old, body), body).await, 401);
+    let unsigned = reqwest::Client::new()
+        .post(&url)
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status(), 401);
+}
