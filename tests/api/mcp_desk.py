@@ -1,7 +1,7 @@
 # A small MCP server built with the reference Python SDK (PyPI `mcp` 1.x, FastMCP), for the
 # MCP tests: `python3 mcp_desk.py http <log> <port>` (streamable HTTP on 127.0.0.1) or
 # `python3 mcp_desk.py stdio <log>`. Every call is appended to <log> with the idempotency
-# key assistd sends in `_meta` and the server's pid.
+# key assistd sends in `_meta` (and its `traceparent`, when there is one) and the server's pid.
 import os
 import sys
 
@@ -18,9 +18,12 @@ READ_ONLY = ToolAnnotations(readOnlyHint=True)
 
 def record(ctx, line):
     meta = ctx.request_context.meta
-    key = (meta.model_extra or {}).get("io.assistd/idempotency-key") if meta else None
+    extra = (meta.model_extra or {}) if meta else {}
+    key = extra.get("io.assistd/idempotency-key")
+    # W3C Trace Context in `_meta` (SEP-414), sent while assistd exports traces.
+    trace = f" traceparent={extra['traceparent']}" if "traceparent" in extra else ""
     with open(log, "a") as f:
-        f.write(f"{line} key={key} pid={os.getpid()}\n")
+        f.write(f"{line} key={key}{trace} pid={os.getpid()}\n")
 
 
 @mcp.tool(annotations=READ_ONLY)

@@ -358,11 +358,23 @@ fn traceparents(requests: &[wiremock::Request]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A workflow agent's loop: every model call and every tool call names its own span (a
-/// `chat` or `tool` span under a `step` of the task's claim) in the message's trace.
+/// The workflow of [`every_model_and_tool_call_carries_its_span`]: an agent loop over
+/// three HTTP tools, then a call of the FastMCP server's `desk.lookup`.
+const LOOP_THEN_MCP: &str = r#"{"start": "loop", "nodes": [
+  {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["lookup_a", "lookup_b", "lookup_c"], "max_steps": 6, "next": "desk"},
+  {"id": "desk", "type": "tool", "tool": "desk.lookup", "args": {"ticket": "T-1"}, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.loop.text }}"}]}"#;
+
+/// A workflow: every model call, HTTP tool call and MCP tool call names its own span (a
+/// `chat`, `tool` or `mcp_tool` span under a `step` of the task's claim) in the message's
+/// trace: the first two in a `traceparent` header, the MCP call in `_meta` (SEP-414), as
+/// the reference MCP SDK's server reads it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_model_and_tool_call_carries_its_span() {
-    use crate::workflows::{AGENT_LOOP, ToolScriptModel, overlay, tool_server};
+    use crate::workflows::{ToolScriptModel, overlay, tool_server};
+    let Some(mcp) = crate::mcp::McpServer::start().await else {
+        return;
+    };
     let model = wiremock::MockServer::start().await;
     model_mock(ToolScriptModel::default()).mount(&model).await;
     let tools = tool_server().await;
@@ -371,9 +383,10 @@ async fn every_model_and_tool_call_carries_its_span() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let wf = dir.path().join("flow.json");
-    std::fs::write(&wf, AGENT_LOOP).unwrap();
+    std::fs::write(&wf, LOOP_THEN_MCP).unwrap();
     let config = dir.path().join("overlay.toml");
-    std::fs::write(&config, overlay(&tools.uri(), &wf)).unwrap();
+    let toml = format!("{}\n{}", overlay(&tools.uri(), &wf), mcp.toml());
+    std::fs::write(&config, toml).unwrap();
     let config = config.display().to_string();
     let envs = server_envs(
         &db,
@@ -400,13 +413,30 @@ async fn every_model_and_tool_call_carries_its_span() {
         .trace_id;
     let model_calls = traceparents(&model.received_requests().await.unwrap());
     let tool_calls = traceparents(&tools.received_requests().await.unwrap());
+    let mcp_calls: Vec<(String, String)> = mcp
+        .calls()
+        .iter()
+        .map(|line| {
+            let value = line
+                .split(" traceparent=")
+                .nth(1)
+                .unwrap_or_else(|| panic!("no traceparent in _meta: {line}"));
+            let parts: Vec<&str> = value.split('-').collect();
+            (parts[1].to_string(), parts[2].to_string())
+        })
+        .collect();
     assert!(!model_calls.is_empty());
     assert_eq!(
         tool_calls.len(),
         3,
         "lookup_a, lookup_b and lookup_c, once each"
     );
-    for (calls, kind) in [(&model_calls, "chat"), (&tool_calls, "tool")] {
+    assert_eq!(mcp_calls.len(), 1, "{:?}", mcp.calls());
+    for (calls, kind) in [
+        (&model_calls, "chat"),
+        (&tool_calls, "tool"),
+        (&mcp_calls, "mcp_tool"),
+    ] {
         for (trace_id, span_id) in calls {
             assert_eq!(trace_id, trace, "a {kind} call outside the message's trace");
             let span = by_id
