@@ -287,6 +287,7 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
 
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(200))
         .with_priority(1)
         .mount(&app.receiver)

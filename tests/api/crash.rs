@@ -70,6 +70,7 @@ impl ChatReceiver {
         let receiver = MockServer::start().await;
         wiremock::Mock::given(wiremock::matchers::method("POST"))
             .and(wiremock::matchers::path("/reply"))
+            .and(SignedWithTestSecret)
             .respond_with(ChatReceiver {
                 flaky,
                 refused: Arc::default(),

@@ -206,6 +206,7 @@ async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers
     // The receiver is back; the admin retries from the page.
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(200))
         .with_priority(1)
         .mount(&app.receiver)
@@ -382,6 +383,7 @@ pub(crate) async fn an_answer_the_receiver_refused() -> (TestApp, i64, i64) {
     let receiver = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(503))
         .with_priority(5)
         .mount(&receiver)
@@ -416,6 +418,7 @@ async fn a_resumed_task_is_answered_only_by_its_resumed_answer() {
     let resumed_key = format!("agent-task-{id}-r1");
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .and(header("idempotency-key", resumed_key.as_str()))
         .respond_with(ResponseTemplate::new(503))
         .with_priority(1)

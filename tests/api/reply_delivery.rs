@@ -34,6 +34,7 @@ async fn reply_waits_for_a_receiver_that_is_down_then_arrives_once() {
     let receiver = MockServer::builder().listener(listener).start().await;
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(200))
         .mount(&receiver)
         .await;
@@ -52,6 +53,7 @@ async fn receiver_errors_are_retried_with_the_same_key() {
     let receiver = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(503))
         .up_to_n_times(2)
         .with_priority(1)
@@ -59,6 +61,7 @@ async fn receiver_errors_are_retried_with_the_same_key() {
         .await;
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(200))
         .with_priority(2)
         .mount(&receiver)
@@ -104,6 +107,7 @@ async fn a_slow_reply_does_not_hold_up_the_others() {
     let receiver = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .and(wiremock::matchers::body_partial_json(
             serde_json::json!({ "conversation_id": "c-slow" }),
         ))
@@ -113,6 +117,7 @@ async fn a_slow_reply_does_not_hold_up_the_others() {
         .await;
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(200))
         .with_priority(2)
         .mount(&receiver)
@@ -170,6 +175,7 @@ async fn receiver_refusing(refused_message: &str, times: Option<u64>) -> MockSer
     let receiver = MockServer::start().await;
     let refuse = Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .and(body_partial_json(
             serde_json::json!({ "in_reply_to": refused_message }),
         ))
@@ -181,6 +187,7 @@ async fn receiver_refusing(refused_message: &str, times: Option<u64>) -> MockSer
     }
     Mock::given(method("POST"))
         .and(path("/reply"))
+        .and(SignedWithTestSecret)
         .respond_with(ResponseTemplate::new(200))
         .with_priority(2)
         .mount(&receiver)
