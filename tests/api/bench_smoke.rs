@@ -44,6 +44,7 @@ fn every_benchmark_scenario_runs_at_small_n() {
         "mcp-steps",
         "instances",
         "connections",
+        "history",
     ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),

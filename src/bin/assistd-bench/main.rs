@@ -3,7 +3,7 @@
 //! figures per scenario; asserts nothing about speed.
 //!
 //! ```text
-//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|connections|recovery|all> \
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|connections|history|recovery|all> \
 //!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS] [--stream-ms MS]
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
@@ -14,6 +14,7 @@ use clap::{Parser, ValueEnum};
 mod connections;
 mod feedback;
 mod harness;
+mod history;
 mod instances;
 mod mcp;
 mod scenarios;
@@ -46,6 +47,9 @@ pub(crate) enum Scenario {
     /// Resident memory per model request held open by a reqwest client alone (a child
     /// process), to set against in-flight's memory per task.
     Connections,
+    /// The admin read paths (failure summary, /metrics) over N finished tasks seeded
+    /// straight into the database.
+    History,
     /// The child of `connections` (not a scenario of its own).
     #[value(hide = true)]
     ConnectionsChild,
@@ -108,6 +112,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::McpSteps => mcp::mcp_steps(&args).await,
             Scenario::Instances => instances::instances(&args).await,
             Scenario::Connections => connections::connections(&args).await,
+            Scenario::History => history::history(&args).await,
             Scenario::ConnectionsChild => connections::child(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
@@ -119,6 +124,7 @@ fn main() -> anyhow::Result<()> {
                 mcp::mcp_steps(&args).await?;
                 instances::instances(&args).await?;
                 connections::connections(&args).await?;
+                history::history(&args).await?;
                 recovery(&args).await
             }
         }
