@@ -320,6 +320,10 @@ pub struct DatabaseConfig {
     pub sqlite_synchronous: SqliteSync,
     /// Rows a SQLite connection's thread may produce ahead of the reader (sqlx's default: 50).
     pub sqlite_row_buffer: usize,
+    /// SQLite `mmap_size`: bytes of the file read through a memory map shared by every
+    /// connection (the OS page cache) instead of `read` calls into each connection's cache;
+    /// 0 = off.
+    pub sqlite_mmap_bytes: u64,
 }
 
 /// How SQLite commits reach the disk (see `config/default.toml`).

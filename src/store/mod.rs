@@ -202,6 +202,7 @@ impl Store {
                 .busy_timeout(Duration::from_millis(config.sqlite_busy_timeout_ms))
                 .foreign_keys(true)
                 .pragma("temp_store", "memory")
+                .pragma("mmap_size", config.sqlite_mmap_bytes.to_string())
                 .row_buffer_size(config.sqlite_row_buffer);
             if let Some(parent) = options.get_filename().parent()
                 && !parent.as_os_str().is_empty()
@@ -342,6 +343,23 @@ mod tests {
             assert_eq!(level, expected, "{choice:?}");
             store.close().await;
         }
+    }
+
+    #[tokio::test]
+    async fn sqlite_mmap_size_follows_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        for bytes in [0u64, 64 << 20] {
+            let mut config = sqlite_config(&dir, &format!("mmap-{bytes}.db"));
+            config.sqlite_mmap_bytes = bytes;
+            let store = Store::connect(&config).await.unwrap();
+            let (size,): (i64,) = on_pool!(&store, pool => {
+                sqlx::query_as("PRAGMA mmap_size").fetch_one(pool).await.unwrap()
+            });
+            assert_eq!(size as u64, bytes);
+            store.close().await;
+        }
+        let default = crate::config::Config::load_with_env(None, Vec::new()).unwrap();
+        assert_eq!(default.database.sqlite_mmap_bytes, 256 << 20);
     }
 
     /// The bundled SQLite is built by `.cargo/config.toml`'s flags: each connection has a page
