@@ -27,10 +27,16 @@ pub async fn failure_summary(
     bucket_ms: i64,
     llm: &crate::config::LlmConfig,
 ) -> StoreResult<Value> {
-    let rows = store.summary_counts(filter, bucket_ms).await?;
-    let mut latencies = store.reply_latencies(filter, LATENCY_SAMPLE).await?;
+    // The statements are independent reads, each walking the window's tasks: they run at
+    // once, on connections of their own (docs/benchmarks.md, `history`).
+    let (rows, mut latencies, errors, delivery, tokens) = tokio::try_join!(
+        store.summary_counts(filter, bucket_ms),
+        store.reply_latencies(filter, LATENCY_SAMPLE),
+        store.top_errors(filter),
+        delivery(store, filter),
+        tokens(store, filter, llm),
+    )?;
     latencies.sort_unstable();
-    let errors = store.top_errors(filter).await?;
 
     #[derive(Default)]
     struct Tally {
@@ -88,8 +94,6 @@ pub async fn failure_summary(
             }));
         }
     }
-    let delivery = delivery(store, filter).await?;
-    let tokens = tokens(store, filter, llm).await?;
     Ok(json!({
         "delivery": delivery,
         "tokens": tokens,
@@ -121,20 +125,24 @@ pub async fn failure_summary(
 /// backlog now (count, age of the oldest), and the replies not getting through.
 async fn delivery(store: &Store, filter: &SummaryFilter) -> StoreResult<Value> {
     let now = crate::domain::now_ms();
+    let (by_channel, backlogs, stuck) = tokio::try_join!(
+        store.delivery_by_channel(filter),
+        store.outbox_backlog(),
+        store.stuck_replies(filter, STUCK_REPLIES),
+    )?;
     let mut channels: BTreeMap<String, Value> = BTreeMap::new();
     let blank = || json!({ "DELIVERED": 0, "PENDING": 0, "FAILED": 0, "UNKNOWN": 0, "backlog": 0, "oldest_pending_age_ms": null });
-    for row in store.delivery_by_channel(filter).await? {
+    for row in by_channel {
         channels.entry(row.channel).or_insert_with(blank)[row.state.as_str()] = json!(row.count);
     }
     let (mut backlog, mut oldest) = (0, None::<i64>);
-    for (channel, count, first) in store.outbox_backlog().await? {
+    for (channel, count, first) in backlogs {
         let entry = channels.entry(channel).or_insert_with(blank);
         entry["backlog"] = json!(count);
         entry["oldest_pending_age_ms"] = json!(now - first);
         backlog += count;
         oldest = Some(oldest.map_or(first, |o| o.min(first)));
     }
-    let stuck = store.stuck_replies(filter, STUCK_REPLIES).await?;
     Ok(json!({
         "backlog": backlog,
         "oldest_pending_age_ms": oldest.map(|first| now - first),
