@@ -54,81 +54,57 @@ async fn webhook(
     );
     let caller = headers.get("traceparent").and_then(|v| v.to_str().ok());
     crate::telemetry::continue_trace(&span, caller);
-    let request = Request {
-        platform,
-        rest: params.get("rest").map(String::as_str).unwrap_or(""),
-        method,
-        query,
-        headers,
-    };
-    receive(&svc, request, body).instrument(span).await
-}
-
-/// A webhook request whose channel is enabled, before its body is read.
-struct Request<'a> {
-    platform: Arc<dyn Platform>,
-    rest: &'a str,
-    method: Method,
-    query: Option<String>,
-    headers: HeaderMap,
-}
-
-/// Reads the body under the limit, lets the platform verify and parse it, keeps it to once
-/// where the platform says so, then carries out what it asks.
-async fn receive(svc: &ApiContext, req: Request<'_>, body: Body) -> Result<Response, ApiError> {
-    let Request {
-        platform,
-        rest,
-        method,
-        query,
-        headers,
-    } = req;
-    let name = platform.name();
-    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
-    let request = InboundRequest {
-        method: method.as_str(),
-        rest,
-        headers: &headers,
-        query: query.as_deref(),
-        body: &raw,
-        now_ms: now_ms(),
-    };
-    let parsed = match platform.inbound(&request).await {
-        Ok(parsed) => parsed,
-        Err(refused) => return refusal(refused),
-    };
-    if let Some(once) = &parsed.once {
-        match check_once(&svc.store, once, now_ms()).await? {
-            OnceCheck::Go => {}
-            OnceCheck::Done => {
-                tracing::debug!(channel = name, "delivery repeated; nothing to do");
-                return Ok(parsed
-                    .answer
-                    .map(fixed_response)
-                    .unwrap_or_else(|| Json(json!({ "duplicate": true })).into_response()));
-            }
-            OnceCheck::Replayed => {
-                tracing::warn!(
-                    channel = name,
-                    "a used timestamp/sign pair came with another body; refused"
-                );
-                return Err(ApiError::Unauthorized(
-                    "this timestamp and sign were already used for another message".into(),
-                ));
+    // Reads the body under the limit, lets the platform verify and parse it, keeps it to
+    // once where the platform says so, then carries out what it asks.
+    async {
+        let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+        let request = InboundRequest {
+            method: method.as_str(),
+            rest: params.get("rest").map(String::as_str).unwrap_or(""),
+            headers: &headers,
+            query: query.as_deref(),
+            body: &raw,
+            now_ms: now_ms(),
+        };
+        let parsed = match platform.inbound(&request).await {
+            Ok(parsed) => parsed,
+            Err(refused) => return refusal(refused),
+        };
+        if let Some(once) = &parsed.once {
+            match check_once(&svc.store, once, now_ms()).await? {
+                OnceCheck::Go => {}
+                OnceCheck::Done => {
+                    tracing::debug!(channel = name, "delivery repeated; nothing to do");
+                    return Ok(parsed
+                        .answer
+                        .map(fixed_response)
+                        .unwrap_or_else(|| Json(json!({ "duplicate": true })).into_response()));
+                }
+                OnceCheck::Replayed => {
+                    tracing::warn!(
+                        channel = name,
+                        "a used timestamp/sign pair came with another body; refused"
+                    );
+                    return Err(ApiError::Unauthorized(
+                        "this timestamp and sign were already used for another message".into(),
+                    ));
+                }
             }
         }
+        if let Some(refused) = parsed.refused {
+            return refusal(refused);
+        }
+        if parsed.transaction {
+            return transaction(&svc, platform.as_ref(), parsed).await;
+        }
+        let Some(item) = parsed.items.into_iter().next() else {
+            return Ok(Json(json!({ "ignored": "nothing to do" })).into_response());
+        };
+        let response = handle_inbound(&svc, platform.as_ref(), item).await?;
+        Ok(parsed.answer.map(fixed_response).unwrap_or(response))
     }
-    if let Some(refused) = parsed.refused {
-        return refusal(refused);
-    }
-    if parsed.transaction {
-        return transaction(svc, platform.as_ref(), parsed).await;
-    }
-    let Some(item) = parsed.items.into_iter().next() else {
-        return Ok(Json(json!({ "ignored": "nothing to do" })).into_response());
-    };
-    let response = handle_inbound(svc, platform.as_ref(), item).await?;
-    Ok(parsed.answer.map(fixed_response).unwrap_or(response))
+    .instrument(span)
+    .await
 }
 
 /// A refused request's answer: the platform's own format where it has one, else our error.
