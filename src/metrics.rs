@@ -112,21 +112,26 @@ pub struct MetricCounts {
     pub lease_takeovers: i64,
 }
 
-/// A gauge family of one label, filled from database counts.
-fn counted<T: ToString>(
+type Labels = Vec<(&'static str, String)>;
+
+/// A gauge family filled from database counts: each row's labels and count.
+fn counted(
     registry: &mut Registry,
     name: &str,
     help: &str,
-    label: &'static str,
-    rows: &[(T, i64)],
+    rows: impl IntoIterator<Item = (Labels, i64)>,
 ) {
-    let family = Family::<Vec<(&'static str, String)>, Gauge>::default();
-    for (value, n) in rows {
-        family
-            .get_or_create(&vec![(label, value.to_string())])
-            .set(*n);
+    let family = Family::<Labels, Gauge>::default();
+    for (labels, n) in rows {
+        family.get_or_create(&labels).set(n);
     }
     registry.register(name, help, family);
+}
+
+/// Rows of `(value, count)` labelled `label = value`.
+fn by<T: ToString>(label: &'static str, rows: &[(T, i64)]) -> impl Iterator<Item = (Labels, i64)> {
+    rows.iter()
+        .map(move |(value, n)| (vec![(label, value.to_string())], *n))
 }
 
 /// The whole exposition: database counts plus this instance's histograms and counters and
@@ -139,38 +144,35 @@ pub fn render(counts: &MetricCounts, llm: &crate::config::LlmConfig) -> String {
         &mut registry,
         "assistd_tasks",
         "Tasks by status",
-        "status",
-        &counts.tasks_by_status,
+        by("status", &counts.tasks_by_status),
     );
     counted(
         &mut registry,
         "assistd_task_failures",
         "Tasks by failure type",
-        "failure_type",
-        &counts.failures_by_type,
+        by("failure_type", &counts.failures_by_type),
     );
     counted(
         &mut registry,
         "assistd_replies",
         "Outbox replies by status (PENDING = backlog)",
-        "status",
-        &counts.replies_by_status,
+        by("status", &counts.replies_by_status),
     );
     registry.register(
         "assistd_lease_takeovers",
         "Claims of a task beyond its first",
         ConstGauge::new(counts.lease_takeovers),
     );
-    let job_runs = Family::<Vec<(&'static str, String)>, Gauge>::default();
-    for (job, status, n) in &counts.job_runs {
-        job_runs
-            .get_or_create(&vec![("job", job.clone()), ("status", status.to_string())])
-            .set(*n);
-    }
-    registry.register(
+    counted(
+        &mut registry,
         "assistd_job_runs",
         "Scheduled job runs by job and status",
-        job_runs,
+        counts.job_runs.iter().map(|(job, status, n)| {
+            (
+                vec![("job", job.clone()), ("status", status.to_string())],
+                *n,
+            )
+        }),
     );
     register_local(&mut registry, llm);
     register_process(&mut registry);
@@ -220,7 +222,7 @@ fn register_local(registry: &mut Registry, llm: &crate::config::LlmConfig) {
     }
 }
 
-type Labelled<N = u64> = Family<Vec<(&'static str, String)>, Counter<N, AtomicU64>>;
+type Labelled<N = u64> = Family<Labels, Counter<N, AtomicU64>>;
 
 /// The tokens counted so far, and their cost at `llm.prices` (models without a price are
 /// left out of the cost).
