@@ -268,8 +268,6 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
 /// (here Asia/Tokyo, UTC+9), UTC kept as their tooltip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() {
-    use wiremock::matchers::{method, path};
-    use wiremock::{Mock, ResponseTemplate};
     let Some(browser) = Browser::start_in("Asia/Tokyo").await else {
         return;
     };
@@ -285,13 +283,7 @@ async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() 
     assert!(browser.text("#stuck-replies").await.contains("503"));
     browser.screenshot("admin-delivery-pending").await;
 
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .and(SignedWithTestSecret)
-        .respond_with(ResponseTemplate::new(200))
-        .with_priority(1)
-        .mount(&app.receiver)
-        .await;
+    receiver_accepts_again(&app.receiver).await;
     browser.click(&format!("#retry-{reply}")).await;
     assert!(
         browser

@@ -156,8 +156,6 @@ async fn audit_summaries_are_redacted() {
 /// button with CSRF) sends it at once, audited, and then it counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers_it() {
-    use wiremock::matchers::{method, path};
-    use wiremock::{Mock, ResponseTemplate};
     let (app, id, reply) = an_answer_the_receiver_refused().await;
 
     let s: Value = app.summary("").await.json().await.unwrap();
@@ -204,13 +202,7 @@ async fn an_undelivered_answer_is_not_counted_as_answered_until_a_retry_delivers
     );
 
     // The receiver is back; the admin retries from the page.
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .and(SignedWithTestSecret)
-        .respond_with(ResponseTemplate::new(200))
-        .with_priority(1)
-        .mount(&app.receiver)
-        .await;
+    receiver_accepts_again(&app.receiver).await;
     let csrf = crate::admin_pages::csrf_of(&page);
     let done = http
         .post(&retry_page)

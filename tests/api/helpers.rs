@@ -178,6 +178,18 @@ impl wiremock::Match for SignedWithTestSecret {
     }
 }
 
+/// The receiver is back: from now on it accepts every signed reply, whatever it answered
+/// before.
+pub async fn receiver_accepts_again(receiver: &MockServer) {
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .and(SignedWithTestSecret)
+        .respond_with(ResponseTemplate::new(200))
+        .with_priority(1)
+        .mount(receiver)
+        .await;
+}
+
 /// A mock receiver that answers every signed reply with `answer`, and refuses one that is
 /// not signed with the test secret (401), as the IM would.
 pub async fn receiver_answering(answer: ResponseTemplate) -> MockServer {
