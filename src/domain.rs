@@ -151,6 +151,9 @@ text_enum!(
         ToolFailed => "TOOL_FAILED",
         Cancelled => "CANCELLED",
         Unknown => "UNKNOWN",
+        /// A run that kept aborting for a cause that is not an outage (bad data, a bug):
+        /// ended after `engine.max_run_aborts` tries instead of being claimed again forever.
+        Internal => "INTERNAL",
     }
 );
 
@@ -189,6 +192,9 @@ text_enum!(
         StepUnknown => "STEP_UNKNOWN",
         StepCompensated => "STEP_COMPENSATED",
         TaskReclaimed => "TASK_RECLAIMED",
+        /// A run stopped by an error that is not an outage; counted toward
+        /// `engine.max_run_aborts`.
+        TaskAborted => "TASK_ABORTED",
         ConfirmDenied => "CONFIRM_DENIED",
         ReplySent => "REPLY_SENT",
         ReplyFailed => "REPLY_FAILED",
@@ -215,6 +221,7 @@ impl AuditEvent {
                 | AuditEvent::StepUnknown
                 | AuditEvent::ConfirmDenied
                 | AuditEvent::TaskReclaimed
+                | AuditEvent::TaskAborted
                 | AuditEvent::ReplyFailed
         )
     }
@@ -313,6 +320,9 @@ pub struct TaskRow {
     pub resume_count: i64,
     /// Restarts from scratch so far (the step keys of the current run carry it).
     pub restart_count: i64,
+    /// Runs aborted by something other than an outage since the task last started afresh
+    /// (`engine.max_run_aborts`).
+    pub run_aborts: i64,
     /// An admin asked a RUNNING task to pause: it does at its next step boundary.
     pub pause_requested: bool,
     pub version: i64,
@@ -454,42 +464,6 @@ impl NewMessage {
             }
         }
         Ok(())
-    }
-
-    /// Whether any field holds U+0000, which PostgreSQL refuses in text (the whole intake
-    /// batch would fail, and the platform retry forever).
-    pub fn has_nul(&self) -> bool {
-        [
-            &self.channel,
-            &self.event_id,
-            &self.message_id,
-            &self.conversation_id,
-            &self.sender_id,
-            &self.text,
-        ]
-        .iter()
-        .any(|f| f.contains('\0'))
-            || self.sender_name.as_ref().is_some_and(|n| n.contains('\0'))
-            || self
-                .reply_context
-                .as_ref()
-                .is_some_and(|c| c.contains('\0'))
-    }
-
-    /// The message with every U+0000 dropped.
-    pub fn without_nul(&self) -> NewMessage {
-        let strip = |s: &String| s.replace('\0', "");
-        NewMessage {
-            channel: strip(&self.channel),
-            event_id: strip(&self.event_id),
-            message_id: strip(&self.message_id),
-            conversation_id: strip(&self.conversation_id),
-            sender_id: strip(&self.sender_id),
-            sender_name: self.sender_name.as_ref().map(strip),
-            text: strip(&self.text),
-            reply_context: self.reply_context.as_ref().map(strip),
-            trace_context: self.trace_context.clone(),
-        }
     }
 }
 

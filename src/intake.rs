@@ -32,18 +32,13 @@ pub struct Intake {
     pub wake: Arc<Wake>,
 }
 
-/// A message as intake takes it: ids within their size, U+0000 dropped (platforms retry
-/// until they get a 2xx, so it is dropped rather than refused; the generic webhook refuses it
-/// at parse time instead).
+/// A message as intake takes it: ids within their size (a U+0000 a platform sent is made
+/// storable by the store, `store::text`, as all outside text is; the generic webhook refuses
+/// it at parse time instead, since its sender can fix it).
 /// While traces are exported, the message carries the intake span's `traceparent`.
 fn prepared(message: &NewMessage) -> Result<std::borrow::Cow<'_, NewMessage>, IntakeError> {
     message.check_sizes().map_err(IntakeError::Invalid)?;
-    let mut message = if message.has_nul() {
-        tracing::warn!("dropped U+0000 from an inbound message");
-        std::borrow::Cow::Owned(message.without_nul())
-    } else {
-        std::borrow::Cow::Borrowed(message)
-    };
+    let mut message = std::borrow::Cow::Borrowed(message);
     if let Some(traceparent) = crate::telemetry::traceparent() {
         message.to_mut().trace_context = Some(traceparent);
     }

@@ -197,6 +197,12 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
                 .give_up_reply(&reply, owner, ReplyStatus::Unknown, &err.message, now)
                 .await
         }
+        Err(err) if err.permanent => {
+            tracing::error!(key = %reply.idempotency_key, error = %err, "reply refused for good by the platform; not retried");
+            svc.store
+                .give_up_reply(&reply, owner, ReplyStatus::Failed, &err.message, now)
+                .await
+        }
         Err(err) if cfg.max_attempts > 0 && reply.attempts >= i64::from(cfg.max_attempts) => {
             tracing::error!(key = %reply.idempotency_key, error = %err, "reply given up");
             svc.store
@@ -251,6 +257,7 @@ async fn attempt(svc: &Sender, reply: &mut ReplyRow) -> Result<Delivered, Delive
                     .into(),
             retry_after: None,
             unknown: true,
+            permanent: false,
         })
     } else if let Err(e) = with_reply_context(svc, reply).await {
         Err(DeliveryError::retry(format!(

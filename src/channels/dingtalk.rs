@@ -253,6 +253,7 @@ impl DingTalkChannel {
         };
         let unknown = |e: reqwest::Error| DeliveryError {
             unknown: !e.is_connect(),
+            permanent: false,
             message: format!("DingTalk send failed: {}", crate::redaction::http_error(e)),
             retry_after: None,
         };
@@ -302,6 +303,7 @@ impl DingTalkChannel {
             message: format!("DingTalk answered HTTP {}: {answer}", status.as_u16()),
             retry_after: (status.as_u16() == 429).then(|| Duration::from_secs(1)),
             unknown: false,
+            permanent: false,
         })
     }
 }
@@ -405,6 +407,7 @@ impl DingTalkChannel {
             .await
             .map_err(|e| DeliveryError {
                 unknown: !e.is_connect(),
+                permanent: false,
                 message: format!(
                     "DingTalk {path} failed: {}",
                     crate::redaction::http_error(e)
@@ -423,6 +426,7 @@ impl DingTalkChannel {
             ),
             retry_after: (status.as_u16() == 429).then(|| Duration::from_secs(1)),
             unknown: false,
+            permanent: false,
         })
     }
 }

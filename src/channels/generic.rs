@@ -268,6 +268,10 @@ impl GenericChannel {
             message: format!("reply receiver answered HTTP {}", status.as_u16()),
             retry_after,
             unknown: false,
+            // The receiver refused this body itself (malformed for it, too large): the same
+            // body is refused again. 401/403 may be a secret being rotated, 404 a receiver
+            // being deployed: those keep their backoff.
+            permanent: matches!(status.as_u16(), 400 | 413 | 422),
         })
     }
 }

@@ -414,6 +414,7 @@ impl LarkChannel {
             ),
             retry_after: (status.as_u16() == 429).then(|| Duration::from_secs(1)),
             unknown: false,
+            permanent: false,
         })
     }
 }

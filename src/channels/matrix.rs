@@ -314,6 +314,13 @@ impl MatrixChannel {
             ),
             retry_after: answer["retry_after_ms"].as_u64().map(Duration::from_millis),
             unknown: false,
+            // Client-server API: an event over the size limit (413, M_TOO_LARGE) or one the
+            // server cannot read is refused the same way on every try.
+            permanent: status.as_u16() == 413
+                || matches!(
+                    answer["errcode"].as_str(),
+                    Some("M_TOO_LARGE" | "M_BAD_JSON" | "M_NOT_JSON" | "M_INVALID_PARAM")
+                ),
         })
     }
 }

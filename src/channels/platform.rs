@@ -277,6 +277,9 @@ pub struct DeliveryError {
     /// The send may or may not have reached the chat, and the platform has no idempotency
     /// key to make a re-send safe: the reply becomes UNKNOWN instead of being repeated.
     pub unknown: bool,
+    /// The platform refused the reply for good (too large, malformed for it): trying again
+    /// cannot help, so the reply ends FAILED with the platform's reason.
+    pub permanent: bool,
 }
 
 impl DeliveryError {
@@ -285,6 +288,15 @@ impl DeliveryError {
             message: message.into(),
             retry_after: None,
             unknown: false,
+            permanent: false,
+        }
+    }
+
+    /// A reply the platform refused for good (`permanent`).
+    pub fn refused(message: impl Into<String>) -> Self {
+        DeliveryError {
+            permanent: true,
+            ..DeliveryError::retry(message)
         }
     }
 }

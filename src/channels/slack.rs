@@ -353,11 +353,30 @@ impl SlackChannel {
                 status.as_u16(),
                 answer["error"].as_str().unwrap_or("")
             ),
+            permanent: PERMANENT_ERRORS.contains(&answer["error"].as_str().unwrap_or("")),
             retry_after,
             unknown: false,
         })
     }
 }
+
+/// Web API errors of `chat.postMessage` / `chat.update` that a retry cannot cure (Slack's
+/// method docs): the reply ends FAILED with it instead of being retried forever.
+const PERMANENT_ERRORS: &[&str] = &[
+    "msg_too_long",
+    "no_text",
+    "invalid_blocks",
+    "invalid_blocks_format",
+    "invalid_arguments",
+    "invalid_attachments",
+    "too_many_attachments",
+    "channel_not_found",
+    "is_archived",
+    "not_in_channel",
+    "restricted_action",
+    "cant_update_message",
+    "edit_window_closed",
+];
 
 impl Platform for SlackChannel {
     super::platform::platform_basics!(SlackChannel);

@@ -247,6 +247,7 @@ impl TelegramChannel {
             .map_err(|e| DeliveryError {
                 // Refused connections never reached Telegram; anything later might have.
                 unknown: !e.is_connect(),
+                permanent: false,
                 message: format!("{method} failed: {}", crate::redaction::http_error(e)),
                 retry_after: None,
             })?;
@@ -269,6 +270,9 @@ impl TelegramChannel {
                 .as_u64()
                 .map(Duration::from_secs),
             unknown: false,
+            // Bot API: 400 is a request Telegram will never take (too long, bad entities),
+            // 403 a chat the bot may not write to; 429 and 5xx pass.
+            permanent: matches!(status.as_u16(), 400 | 403),
         })
     }
 }

@@ -420,6 +420,7 @@ impl WeComChannel {
             .await
             .map_err(|e| DeliveryError {
                 unknown: !e.is_connect(),
+                permanent: false,
                 message: format!("message/send failed: {}", crate::redaction::http_error(e)),
                 retry_after: None,
             })?;
@@ -436,6 +437,7 @@ impl WeComChannel {
                     message: format!("message/send: {answer}"),
                     retry_after: (code == 45009).then(|| Duration::from_secs(1)),
                     unknown: false,
+                    permanent: false,
                 })
             }
             None => Err(DeliveryError::retry(format!(

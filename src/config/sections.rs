@@ -13,6 +13,7 @@ pub struct Config {
     pub intake: IntakeConfig,
     pub llm: LlmConfig,
     pub worker: WorkerConfig,
+    pub engine: EngineConfig,
     pub outbox: OutboxConfig,
     pub scheduler: SchedulerConfig,
     pub admin: AdminConfig,
@@ -473,6 +474,21 @@ impl WorkerConfig {
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.lease_secs)
     }
+}
+
+/// How a run that aborts is treated (issue 32): an outage is waited out and the run goes on;
+/// any other abort counts, and the task fails INTERNAL past the limit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Aborted runs of a task (not counting outages) before it ends FAILED with INTERNAL.
+    pub max_run_aborts: u32,
+    /// Wait before an aborted run's task may be claimed again, in milliseconds; doubled with
+    /// each abort, capped at the lease.
+    pub abort_retry_ms: u64,
+    /// Longest a run stopped by an outage waits for the database before it leaves the task
+    /// to the lease reclaim, in seconds.
+    pub outage_wait_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -167,6 +167,12 @@ impl Config {
         }
         positive("worker.poll_interval_ms", self.worker.poll_interval_ms)?;
         positive("worker.claim_batch", self.worker.claim_batch as u64)?;
+        positive(
+            "engine.max_run_aborts",
+            u64::from(self.engine.max_run_aborts),
+        )?;
+        positive("engine.abort_retry_ms", self.engine.abort_retry_ms)?;
+        positive("engine.outage_wait_secs", self.engine.outage_wait_secs)?;
         positive("outbox.timeout_secs", self.outbox.timeout_secs)?;
         positive("outbox.batch", self.outbox.batch as u64)?;
         positive("outbox.poll_interval_ms", self.outbox.poll_interval_ms)?;

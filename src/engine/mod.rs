@@ -2,6 +2,7 @@
 //! (`single_turn`) or a workflow (`workflow`), every side effect a journalled step
 //! (`step`); `worker` is what the engine is given by `app.rs`, `task` what one run knows.
 
+pub mod aborts;
 pub mod feedback;
 pub mod pool;
 pub mod reply;

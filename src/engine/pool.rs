@@ -16,7 +16,7 @@ use crate::domain::{Fence, MessageRow, TaskRow, now_ms};
 use super::feedback::{Feedback, Typing};
 use super::task::{RunError, context_of};
 use super::worker::Worker;
-use super::{single_turn, workflow};
+use super::{aborts, single_turn, workflow};
 
 async fn run_task(
     svc: &Arc<Worker>,
@@ -168,7 +168,21 @@ async fn run_claimed(
             move || svc.running.track(task_id, None)
         })),
     };
-    let result = run_task(&svc, &fence, &lost, task, message).await;
+    let claimed = aborts::Claimed::of(&task);
+    let mut result = run_task(&svc, &fence, &lost, task, message).await;
+    // An outage is waited out, not counted: the run goes on under this claim as soon as the
+    // database answers again (the heartbeat renews the lease then, or finds it lost).
+    while let Err(e) = &result
+        && e.is_outage()
+        && !shutdown.is_cancelled()
+    {
+        tracing::warn!(error = %e, "the database is unavailable; the run goes on when it answers again");
+        result = match aborts::wait_out_outage(&svc, &fence, &lost, &shutdown).await {
+            Ok(Some(task)) => run_task(&svc, &fence, &lost, task, None).await,
+            Ok(None) => break,
+            Err(e) => Err(e),
+        };
+    }
     drop(guard);
     if let Some(typing) = typing {
         typing.stop();
@@ -186,9 +200,10 @@ async fn run_claimed(
         Err(e) if shutdown.is_cancelled() => {
             tracing::info!(error = %e, "interrupted during shutdown; the task resumes after restart")
         }
-        Err(e) => {
-            tracing::error!(error = %e, "task run aborted; it resumes when its lease expires")
+        Err(e) if e.is_outage() => {
+            tracing::warn!(error = %e, "stopped by a database outage; the task resumes when its lease expires")
         }
+        Err(e) => aborts::count_abort(&svc, &fence, &claimed, &e).await,
     }
 }
 

@@ -213,8 +213,15 @@ async fn login(
 }
 
 /// Signing out ends every admin session (a copied cookie stops working too); only a signed-in
-/// admin can do it.
-async fn logout(State(svc): State<Arc<ApiContext>>, _admin: AdminPage) -> Response {
+/// admin can do it, from one of its pages (CSRF token), so another site cannot sign it out.
+async fn logout(
+    State(svc): State<Arc<ApiContext>>,
+    admin: AdminPage,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    if let Err(e) = check_csrf(&admin, &form) {
+        return e.into_response();
+    }
     if let Err(e) = svc.store.end_admin_sessions().await {
         return ApiError::from(e).into_response();
     }

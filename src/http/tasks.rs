@@ -358,6 +358,7 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
         "restart_count": task.restart_count,
         "pause_requested": task.pause_requested,
         "claim_count": task.claim_count,
+        "run_aborts": task.run_aborts,
         "owner": task.owner,
         "version": task.version,
         "current_step": task.current_step,

@@ -30,8 +30,8 @@ pub fn router() -> Router<Arc<ApiContext>> {
         .route("/webhooks/{platform}/{*rest}", any(webhook))
 }
 
-/// Every platform's webhook, in a `webhook` span that continues the caller's `traceparent`
-/// (see `crate::telemetry`).
+/// Every platform's webhook: verified, then carried out in a `webhook` span that continues
+/// the verified caller's `traceparent` (see `crate::telemetry`).
 async fn webhook(
     State(svc): State<Arc<ApiContext>>,
     Path(params): Path<HashMap<String, String>>,
@@ -46,30 +46,34 @@ async fn webhook(
             "no channel is enabled at this path".into(),
         ));
     };
+    // The body is read and verified before the `webhook` span starts: only a verified
+    // caller's `traceparent` is continued, so an unverified one cannot choose trace ids or
+    // sampling (issue 32).
+    let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
+    let request = InboundRequest {
+        method: method.as_str(),
+        rest: params.get("rest").map(String::as_str).unwrap_or(""),
+        headers: &headers,
+        query: query.as_deref(),
+        body: &raw,
+        now_ms: now_ms(),
+    };
+    let parsed = match platform.inbound(&request).await {
+        Ok(parsed) => parsed,
+        Err(refused) => return refusal(refused),
+    };
     let span = tracing::info_span!(
         "webhook",
         channel = name,
         otel.kind = "server",
         task_id = tracing::field::Empty
     );
-    let caller = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    crate::telemetry::continue_trace(&span, caller);
-    // Reads the body under the limit, lets the platform verify and parse it, keeps it to
-    // once where the platform says so, then carries out what it asks.
+    if parsed.refused.is_none() {
+        let caller = headers.get("traceparent").and_then(|v| v.to_str().ok());
+        crate::telemetry::continue_trace(&span, caller);
+    }
+    // Keeps the request to once where the platform says so, then carries out what it asks.
     async {
-        let raw = read_body(&headers, body, svc.config.server.body_limit_bytes).await?;
-        let request = InboundRequest {
-            method: method.as_str(),
-            rest: params.get("rest").map(String::as_str).unwrap_or(""),
-            headers: &headers,
-            query: query.as_deref(),
-            body: &raw,
-            now_ms: now_ms(),
-        };
-        let parsed = match platform.inbound(&request).await {
-            Ok(parsed) => parsed,
-            Err(refused) => return refusal(refused),
-        };
         if let Some(once) = &parsed.once {
             match check_once(&svc.store, once, now_ms()).await? {
                 OnceCheck::Go => {}

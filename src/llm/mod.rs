@@ -414,6 +414,26 @@ impl OpenAiClient {
             include_obfuscation: None,
         });
         let response = self.post(&request, idempotency_key).await?;
+        // Some OpenAI-compatible gateways ignore `stream` and answer with one completion:
+        // the Content-Type says which it is, and a whole answer is shown at once.
+        let streamed = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|v| v.trim_start().starts_with("text/event-stream"));
+        if !streamed {
+            let body = response.text().await.map_err(classify_transport)?;
+            let answer = parse_completion(&body)?;
+            if !answer.tool_calls.is_empty() {
+                return Err(invalid(
+                    "the model answered with a tool call, but no tools were offered".into(),
+                ));
+            }
+            if !answer.content.is_empty() {
+                on_text(&answer.content);
+            }
+            return Ok(answer);
+        }
         let mut events = response.bytes_stream().eventsource();
         let mut answer = ChatResponse {
             content: String::new(),

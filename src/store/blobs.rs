@@ -48,7 +48,7 @@ impl Store {
             .bind(task_id)
             .bind(step_id)
             .bind(body.len() as i64)
-            .bind(body)
+            .bind(super::text::storable(body))
             .bind(now)
             .fetch_one(&mut *tx)
             .await?

@@ -97,7 +97,7 @@ impl Store {
                     })
                     .collect();
                 for (id, channel, event) in sqlx::query_as::<_, (i64, String, String)>(&sql.messages)
-                    .bind(Value::Array(rows).to_string())
+                    .bind(super::text::storable_rows(rows))
                     .bind(now)
                     .fetch_all(&mut *tx)
                     .await?
@@ -132,7 +132,7 @@ impl Store {
                     })
                     .collect();
                 task_of_message = sqlx::query_as::<_, (i64, i64)>(&sql.tasks)
-                    .bind(Value::Array(rows).to_string())
+                    .bind(super::text::storable_rows(rows))
                     .bind(now)
                     .bind(TaskType::ConversationReply)
                     .bind(TaskStatus::Pending)
@@ -156,7 +156,7 @@ impl Store {
                     })
                     .collect();
                 sqlx::query(insert_audits_sql(self.dialect()))
-                    .bind(Value::Array(audits).to_string())
+                    .bind(super::text::storable_rows(audits))
                     .bind(now)
                     .execute(&mut *tx)
                     .await?;
@@ -185,8 +185,8 @@ impl Store {
                          OR m.external_event_id = $3) ORDER BY t.id LIMIT 1",
                     )
                     .bind(&m.channel)
-                    .bind(&m.message_id)
-                    .bind(&m.event_id)
+                    .bind(super::text::storable(&m.message_id))
+                    .bind(super::text::storable(&m.event_id))
                     .fetch_one(&mut *tx)
                     .await?;
                     results.push(Ok(Ingested { task_id, duplicate: true }));

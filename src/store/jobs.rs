@@ -232,7 +232,7 @@ impl Store {
             .bind(run.status)
             .bind(run.scanned)
             .bind(run.affected)
-            .bind(&run.error)
+            .bind(super::text::storable_opt(run.error.as_deref()))
             .bind(run.trigger)
             .bind(run.actor)
             .execute(&mut *tx)

@@ -119,7 +119,7 @@ impl Store {
             sqlx::query(
                 "UPDATE agent_task SET status = $1, failure_type = NULL, error_msg = NULL, \
                  retry_count = retry_count + 1, resume_count = resume_count + 1, \
-                 version = version + 1, owner = NULL, lease_expire = NULL, run_after = $2, \
+                 run_aborts = 0, version = version + 1, owner = NULL, lease_expire = NULL, run_after = $2, \
                  finished_at = NULL, updated_at = $2 WHERE id = $3",
             )
             .bind(TaskStatus::Pending)
@@ -156,59 +156,58 @@ impl Store {
     /// request and parks it; the call in flight finishes and is recorded). A PAUSED task,
     /// or one already asked to pause, is left as it is.
     pub async fn pause_task(&self, task_id: i64, actor: &str, now: i64) -> StoreResult<Control> {
-        let control = write_tx!(self, tx => {
-            let Some((status, requested)) = status_and_pause!(&mut *tx, task_id) else {
-                return Ok(Control::NotFound);
-            };
-            match status {
-                TaskStatus::Paused => return Ok(Control::Done),
-                TaskStatus::Running if requested => return Ok(Control::Done),
-                TaskStatus::Pending => {
-                    sqlx::query(
-                        "UPDATE agent_task SET status = $1, version = version + 1, \
-                         updated_at = $2 WHERE id = $3 AND status = $4",
-                    )
-                    .bind(TaskStatus::Paused)
-                    .bind(now)
-                    .bind(task_id)
-                    .bind(TaskStatus::Pending)
-                    .execute(&mut *tx)
-                    .await?;
-                    insert_audit!(
-                        &mut *tx,
-                        Some(task_id),
+        // The status read can be overtaken (a claim on PostgreSQL takes the PENDING task
+        // while this runs): then the update changes nothing and the transition is tried
+        // again for the status the task has now, so the answer and the audit say what
+        // happened. Each retry follows a change of status, and a task changes status a
+        // bounded number of times in a few tries.
+        for _ in 0..3 {
+            let control = write_tx!(self, tx => {
+                let Some((status, requested)) = status_and_pause!(&mut *tx, task_id) else {
+                    return Ok(Control::NotFound);
+                };
+                let (sql, event, summary) = match status {
+                    TaskStatus::Paused => return Ok(Control::Done),
+                    TaskStatus::Running if requested => return Ok(Control::Done),
+                    TaskStatus::Pending => (
+                        "UPDATE agent_task SET status = 'PAUSED', version = version + 1, \
+                         updated_at = $1 WHERE id = $2 AND status = $3",
                         AuditEvent::TaskPaused,
-                        actor,
-                        &format!("paused by {actor} while PENDING"),
-                        false,
-                        now,
-                    )?;
-                }
-                TaskStatus::Running => {
-                    sqlx::query(
+                        format!("paused by {actor} while PENDING"),
+                    ),
+                    TaskStatus::Running => (
                         "UPDATE agent_task SET pause_requested = 1, updated_at = $1 \
                          WHERE id = $2 AND status = $3",
-                    )
+                        AuditEvent::TaskPauseRequested,
+                        format!(
+                            "pause asked by {actor}; the task pauses at its next step boundary"
+                        ),
+                    ),
+                    other => return Ok(Control::Conflict(other)),
+                };
+                let moved = sqlx::query(sql)
                     .bind(now)
                     .bind(task_id)
-                    .bind(TaskStatus::Running)
+                    .bind(status)
                     .execute(&mut *tx)
-                    .await?;
-                    insert_audit!(
-                        &mut *tx,
-                        Some(task_id),
-                        AuditEvent::TaskPauseRequested,
-                        actor,
-                        &format!("pause asked by {actor}; the task pauses at its next step boundary"),
-                        false,
-                        now,
-                    )?;
+                    .await?
+                    .rows_affected();
+                if moved == 1 {
+                    insert_audit!(&mut *tx, Some(task_id), event, actor, &summary, false, now)?;
+                    Some(Control::Done)
+                } else {
+                    None
                 }
-                other => return Ok(Control::Conflict(other)),
+            });
+            if let Some(control) = control {
+                return Ok(control);
             }
-            Control::Done
-        });
-        Ok(control)
+        }
+        // Still moving after three tries: say what it is now.
+        Ok(match self.task(task_id).await? {
+            Some(task) => Control::Conflict(task.status),
+            None => Control::NotFound,
+        })
     }
 
     /// The worker's side of a pause: at a step boundary where the begin was refused, parks
@@ -331,8 +330,8 @@ impl Store {
                 "UPDATE agent_task SET status = 'PENDING', result = NULL, trace = NULL, \
                  failure_type = NULL, error_msg = NULL, context_summary = NULL, \
                  confirm_deadline = NULL, pause_requested = 0, restart_count = $1, \
-                 resume_count = resume_count + 1, version = version + 1, owner = NULL, \
-                 lease_expire = NULL, run_after = $2, finished_at = NULL, updated_at = $2 \
+                 resume_count = resume_count + 1, run_aborts = 0, version = version + 1, \
+                 owner = NULL, lease_expire = NULL, run_after = $2, finished_at = NULL, updated_at = $2 \
                  WHERE id = $3",
             )
             .bind(restart_no)
@@ -382,5 +381,49 @@ impl Store {
                 step,
             })
             .collect())
+    }
+
+    /// Counts an aborted run of a task this worker still owns (fenced), with a risk-flagged
+    /// TASK_ABORTED audit row naming `error`. Below `max` aborts the task may be claimed
+    /// again from `retry_at` (its lease ends then); at `max` the lease is kept for the
+    /// caller to fail the task. The task's aborts now, or `None` when the worker no longer
+    /// owns it.
+    pub async fn record_run_abort(
+        &self,
+        fence: &Fence,
+        error: &str,
+        max: i64,
+        retry_at: i64,
+        now: i64,
+    ) -> StoreResult<Option<i64>> {
+        let aborts = write_tx!(self, tx => {
+            let aborts: Option<i64> = sqlx::query_scalar(
+                "UPDATE agent_task SET run_aborts = run_aborts + 1, updated_at = $1, \
+                 lease_expire = CASE WHEN run_aborts + 1 >= $2 THEN lease_expire ELSE $3 END \
+                 WHERE id = $4 AND owner = $5 AND version = $6 AND status = 'RUNNING' \
+                 RETURNING run_aborts",
+            )
+            .bind(now)
+            .bind(max)
+            .bind(retry_at)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(n) = aborts {
+                insert_audit!(
+                    &mut *tx,
+                    Some(fence.task_id),
+                    AuditEvent::TaskAborted,
+                    &fence.owner,
+                    &format!("run aborted ({n} of {max}): {error}"),
+                    true,
+                    now
+                )?;
+            }
+            aborts
+        });
+        Ok(aborts)
     }
 }

@@ -25,6 +25,7 @@ pub mod outbox;
 pub(crate) mod sql;
 pub mod summary;
 pub mod tasks;
+pub mod text;
 pub mod workflow;
 pub mod writes;
 

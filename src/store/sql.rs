@@ -36,9 +36,12 @@ macro_rules! insert_audit {
         .bind($task_id)
         .bind($event)
         .bind($actor)
-        .bind($crate::redaction::redact(&$crate::domain::truncate(
-            $summary, 2000,
-        )))
+        .bind(
+            $crate::store::text::storable(&$crate::redaction::redact(&$crate::domain::truncate(
+                $summary, 2000,
+            )))
+            .into_owned(),
+        )
         .bind($risk || $crate::domain::AuditEvent::is_risky($event))
         .bind($now)
         .bind(target_type)
@@ -87,7 +90,7 @@ macro_rules! insert_reply {
         .bind(&$reply.conversation_id)
         .bind(&$reply.in_reply_to)
         .bind($reply.reply_type)
-        .bind(&$reply.content)
+        .bind($crate::store::text::storable(&$reply.content).into_owned())
         .bind($crate::domain::ReplyStatus::Pending)
         .bind($now)
         .execute($tx)

@@ -25,7 +25,7 @@ const TASK_COLUMNS: &str = concat!(
      message_id, trigger_user, status, ",
     current_step_sql!(),
     " AS current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
-     error_msg, retry_count, claim_count, resume_count, restart_count, \
+     error_msg, retry_count, claim_count, resume_count, restart_count, run_aborts, \
      pause_requested <> 0 AS pause_requested, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
      started_at, finished_at, takeover = 1 AS taken_over, \
      (SELECT a.name FROM agent a WHERE a.id = agent_task.agent_id) AS agent_name"
@@ -164,7 +164,7 @@ impl Store {
                     })
                     .collect();
                 sqlx::query(insert_audits_sql(self.dialect()))
-                    .bind(serde_json::Value::Array(audits).to_string())
+                    .bind(super::text::storable_rows(audits))
                     .bind(now)
                     .execute(&mut *tx)
                     .await?;

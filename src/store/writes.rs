@@ -307,7 +307,7 @@ impl Store {
                 }
                 if !replies.is_empty() {
                     sqlx::query(&sql.insert_replies)
-                        .bind(Value::Array(replies).to_string())
+                        .bind(super::text::storable_rows(replies))
                         .bind(now)
                         .bind(ReplyStatus::Pending)
                         .execute(&mut *tx)
@@ -354,7 +354,7 @@ impl Store {
             }
             if !audits.is_empty() {
                 sqlx::query(&sql.insert_audits)
-                    .bind(Value::Array(audits).to_string())
+                    .bind(super::text::storable_rows(audits))
                     .bind(now)
                     .execute(&mut *tx)
                     .await?;
@@ -536,7 +536,7 @@ fn rounds<'a, K: Eq + Hash>(
         .into_iter()
         .map(|(ops, rows)| Round {
             ops,
-            rows: Value::Array(rows).to_string(),
+            rows: super::text::storable_rows(rows),
         })
         .collect()
 }

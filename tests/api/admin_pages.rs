@@ -388,9 +388,23 @@ async fn a_cookie_stops_working_when_its_admin_signs_out() {
         .unwrap();
     assert_eq!(stranger.status(), 401, "signing out needs a session");
     assert_eq!(page(copied.clone()).await.unwrap().status(), 200);
+    // Issue 32: a sign-out posted without the page's CSRF token (another site's form) is
+    // refused; the dashboard's own sign-out form carries it.
+    let forged = http
+        .post(format!("{}/admin/logout", app.addr))
+        .header("cookie", copied.clone())
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403, "signing out needs the CSRF token");
+    assert_eq!(page(copied.clone()).await.unwrap().status(), 200);
+    let html = page(copied.clone()).await.unwrap().text().await.unwrap();
+    assert!(html.contains("action=\"/admin/logout\""), "{html}");
     let out = http
         .post(format!("{}/admin/logout", app.addr))
         .header("cookie", copied.clone())
+        .form(&[("csrf", csrf_of(&html))])
         .send()
         .await
         .unwrap();

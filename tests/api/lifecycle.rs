@@ -177,6 +177,37 @@ async fn a_finished_task_restarts_from_scratch_under_a_new_key_keeping_the_old_s
             .contains("1 steps superseded"),
         "{restarted}"
     );
+
+    // Issue 32: restarted twice more. SQLite gives a deleted step's id to the next step, and
+    // the second restart used to answer 500 ("UNIQUE constraint failed:
+    // agent_step_superseded.id").
+    for n in 2..=3 {
+        let resp = app.control(id, "restart").await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "restart {n}: {}",
+            resp.text().await.unwrap()
+        );
+        let task = app
+            .wait_task(id, WAIT, |t| {
+                t["status"] == "SUCCEEDED"
+                    && t["replies"].as_array().unwrap().len() == n + 1
+                    && t["replies"][n]["status"] == "SENT"
+            })
+            .await;
+        assert_eq!(task["restart_count"], n);
+        let superseded = task["superseded_steps"].as_array().unwrap();
+        assert_eq!(superseded.len(), n, "{task:#}");
+        let runs: Vec<i64> = superseded
+            .iter()
+            .map(|s| s["restart_no"].as_i64().unwrap())
+            .collect();
+        assert_eq!(runs, (1..=n as i64).collect::<Vec<_>>());
+    }
+    let keys: Vec<String> = app.replies().await.into_iter().map(|r| r.0).collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert_eq!(keys[3], format!("agent-task-{id}-r3"));
     app.stop().await;
 }
 

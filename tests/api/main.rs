@@ -24,6 +24,7 @@ mod model_failures;
 mod pipeline;
 mod placeholder_crash;
 mod platforms;
+mod poison;
 mod progress;
 mod real_model;
 mod reply_delivery;

@@ -65,8 +65,8 @@ async fn a_nul_character_is_refused_by_the_generic_webhook_and_dropped_for_platf
     texts.sort();
     assert_eq!(
         texts,
-        ["ab", "fine"],
-        "the mention is stripped, and the NUL"
+        ["a\u{FFFD}b", "fine"],
+        "the NUL is stored as U+FFFD (store::text)"
     );
     app.stop().await;
 }

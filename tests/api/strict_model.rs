@@ -107,6 +107,7 @@ pub struct StrictModel<S> {
     script: S,
     context_window: Option<usize>,
     calls: AtomicU64,
+    ignores_stream: bool,
 }
 
 impl<S: ModelScript> StrictModel<S> {
@@ -115,7 +116,15 @@ impl<S: ModelScript> StrictModel<S> {
             script,
             context_window: None,
             calls: AtomicU64::new(0),
+            ignores_stream: false,
         }
+    }
+
+    /// Answers a streaming request with one ordinary completion (`application/json`), as
+    /// some OpenAI-compatible gateways do: they ignore `stream`.
+    pub fn ignoring_stream(mut self) -> Self {
+        self.ignores_stream = true;
+        self
     }
 
     /// Refuses requests over `tokens`, as a server started with that context size does.
@@ -473,7 +482,7 @@ impl<S: ModelScript> Respond for StrictModel<S> {
                 )
             }
         };
-        let mut t = if body["stream"] == true {
+        let mut t = if body["stream"] == true && !self.ignores_stream {
             ResponseTemplate::new(200).set_body_raw(
                 sse_body(&body, n, &message, finish_reason, prompt, None).concat(),
                 "text/event-stream",
