@@ -307,6 +307,10 @@ fn an_unreachable_database_is_reported_with_its_address_and_cause() {
     drop(silent);
 }
 
+#[cfg_attr(
+    not(assistd_has_prometheus),
+    ignore = "needs Python's prometheus-client (pip install 'prometheus-client>=0.20,<1'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_reports_recovery_time_and_tokens_per_agent_and_model() {
     let model = echo_model().await;

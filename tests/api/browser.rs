@@ -205,6 +205,10 @@ impl Browser {
     }
 }
 
+#[cfg_attr(
+    not(assistd_has_chromium),
+    ignore = "needs Chromium (apt-get install chromium chromium-driver); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser() {
     let Some(browser) = Browser::start().await else {
@@ -266,6 +270,10 @@ async fn an_admin_resumes_a_failed_task_and_a_newcomer_chats_in_a_real_browser()
 /// pending and the backlog, not a success; the admin presses "Retry now" once the receiver
 /// is back and the answer counts as delivered. Times are shown in the browser's own zone
 /// (here Asia/Tokyo, UTC+9), UTC kept as their tooltip.
+#[cfg_attr(
+    not(assistd_has_chromium),
+    ignore = "needs Chromium (apt-get install chromium chromium-driver); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_sees_an_undelivered_answer_and_retries_it_in_a_real_browser() {
     let Some(browser) = Browser::start_in("Asia/Tokyo").await else {

