@@ -129,15 +129,21 @@ pub enum DecisionResult {
     Forbidden,
     /// The request's deadline has passed (the timeout scan may not have run yet); audited.
     Expired,
+    /// The decision names a request that is not the open one (another run, another step,
+    /// other arguments, or none is open any more); audited with the reason.
+    Stale(String),
 }
 
-/// Approves or rejects what task `task_id` waits for. `step_no`, when given (card actions),
-/// must name the open request, so a stale card cannot decide a newer one. `admin` says the
-/// decision came through the admin API, which may decide requests that name no approvers.
+/// Approves or rejects what task `task_id` waits for. `request`, when given (every chat
+/// path: card, callback, command, reaction; the admin page), must name the open request as
+/// it stands, its run, step and arguments, so a card of a decided, expired or restarted run,
+/// or one with other arguments, cannot decide it; such a decision is refused and audited
+/// CONFIRM_DENIED with the reason. `admin` says the decision came through the admin API,
+/// which may decide requests that name no approvers.
 pub async fn decide(
     svc: &TaskControl,
     task_id: i64,
-    step_no: Option<i64>,
+    request: Option<&crate::domain::ApprovalRef>,
     approve: bool,
     approver: &str,
     admin: bool,
@@ -145,9 +151,38 @@ pub async fn decide(
     let Some(task) = svc.store.task(task_id).await? else {
         return Ok(DecisionResult::NotFound);
     };
-    let action = match svc.store.open_pending_action(task_id).await? {
-        Some(a) if step_no.is_none_or(|s| s == a.step_no) => a,
-        _ => return Ok(DecisionResult::NotWaiting(task.status)),
+    let verb = if approve { "approval" } else { "rejection" };
+    let open = svc.store.open_pending_action(task_id).await?;
+    let stale = match (&open, request) {
+        (None, None) => return Ok(DecisionResult::NotWaiting(task.status)),
+        (None, Some(_)) => Some(format!(
+            "no request is open (the task is {}): it was decided, expired or replaced",
+            task.status
+        )),
+        (Some(action), Some(request)) => action.stale(request),
+        (Some(_), None) => None,
+    };
+    if let Some(reason) = stale {
+        let named = request.map(|r| r.token()).unwrap_or_default();
+        svc.store
+            .audit(
+                Some(task_id),
+                open.as_ref().map(|a| AuditTarget::Approval(a.id)),
+                AuditEvent::ConfirmDenied,
+                approver,
+                &format!("{verb} by {approver} of request {named} refused: {reason}"),
+                true,
+                now_ms(),
+            )
+            .await?;
+        tracing::warn!(task_id, approver, %reason, "a decision on a stale approval request was refused");
+        return Ok(match open {
+            None => DecisionResult::NotWaiting(task.status),
+            Some(_) => DecisionResult::Stale(reason),
+        });
+    }
+    let Some(action) = open else {
+        return Ok(DecisionResult::NotWaiting(task.status));
     };
     let now = now_ms();
     if now > action.deadline {
@@ -159,7 +194,7 @@ pub async fn decide(
                 approver,
                 &format!(
                     "{} of step {} by {approver} refused: its deadline passed {} s ago",
-                    if approve { "approval" } else { "rejection" },
+                    verb,
                     action.step_no,
                     (now - action.deadline) / 1000
                 ),
@@ -284,9 +319,8 @@ pub async fn reaction_decision(
         .reply_by_platform_message(channel, target)
         .await?
         .and_then(|reply| crate::channels::cards::approval_of(&reply.content));
-    Ok(asked.map(|(task_id, step_no)| crate::domain::CardAction {
-        task_id,
-        step_no,
+    Ok(asked.map(|request| crate::domain::CardAction {
+        request,
         approve,
         approver: approver.to_string(),
     }))

@@ -502,18 +502,127 @@ pub struct ReplyRow {
     pub reply_context: Option<String>,
 }
 
-/// A card action (Approve/Reject) posted back by the IM.
+/// The one pending request an approval decision is for, as a card, a callback, a decision
+/// command or a reaction names it: the task, the run (its restart number when the request
+/// was made), the step, and a digest of the arguments the approver was shown. Built and read
+/// only here, so every path checks the same thing: a decision applies only to the request
+/// that is open now, with the arguments that were shown (issue 32).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRef {
+    pub task_id: i64,
+    pub run: i64,
+    pub step_no: i64,
+    /// The first 12 hex digits of the SHA-256 of the arguments as shown.
+    pub digest: String,
+}
+
+impl ApprovalRef {
+    const DIGEST_LEN: usize = 12;
+
+    pub fn new(task_id: i64, run: i64, step_no: i64, args: &str) -> ApprovalRef {
+        ApprovalRef {
+            task_id,
+            run,
+            step_no,
+            digest: Self::digest_of(args),
+        }
+    }
+
+    /// The digest of arguments as a request stores and shows them.
+    pub fn digest_of(args: &str) -> String {
+        use sha2::Digest;
+        let mut hex = hex::encode(sha2::Sha256::digest(args.as_bytes()));
+        hex.truncate(Self::DIGEST_LEN);
+        hex
+    }
+
+    /// `<task>.<step>.<run>.<digest>`: what a button key, a callback and a typed decision
+    /// command carry (`approve 12.3.0.5f1d2a9c0b7e`).
+    pub fn token(&self) -> String {
+        format!(
+            "{}.{}.{}.{}",
+            self.task_id, self.step_no, self.run, self.digest
+        )
+    }
+
+    /// Reads a [`token`](Self::token) (`.` or `:` between its parts); `None` for anything
+    /// else, a token without its run and digest included.
+    pub fn parse_token(token: &str) -> Option<ApprovalRef> {
+        let mut parts = token.trim().split(['.', ':']);
+        let task_id = parts.next()?.parse().ok()?;
+        let step_no = parts.next()?.parse().ok()?;
+        let run = parts.next()?.parse().ok()?;
+        let digest = parts.next()?;
+        if parts.next().is_some()
+            || digest.len() != Self::DIGEST_LEN
+            || !digest.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return None;
+        }
+        Some(ApprovalRef {
+            task_id,
+            run,
+            step_no,
+            digest: digest.to_ascii_lowercase(),
+        })
+    }
+
+    /// An approval card's button value for `decision` ("approve" or "reject").
+    pub fn card_value(&self, decision: &str) -> Value {
+        serde_json::json!({
+            "task_id": self.task_id,
+            "step_no": self.step_no,
+            "run": self.run,
+            "digest": self.digest,
+            "request": self.token(),
+            "decision": decision,
+        })
+    }
+
+    /// The request a card's button value names (see [`card_value`](Self::card_value)).
+    pub fn from_card_value(value: &Value) -> Option<ApprovalRef> {
+        let named = Self::parse_token(value["request"].as_str()?)?;
+        let agrees = value["task_id"].as_i64().is_none_or(|t| t == named.task_id)
+            && value["step_no"].as_i64().is_none_or(|s| s == named.step_no);
+        agrees.then_some(named)
+    }
+
+    /// Why this names something other than the open request of its task (run `run`, step
+    /// `step_no`, arguments `args`); `None` when it names exactly that request.
+    pub fn stale_against(&self, run: i64, step_no: i64, args: &str) -> Option<String> {
+        if self.run != run {
+            return Some(format!(
+                "it was made for run {} of the task; the task was restarted and now runs run {run}",
+                self.run
+            ));
+        }
+        if self.step_no != step_no {
+            return Some(format!(
+                "it asked about step {}; the open request is step {step_no}",
+                self.step_no
+            ));
+        }
+        if self.digest != Self::digest_of(args) {
+            return Some(
+                "its arguments are not the ones the open request would run with".to_string(),
+            );
+        }
+        None
+    }
+}
+
+/// A decision (Approve/Reject) posted back by the IM: a card action, a callback, a typed
+/// command or a reaction, naming the request it decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CardAction {
-    pub task_id: i64,
-    pub step_no: i64,
+    pub request: ApprovalRef,
     pub approve: bool,
     pub approver: String,
 }
 
 impl CardAction {
     /// The decision carried by an approval card's button value, as the runner writes it
-    /// (`{"task_id", "step_no", "decision": "approve"|"reject"}`); `None` for anything else.
+    /// ([`ApprovalRef::card_value`]); `None` for anything else.
     pub fn from_card_value(value: &Value, approver: &str) -> Option<CardAction> {
         let approve = match value["decision"].as_str()? {
             "approve" => true,
@@ -521,11 +630,14 @@ impl CardAction {
             _ => return None,
         };
         Some(CardAction {
-            task_id: value["task_id"].as_i64()?,
-            step_no: value["step_no"].as_i64()?,
+            request: ApprovalRef::from_card_value(value)?,
             approve,
             approver: approver.to_string(),
         })
+    }
+
+    pub fn task_id(&self) -> i64 {
+        self.request.task_id
     }
 }
 

@@ -64,15 +64,14 @@ pub fn render(
         .map_err(|e| format!("card template {platform}/{card_type} did not render JSON: {e}"))
 }
 
-/// The (task id, step no) an approval request asks about, read from a stored reply's
-/// content (a reaction to it is a decision; see `control::reaction_decision`).
-pub fn approval_of(reply_content: &str) -> Option<(i64, i64)> {
+/// The request an approval card asks about, read from its stored reply's content (a
+/// reaction to it is a decision on that request; see `control::reaction_decision`).
+pub fn approval_of(reply_content: &str) -> Option<crate::domain::ApprovalRef> {
     let content: Value = serde_json::from_str(reply_content).ok()?;
-    let value = &content["card"]["actions"][0]["value"];
     if content["card"]["card_type"] != "approval_request" {
         return None;
     }
-    Some((value["task_id"].as_i64()?, value["step_no"].as_i64()?))
+    crate::domain::ApprovalRef::from_card_value(&content["card"]["actions"][0]["value"])
 }
 
 #[cfg(test)]

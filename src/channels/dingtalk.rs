@@ -144,11 +144,10 @@ pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
         return Ok(Inbound::Ignore("empty message"));
     }
     let staff = v["senderStaffId"].as_str().map(str::to_string);
-    if let Some((approve, task_id, step_no)) = super::platform::parse_decision_command(&text) {
+    if let Some((approve, request)) = super::platform::parse_decision_command(&text) {
         return Ok(Inbound::Action {
             action: crate::domain::CardAction {
-                task_id,
-                step_no,
+                request,
                 approve,
                 approver: staff.unwrap_or(sender),
             },

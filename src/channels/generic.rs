@@ -128,14 +128,13 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
 pub fn parse_action(body: &[u8]) -> Result<CardAction, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    let request = crate::domain::ApprovalRef::from_card_value(&value).ok_or_else(|| {
+        "field `request` must name the approval request as the card's button value \
+         carries it (`<task>.<step>.<run>.<digest>`, agreeing with `task_id` and `step_no`)"
+            .to_string()
+    })?;
     let Value::Object(object) = value else {
         return Err("body must be a JSON object".into());
-    };
-    let int = |field: &str| {
-        object
-            .get(field)
-            .and_then(Value::as_i64)
-            .ok_or_else(|| format!("field `{field}` must be an integer"))
     };
     let approve = match required(&object, "decision", 16)?.as_str() {
         "approve" => true,
@@ -147,8 +146,7 @@ pub fn parse_action(body: &[u8]) -> Result<CardAction, String> {
         }
     };
     Ok(CardAction {
-        task_id: int("task_id")?,
-        step_no: int("step_no")?,
+        request,
         approve,
         approver: required(&object, "approver", MAX_ID_LEN)?,
     })
@@ -335,11 +333,12 @@ mod tests {
 
     #[test]
     fn card_values_decide_only_approve_or_reject() {
-        let v = |d: &str| serde_json::json!({"task_id": 7, "step_no": 3, "decision": d});
+        let request = crate::domain::ApprovalRef::new(7, 0, 3, "{}");
+        let v = |d: &str| request.card_value(d);
         let yes = CardAction::from_card_value(&v("approve"), "ada").unwrap();
         assert_eq!(
-            (yes.task_id, yes.step_no, yes.approve, yes.approver.as_str()),
-            (7, 3, true, "ada")
+            (yes.request.clone(), yes.approve, yes.approver.as_str()),
+            (request.clone(), true, "ada")
         );
         assert!(
             !CardAction::from_card_value(&v("reject"), "ada")
@@ -348,6 +347,13 @@ mod tests {
         );
         assert!(CardAction::from_card_value(&v("maybe"), "ada").is_none());
         assert!(CardAction::from_card_value(&serde_json::json!({"task_id": 7}), "ada").is_none());
+        // Task and step without the request (run and digest) decide nothing.
+        let old = serde_json::json!({"task_id": 7, "step_no": 3, "decision": "approve"});
+        assert!(CardAction::from_card_value(&old, "ada").is_none());
+        // A request that disagrees with the value's own task or step decides nothing.
+        let mut forged = v("approve");
+        forged["step_no"] = 4.into();
+        assert!(CardAction::from_card_value(&forged, "ada").is_none());
     }
 
     #[test]

@@ -163,12 +163,9 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                 if text.is_empty() {
                     continue;
                 }
-                if let Some((approve, task_id, step_no)) =
-                    super::platform::parse_decision_command(&text)
-                {
+                if let Some((approve, request)) = super::platform::parse_decision_command(&text) {
                     out.push(MatrixEvent::Decision(CardAction {
-                        task_id,
-                        step_no,
+                        request,
                         approve,
                         approver: sender.to_string(),
                     }));

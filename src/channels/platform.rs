@@ -142,20 +142,21 @@ pub enum Refused {
 }
 
 /// An approval typed (or sent by a card button) as a chat message, for platforms whose
-/// cards cannot call back: `approve 7.3` / `reject 7.3` (also `7:3`, and 同意 / 拒绝), where
-/// 7 is the task and 3 the step. Returns (approve, task id, step no).
-pub fn parse_decision_command(text: &str) -> Option<(bool, i64, i64)> {
+/// cards cannot call back: `approve <request>` / `reject <request>` (and 同意 / 拒绝), the
+/// request as the card shows it (`ApprovalRef::token`: task, step, run and digest, e.g.
+/// `7.3.0.5f1d2a9c0b7e`). Returns (approve, the request named).
+pub fn parse_decision_command(text: &str) -> Option<(bool, crate::domain::ApprovalRef)> {
     let mut words = text.split_whitespace();
     let approve = match words.next()?.to_lowercase().as_str() {
         "approve" | "同意" => true,
         "reject" | "拒绝" => false,
         _ => return None,
     };
-    let (task, step) = words.next()?.split_once(['.', ':'])?;
+    let request = crate::domain::ApprovalRef::parse_token(words.next()?)?;
     if words.next().is_some() {
         return None;
     }
-    Some((approve, task.parse().ok()?, step.parse().ok()?))
+    Some((approve, request))
 }
 
 /// Per-chat send pacing for platforms that limit sends per chat (Lark 5/s, Telegram and
@@ -469,16 +470,33 @@ mod tests {
 
     #[test]
     fn decision_commands() {
-        assert_eq!(parse_decision_command("approve 7.3"), Some((true, 7, 3)));
+        let request = crate::domain::ApprovalRef::new(7, 0, 3, "{}");
+        let token = request.token();
         assert_eq!(
-            parse_decision_command(" Reject  12:1 "),
-            Some((false, 12, 1))
+            parse_decision_command(&format!("approve {token}")),
+            Some((true, request.clone()))
         );
-        assert_eq!(parse_decision_command("同意 5.2"), Some((true, 5, 2)));
+        assert_eq!(
+            parse_decision_command(&format!(" Reject  {} ", token.replace('.', ":"))),
+            Some((false, request.clone()))
+        );
+        assert_eq!(
+            parse_decision_command(&format!("同意 {token}")),
+            Some((true, request))
+        );
+        // The request must be named whole: task and step alone could be a restarted run.
+        assert_eq!(parse_decision_command("approve 7.3"), None);
         assert_eq!(parse_decision_command("approve 7"), None);
-        assert_eq!(parse_decision_command("approve 7.3 please"), None);
-        assert_eq!(parse_decision_command("please approve 7.3"), None);
-        assert_eq!(parse_decision_command("approve x.3"), None);
+        assert_eq!(
+            parse_decision_command(&format!("approve {token} please")),
+            None
+        );
+        assert_eq!(
+            parse_decision_command(&format!("please approve {token}")),
+            None
+        );
+        assert_eq!(parse_decision_command("approve x.3.0.5f1d2a9c0b7e"), None);
+        assert_eq!(parse_decision_command("approve 7.3.0.5f1d2a9c0b7"), None);
     }
 
     #[test]

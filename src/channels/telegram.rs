@@ -116,22 +116,16 @@ fn parse_callback(query: &Value) -> Result<Inbound, Refused> {
         .as_i64()
         .ok_or_else(|| Refused::BadRequest("missing field `callback_query.from.id`".into()))?;
     let data = query["data"].as_str().unwrap_or("");
-    let parts: Vec<&str> = data.split(':').collect();
-    let (approve, task_id, step_no) = match parts.as_slice() {
-        [decision @ ("approve" | "reject"), task, step] => (
-            *decision == "approve",
-            task.parse::<i64>()
-                .map_err(|_| Refused::BadRequest("bad callback data".into()))?,
-            step.parse::<i64>()
-                .map_err(|_| Refused::BadRequest("bad callback data".into()))?,
-        ),
-        _ => return Ok(Inbound::Ignore("callback data is not an approval")),
+    // `approve|reject:<request>` (`ApprovalRef::token`), within the 64 bytes Telegram allows.
+    let Some((decision @ ("approve" | "reject"), request)) = data.split_once(':') else {
+        return Ok(Inbound::Ignore("callback data is not an approval"));
     };
+    let request = crate::domain::ApprovalRef::parse_token(request)
+        .ok_or_else(|| Refused::BadRequest("bad callback data".into()))?;
     Ok(Inbound::Action {
         action: CardAction {
-            task_id,
-            step_no,
-            approve,
+            request,
+            approve: decision == "approve",
             approver: approver.to_string(),
         },
         ack: Some(id.to_string()),
@@ -379,12 +373,17 @@ mod tests {
         }
         let bot = br#"{"update_id": 11, "message": {"message_id": 6, "from": {"id": 1, "is_bot": true}, "chat": {"id": 1}, "text": "hi"}}"#;
         assert!(matches!(parse(bot, "").unwrap(), Inbound::Ignore(_)));
-        let cb = br#"{"update_id": 12, "callback_query": {"id": "cq1", "from": {"id": 42, "is_bot": false}, "data": "approve:7:3"}}"#;
+        let cb = br#"{"update_id": 12, "callback_query": {"id": "cq1", "from": {"id": 42, "is_bot": false}, "data": "approve:7.3.1.5f1d2a9c0b7e"}}"#;
         match parse(cb, "").unwrap() {
             Inbound::Action { action, ack, .. } => {
                 assert_eq!(
-                    (action.task_id, action.step_no, action.approve),
-                    (7, 3, true)
+                    (
+                        action.request.task_id,
+                        action.request.step_no,
+                        action.request.run,
+                        action.approve
+                    ),
+                    (7, 3, 1, true)
                 );
                 assert_eq!(action.approver, "42");
                 assert_eq!(ack.as_deref(), Some("cq1"));

@@ -317,7 +317,7 @@ pub fn parse(
 }
 
 /// A `template_card_event` (a button of an approval card): `EventKey` is
-/// `approve|reject:<task>:<step>`, the clicking user is `FromUserName`.
+/// `approve|reject:<request>` (`ApprovalRef::token`), the clicking user is `FromUserName`.
 fn parse_card_event(message: &HashMap<String, String>) -> Result<Inbound, Refused> {
     if xml_field(message, "Event").as_deref() != Some("template_card_event") {
         return Ok(Inbound::Ignore("not a card event"));
@@ -325,19 +325,15 @@ fn parse_card_event(message: &HashMap<String, String>) -> Result<Inbound, Refuse
     let key = xml_field(message, "EventKey").unwrap_or_default();
     let approver = xml_field(message, "FromUserName")
         .ok_or_else(|| Refused::BadRequest("missing <FromUserName>".into()))?;
-    let parts: Vec<&str> = key.split(':').collect();
-    let [decision @ ("approve" | "reject"), task, step] = parts.as_slice() else {
+    let Some((decision @ ("approve" | "reject"), request)) = key.split_once(':') else {
         return Ok(Inbound::Ignore("card event is not an approval"));
     };
-    let number = |v: &str| {
-        v.parse::<i64>()
-            .map_err(|_| Refused::BadRequest("bad EventKey".into()))
-    };
+    let request = crate::domain::ApprovalRef::parse_token(request)
+        .ok_or_else(|| Refused::BadRequest("bad EventKey".into()))?;
     Ok(Inbound::Action {
         action: crate::domain::CardAction {
-            task_id: number(task)?,
-            step_no: number(step)?,
-            approve: *decision == "approve",
+            request,
+            approve: decision == "approve",
             approver,
         },
         ack: None,

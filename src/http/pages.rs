@@ -431,11 +431,28 @@ async fn task_action(
                 .map(|a| a.trim())
                 .filter(|a| !a.is_empty())
                 .unwrap_or("admin");
-            match crate::control::decide(&svc.control, id, None, approve, approver, true).await? {
+            // The request this page showed: a page older than a restart or a new request
+            // decides nothing.
+            let request = form
+                .get("request")
+                .and_then(|t| crate::domain::ApprovalRef::parse_token(t));
+            match crate::control::decide(
+                &svc.control,
+                id,
+                request.as_ref(),
+                approve,
+                approver,
+                true,
+            )
+            .await?
+            {
                 crate::control::DecisionResult::Resumed
                 | crate::control::DecisionResult::Cancelled => None,
                 crate::control::DecisionResult::Forbidden => {
                     Some(format!("{approver} may not decide this request"))
+                }
+                crate::control::DecisionResult::Stale(reason) => {
+                    Some(format!("not decided: this page is out of date ({reason})"))
                 }
                 other => Some(format!("not decided: {other:?}")),
             }

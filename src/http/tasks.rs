@@ -137,14 +137,17 @@ async fn task_action(
     task_json(&svc, id).await.map(Json)
 }
 
-/// A human decision: `{"decision": "approve"|"reject", "approver": "<user id>"}`.
+/// A human decision: `{"decision": "approve"|"reject", "approver": "<user id>"}`, with
+/// `"request"` naming the request it decides (`<task>.<step>.<run>.<digest>`, as the task
+/// API's `pending_actions[].request` and the cards show it); without it, whatever request
+/// is open is decided.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DecisionBody {
     pub decision: String,
     pub approver: String,
-    /// Card actions name the step they were issued for.
     #[serde(default)]
-    pub step_no: Option<i64>,
+    pub request: Option<String>,
 }
 
 impl DecisionBody {
@@ -178,6 +181,9 @@ pub async fn decision_response(
         DecisionResult::Expired => Err(ApiError::Conflict(format!(
             "the approval request of task {id} is past its deadline"
         ))),
+        DecisionResult::Stale(reason) => Err(ApiError::Conflict(format!(
+            "this decision is for a request of task {id} that is no longer open: {reason}"
+        ))),
     }
 }
 
@@ -195,10 +201,26 @@ async fn confirm_task(
         ));
     }
     let approve = body.approve()?;
+    let request = match body.request.as_deref() {
+        None => None,
+        Some(token) => Some(
+            crate::domain::ApprovalRef::parse_token(token).ok_or_else(|| {
+                ApiError::BadRequest(
+                    "field `request` must be `<task>.<step>.<run>.<digest>` as the task shows it"
+                        .into(),
+                )
+            })?,
+        ),
+    };
+    if request.as_ref().is_some_and(|r| r.task_id != id) {
+        return Err(ApiError::BadRequest(format!(
+            "field `request` names another task than {id}"
+        )));
+    }
     let result = crate::control::decide(
         &svc.control,
         id,
-        body.step_no,
+        request.as_ref(),
         approve,
         body.approver.trim(),
         true,
@@ -377,18 +399,7 @@ pub async fn task_json(svc: &ApiContext, id: i64) -> Result<Value, ApiError> {
         "context_summary": task.context_summary,
         "trace": task.trace.as_deref().and_then(|t| serde_json::from_str::<Value>(t).ok()),
         "confirm_deadline": task.confirm_deadline,
-        "pending_actions": actions.iter().map(|a| json!({
-            "id": a.id,
-            "step_no": a.step_no,
-            "kind": a.kind,
-            "tool": a.tool_name,
-            "args": serde_json::from_str::<Value>(&a.args).unwrap_or(Value::Null),
-            "approvers": serde_json::from_str::<Value>(&a.approvers).unwrap_or(Value::Null),
-            "message": a.message,
-            "decision": a.decision,
-            "decided_by": a.decided_by,
-            "deadline": a.deadline,
-        })).collect::<Vec<_>>(),
+        "pending_actions": actions.iter().map(pending_action_json).collect::<Vec<_>>(),
         "audit": audit.iter().map(|a| json!({
             "id": a.id,
             "event": a.event,
@@ -417,5 +428,24 @@ fn step_json(s: &crate::domain::StepRow) -> Value {
         "tokens_in": s.tokens_in,
         "tokens_out": s.tokens_out,
         "duration_ms": s.duration_ms,
+    })
+}
+
+/// A pending action as the task API shows it; `request` is what a decision names.
+fn pending_action_json(a: &crate::store::workflow::PendingActionRow) -> Value {
+    let request = crate::domain::ApprovalRef::new(a.task_id, a.restart_no, a.step_no, &a.args);
+    json!({
+    "id": a.id,
+    "request": request.token(),
+    "run": a.restart_no,
+    "step_no": a.step_no,
+        "kind": a.kind,
+        "tool": a.tool_name,
+        "args": serde_json::from_str::<Value>(&a.args).unwrap_or(Value::Null),
+        "approvers": serde_json::from_str::<Value>(&a.approvers).unwrap_or(Value::Null),
+        "message": a.message,
+        "decision": a.decision,
+        "decided_by": a.decided_by,
+        "deadline": a.deadline,
     })
 }

@@ -171,8 +171,8 @@ async fn decide(
 ) -> Result<DecisionResult, ApiError> {
     Ok(crate::control::decide(
         &svc.control,
-        action.task_id,
-        Some(action.step_no),
+        action.task_id(),
+        Some(&action.request),
         action.approve,
         &action.approver,
         false,
@@ -193,6 +193,9 @@ async fn decide_action(
         DecisionResult::NotWaiting(_) => "already decided",
         DecisionResult::Forbidden => "you may not decide this request",
         DecisionResult::Expired => "the request is past its deadline",
+        DecisionResult::Stale(_) => {
+            "this card is out of date: the request changed since it was sent"
+        }
     })
 }
 
@@ -218,9 +221,11 @@ async fn handle_inbound(
             ..
         } => {
             let result = decide(svc, &action).await?;
-            Ok(super::tasks::decision_response(svc, action.task_id, result)
-                .await?
-                .into_response())
+            Ok(
+                super::tasks::decision_response(svc, action.task_id(), result)
+                    .await?
+                    .into_response(),
+            )
         }
         Inbound::Action { action, ack, .. } => {
             let outcome = decide_action(svc, &action).await?;
@@ -260,7 +265,7 @@ async fn react(
         return Ok(None);
     };
     let outcome = decide_action(svc, &action).await?;
-    tracing::info!(task_id = action.task_id, outcome, "approval reaction");
+    tracing::info!(task_id = action.task_id(), outcome, "approval reaction");
     Ok(Some(outcome))
 }
 
@@ -279,7 +284,7 @@ async fn transaction(
             Inbound::Invite(room) => platform.accept_invite(&room).await,
             Inbound::Action { action, .. } => {
                 let outcome = decide_action(svc, &action).await?;
-                tracing::info!(task_id = action.task_id, outcome, "approval command");
+                tracing::info!(task_id = action.task_id(), outcome, "approval command");
             }
             Inbound::Reaction {
                 approver,

@@ -53,6 +53,8 @@ macro_rules! insert_pending_action {
 pub struct PendingActionRow {
     pub id: i64,
     pub task_id: i64,
+    /// The task's restart number when the request was made (its run).
+    pub restart_no: i64,
     pub step_no: i64,
     pub kind: PendingKind,
     pub tool_name: String,
@@ -68,6 +70,11 @@ pub struct PendingActionRow {
 }
 
 impl PendingActionRow {
+    /// Why `request` does not name this request as it stands (`None`: it does).
+    pub fn stale(&self, request: &crate::domain::ApprovalRef) -> Option<String> {
+        request.stale_against(self.restart_no, self.step_no, &self.args)
+    }
+
     pub fn allowed(&self, approver: &str) -> bool {
         serde_json::from_str::<Vec<String>>(&self.approvers)
             .map(|list| list.iter().any(|a| a == approver))
@@ -75,7 +82,7 @@ impl PendingActionRow {
     }
 }
 
-const ACTION_COLUMNS: &str = "id, task_id, step_no, kind, tool_name, args, approvers, message, \
+const ACTION_COLUMNS: &str = "id, task_id, restart_no, step_no, kind, tool_name, args, approvers, message, \
      decision, decided_by, deadline, created_at, decided_at";
 
 /// What a task parks on.

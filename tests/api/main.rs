@@ -4,6 +4,7 @@
 mod helpers;
 
 mod admin_pages;
+mod approvals;
 mod bench_smoke;
 mod big_outputs;
 mod binary;

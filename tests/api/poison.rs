@@ -199,8 +199,16 @@ async fn a_run_that_always_aborts_ends_failed_internal_and_the_conversation_move
         .await
         .unwrap();
     assert_eq!(resumed.status(), 200);
-    let again = app.get_task(first).await;
-    assert_eq!(again["run_aborts"], 0, "{again:#}");
+    // Still poison: it counts three aborts afresh and fails again, under its resumed key.
+    let again = app
+        .wait_task(first, WAIT, |t| {
+            t["status"] == "FAILED"
+                && t["reply"]["idempotency_key"] == format!("agent-task-{first}-r1")
+                && t["reply"]["status"] == "SENT"
+        })
+        .await;
+    assert_eq!(again["run_aborts"], 3, "{again:#}");
+    assert_eq!(audit_of(&again, "TASK_ABORTED").len(), 6, "{again:#}");
     app.stop().await;
 }
 

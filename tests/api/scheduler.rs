@@ -520,7 +520,7 @@ async fn a_decision_after_the_deadline_is_refused_before_the_scan_runs() {
     let card = app
         .post_action(
             id,
-            task["current_step"].as_i64().unwrap(),
+            task["pending_actions"][0]["request"].as_str().unwrap(),
             "approve",
             "alice",
         )

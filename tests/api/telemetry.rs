@@ -219,11 +219,34 @@ async fn a_message_is_one_trace_from_webhook_to_delivery() {
         .post_message_with(&message("otel", 2, "junk"), &[("traceparent", "00-zz-1")])
         .await;
     let junk_id = task_id_of(junk).await.to_string();
+    // Attack (issue 32): an unverified caller's traceparent is not continued: a request with
+    // a bad signature exports no span in the trace it names.
+    let forged_trace = "5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e";
+    let unverified = reqwest::Client::new()
+        .post(format!("{}/webhooks/generic", server.addr))
+        .header(
+            "traceparent",
+            format!("00-{forged_trace}-00f067aa0ba902b7-01"),
+        )
+        .header(
+            "X-Assistd-Timestamp",
+            (assistd::domain::now_ms() / 1000).to_string(),
+        )
+        .header("X-Assistd-Signature", "v1=00")
+        .body(serde_json::to_vec(&message("otel", 3, "forged")).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unverified.status(), 401);
     wait_for_replies(&receiver, 2).await;
     // SIGTERM flushes the spans still buffered.
     assert_eq!(server.terminate(), Some(0));
 
     let spans = collector.spans();
+    assert!(
+        spans.iter().all(|s| s.trace_id != forged_trace),
+        "an unverified caller chose a trace: {spans:#?}"
+    );
     let junk_webhook = spans
         .iter()
         .find(|s| s.name == "webhook" && s.attributes.get("task_id") == Some(&junk_id))

@@ -261,15 +261,19 @@ fn statuses(task: &Value) -> Vec<(String, String)> {
 }
 
 impl TestApp {
+    /// Posts a card action as the in-house IM does: the button's value (`task_id`,
+    /// `step_no`, `request`) with the decision and the approver.
     pub async fn post_action(
         &self,
         task_id: i64,
-        step_no: i64,
+        request: &str,
         decision: &str,
         approver: &str,
     ) -> reqwest::Response {
+        let step_no: i64 = request.split('.').nth(1).unwrap().parse().unwrap();
         let raw = serde_json::to_vec(&json!({
-            "task_id": task_id, "step_no": step_no, "decision": decision, "approver": approver
+            "task_id": task_id, "step_no": step_no, "request": request,
+            "decision": decision, "approver": approver
         }))
         .unwrap();
         let ts = assistd::domain::now_ms() / 1000;
@@ -439,11 +443,11 @@ async fn an_irreversible_tool_waits_for_approval_from_an_allowed_approver() {
     assert_eq!(card["card"]["args"]["text"], "terminate contract 7");
     let actions = card["card"]["actions"].as_array().unwrap();
     assert_eq!(actions[0]["callback"], "/webhooks/generic/actions");
-    let step_no = actions[0]["value"]["step_no"].as_i64().unwrap();
+    let request = actions[0]["value"]["request"].as_str().unwrap().to_string();
 
     // Not an approver: 403, audited, nothing changes.
     assert_eq!(
-        app.post_action(id, step_no, "approve", "mallory")
+        app.post_action(id, &request, "approve", "mallory")
             .await
             .status(),
         403
@@ -467,7 +471,7 @@ async fn an_irreversible_tool_waits_for_approval_from_an_allowed_approver() {
         .unwrap();
     assert_eq!(unsigned.status(), 401);
 
-    let resp = app.post_action(id, step_no, "approve", "alice").await;
+    let resp = app.post_action(id, &request, "approve", "alice").await;
     assert_eq!(resp.status(), 200);
     let task = app
         .wait_task(id, WAIT, |t| {
@@ -476,7 +480,7 @@ async fn an_irreversible_tool_waits_for_approval_from_an_allowed_approver() {
         .await;
     assert_eq!(task["result"], "notice sent");
     assert_eq!(
-        app.post_action(id, step_no, "approve", "alice")
+        app.post_action(id, &request, "approve", "alice")
             .await
             .status(),
         409,
@@ -502,7 +506,7 @@ async fn an_irreversible_tool_waits_for_approval_from_an_allowed_approver() {
     assert_eq!(
         keys,
         [
-            format!("agent-task-{id}-confirm-{step_no}"),
+            format!("agent-task-{id}-confirm-{}", actions[0]["value"]["step_no"]),
             format!("agent-task-{id}")
         ]
     );

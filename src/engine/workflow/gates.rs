@@ -82,7 +82,15 @@ impl Runner<'_> {
     /// callback is the channel's actions webhook.
     pub(super) fn approval_card(&self, action: &NewPendingAction) -> NewReply {
         let task = &self.ctx.task;
-        let value = |decision: &str| json!({ "task_id": task.id, "step_no": action.step_no, "decision": decision });
+        // The buttons name this request: its run, step and the digest of the arguments
+        // shown, so a decision on this card cannot apply to another (issue 32).
+        let request = crate::domain::ApprovalRef::new(
+            task.id,
+            task.restart_count,
+            action.step_no,
+            &action.args,
+        );
+        let value = |decision: &str| request.card_value(decision);
         let card = json!({
             "card_type": "approval_request",
             "title": "Approval needed",

@@ -240,9 +240,10 @@ async fn matrix_approvals_are_decided_by_reactions_of_approvers() {
 async fn matrix_approvals_can_be_rejected_by_command() {
     let (_hs, flow, id, body) = matrix_waiting_for_approval().await;
     let app = &flow.app;
-    let step = body["org.assistd.approval"]["step_no"].as_i64().unwrap();
+    let request = body["org.assistd.approval"]["request"].as_str().unwrap();
+    assert!(request.starts_with(&format!("{id}.")), "{request}");
     let reject = json!([{"type": "m.room.message", "room_id": "!r:hs", "sender": "@boss:hs",
-        "event_id": "$cmd", "content": {"msgtype": "m.text", "body": format!("reject {id}.{step}")}}]);
+        "event_id": "$cmd", "content": {"msgtype": "m.text", "body": format!("reject {request}")}}]);
     assert_eq!(app.matrix_txn("t2", reject).await.status(), 200);
     app.wait_task(id, WAIT, |t| t["status"] == "CANCELLED")
         .await;

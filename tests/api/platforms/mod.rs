@@ -12,7 +12,7 @@ use crate::helpers::*;
 mod chat_doubles;
 mod dingtalk;
 mod lark;
-mod matrix;
+pub(crate) mod matrix;
 mod pacing;
 mod placeholders;
 mod secrets;

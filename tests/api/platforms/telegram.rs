@@ -222,7 +222,11 @@ async fn telegram_approvals_use_inline_keyboards() {
         .clone();
     assert!(card["text"].as_str().unwrap().contains("Approval needed"));
     let approve = buttons[0]["callback_data"].as_str().unwrap().to_string();
-    assert!(approve.starts_with(&format!("approve:{id}:")), "{approve}");
+    assert!(approve.starts_with(&format!("approve:{id}.")), "{approve}");
+    assert!(
+        approve.len() <= 64,
+        "Telegram allows 64 bytes of callback data: {approve}"
+    );
     let callback = |from: i64, data: &str| {
         json!({"update_id": 50 + from, "callback_query": {
         "id": format!("cq-{from}"), "from": {"id": from, "is_bot": false, "first_name": "X"},

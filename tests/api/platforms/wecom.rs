@@ -225,7 +225,7 @@ async fn wecom_approvals_use_template_card_buttons() {
         .as_str()
         .unwrap()
         .to_string();
-    assert!(key.starts_with(&format!("approve:{id}:")), "{key}");
+    assert!(key.starts_with(&format!("approve:{id}.")), "{key}");
     assert_eq!(
         app.wecom_post(&wecom_card_event("wangwu", &key), wecom_sample::TOKEN)
             .await
