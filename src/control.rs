@@ -153,6 +153,19 @@ pub async fn decide(
     };
     let verb = if approve { "approval" } else { "rejection" };
     let open = svc.store.open_pending_action(task_id).await?;
+    let deny = |action: Option<i64>, summary: String| async move {
+        svc.store
+            .audit(
+                Some(task_id),
+                action.map(AuditTarget::Approval),
+                AuditEvent::ConfirmDenied,
+                approver,
+                &summary,
+                true,
+                now_ms(),
+            )
+            .await
+    };
     let stale = match (&open, request) {
         (None, None) => return Ok(DecisionResult::NotWaiting(task.status)),
         (None, Some(_)) => Some(format!(
@@ -164,17 +177,8 @@ pub async fn decide(
     };
     if let Some(reason) = stale {
         let named = request.map(|r| r.token()).unwrap_or_default();
-        svc.store
-            .audit(
-                Some(task_id),
-                open.as_ref().map(|a| AuditTarget::Approval(a.id)),
-                AuditEvent::ConfirmDenied,
-                approver,
-                &format!("{verb} by {approver} of request {named} refused: {reason}"),
-                true,
-                now_ms(),
-            )
-            .await?;
+        let summary = format!("{verb} by {approver} of request {named} refused: {reason}");
+        deny(open.as_ref().map(|a| a.id), summary).await?;
         tracing::warn!(task_id, approver, %reason, "a decision on a stale approval request was refused");
         return Ok(match open {
             None => DecisionResult::NotWaiting(task.status),
@@ -186,40 +190,21 @@ pub async fn decide(
     };
     let now = now_ms();
     if now > action.deadline {
-        svc.store
-            .audit(
-                Some(task_id),
-                Some(AuditTarget::Approval(action.id)),
-                AuditEvent::ConfirmDenied,
-                approver,
-                &format!(
-                    "{} of step {} by {approver} refused: its deadline passed {} s ago",
-                    verb,
-                    action.step_no,
-                    (now - action.deadline) / 1000
-                ),
-                true,
-                now,
-            )
-            .await?;
+        let ago = (now - action.deadline) / 1000;
+        let summary = format!(
+            "{verb} of step {} by {approver} refused: its deadline passed {ago} s ago",
+            action.step_no
+        );
+        deny(Some(action.id), summary).await?;
         return Ok(DecisionResult::Expired);
     }
     let open_to_admin = admin && action.approvers.trim() == "[]";
     if !action.allowed(approver) && !open_to_admin {
-        svc.store
-            .audit(
-                Some(task_id),
-                Some(AuditTarget::Approval(action.id)),
-                AuditEvent::ConfirmDenied,
-                approver,
-                &format!(
-                    "{approver} may not decide step {} (allowed: {})",
-                    action.step_no, action.approvers
-                ),
-                true,
-                now_ms(),
-            )
-            .await?;
+        let summary = format!(
+            "{approver} may not decide step {} (allowed: {})",
+            action.step_no, action.approvers
+        );
+        deny(Some(action.id), summary).await?;
         return Ok(DecisionResult::Forbidden);
     }
     let text = svc
@@ -236,6 +221,17 @@ pub async fn decide(
         .store
         .decide_pending_action(&action, approve, approver, &notice, now_ms())
         .await?;
+    decision_result(svc, &task, approver, decided).await
+}
+
+/// What a decision the store applied (or found already applied) came to.
+async fn decision_result(
+    svc: &TaskControl,
+    task: &TaskRow,
+    approver: &str,
+    decided: Decided,
+) -> StoreResult<DecisionResult> {
+    let task_id = task.id;
     Ok(match decided {
         Decided::Resumed => {
             tracing::info!(task_id, approver, "approved; task continues");

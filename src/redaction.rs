@@ -39,6 +39,17 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("phone", r"\+?\d[\d \-()]{7,}\d"),
 ];
 
+/// The built-in patterns that find credentials (the rest find personal data).
+const CREDENTIALS: &[&str] = &[
+    "credentials",
+    "secret",
+    "bearer",
+    "basic",
+    "jwt",
+    "bot_token",
+    "api_key",
+];
+
 /// Patterns whose first group (`://`, `?key=`) is kept in front of the redaction.
 const KEEP_PREFIX: &[&str] = &["credentials", "secret"];
 
@@ -93,9 +104,22 @@ pub fn install(redactor: Redactor) {
 /// (Bot API paths hold the bot token, WeCom's gettoken query the corp secret), with every
 /// cause in the chain, and redacted.
 pub fn http_error(e: reqwest::Error) -> String {
-    let e = e.without_url();
+    // The origin alone: a path can hold a token too (the Bot API's `/bot<token>/`).
+    let origin = e.url().map(|u| u.origin().ascii_serialization());
+    let text = outbound_error(&e.without_url());
+    match origin {
+        Some(origin) if origin != "null" => format!("{text} ({origin})"),
+        _ => text,
+    }
+}
+
+/// The one way an error of an outbound call (any crate's: reqwest, rmcp, an exporter) becomes
+/// text to store, show, log or hand to a model: its whole chain of causes, every URL in it cut
+/// to its endpoint ([`endpoint`]: no userinfo, query or fragment), and redacted. Built where
+/// the error is caught, so no sink has to remember to clean it.
+pub fn outbound_error(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
+    let mut source = e.source();
     while let Some(cause) = source {
         let cause_text = cause.to_string();
         if !text.contains(&cause_text) {
@@ -104,7 +128,59 @@ pub fn http_error(e: reqwest::Error) -> String {
         }
         source = cause.source();
     }
-    redact(&text)
+    outbound_text(&text)
+}
+
+/// Text about an outbound call (an error message, a child process's output line) as fit to
+/// store, show and log: every URL cut to its endpoint, then redacted.
+pub fn outbound_text(text: &str) -> String {
+    redact(&endpoints_only(text))
+}
+
+/// A URL as anyone may see it: scheme, host, port and path; userinfo, query and fragment
+/// dropped (they carry credentials: `user:pass@`, `?api_key=`). Text that is not a URL is
+/// shown as `[url]`.
+pub fn endpoint(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) if u.has_host() => {
+            let mut shown = format!("{}://{}", u.scheme(), u.host_str().unwrap_or(""));
+            if let Some(port) = u.port() {
+                shown.push_str(&format!(":{port}"));
+            }
+            shown.push_str(u.path());
+            shown
+        }
+        _ => "[url]".to_string(),
+    }
+}
+
+/// `text` with every URL in it cut to its [`endpoint`].
+pub fn endpoints_only(text: &str) -> std::borrow::Cow<'_, str> {
+    static URL: OnceLock<Regex> = OnceLock::new();
+    // A constant pattern, checked by the tests below.
+    let re = URL.get_or_init(|| {
+        Regex::new(r#"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s"'<>`\[\]{}|\\^]+"#).expect("URL pattern")
+    });
+    re.replace_all(text, |c: &regex::Captures<'_>| {
+        let found = &c[0];
+        // A URL that ends a sentence or sits in parentheses keeps that punctuation.
+        let url = found.trim_end_matches(['.', ',', ';', ':', ')', '!']);
+        format!("{}{}", endpoint(url), &found[url.len()..])
+    })
+}
+
+/// A log line of another crate (rmcp, an exporter, hyper), whose errors name the URLs they
+/// called: every URL cut to its endpoint and the built-in credential patterns redacted.
+/// Personal-data patterns are left out (a log line's timestamp reads like a phone number).
+pub fn foreign_log_line(text: &str) -> String {
+    static ONLY_CREDENTIALS: OnceLock<Redactor> = OnceLock::new();
+    let redactor = ONLY_CREDENTIALS.get_or_init(|| {
+        let mut all = Redactor::new(&[]).expect("built-in patterns");
+        all.patterns
+            .retain(|(name, _)| CREDENTIALS.contains(&name.as_str()));
+        all
+    });
+    redactor.redact(&endpoints_only(text))
 }
 
 /// Redacts `text` with the installed (or built-in) patterns.
@@ -117,6 +193,29 @@ pub fn redact(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_cut_to_their_endpoints() {
+        let cases = [
+            (
+                "error sending request for url (https://u:p4ss@mcp.example:8443/mcp?api_key=K3Y#frag): refused",
+                "error sending request for url (https://mcp.example:8443/mcp): refused",
+            ),
+            (
+                "at http://127.0.0.1:9/v1?key=abc.",
+                "at http://127.0.0.1:9/v1.",
+            ),
+            ("no url here", "no url here"),
+            ("weird://", "weird://"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(endpoints_only(input), expected, "{input}");
+        }
+        assert_eq!(endpoint("http://a:b@h/p?q=1"), "http://h/p");
+        assert_eq!(endpoint("not a url"), "[url]");
+        let e = std::io::Error::other("cannot reach https://h/x?token=s3cr3t");
+        assert_eq!(outbound_error(&e), "cannot reach https://h/x");
+    }
 
     #[test]
     fn each_pattern_is_redacted() {

@@ -89,7 +89,9 @@ pub fn init(config: &Config, instance: &str) -> Result<Telemetry, String> {
         .or_else(|_| EnvFilter::try_new(&config.log.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
+        .with_writer(ScrubForeign(std::io::stdout));
     let fmt: Box<dyn Layer<Registry> + Send + Sync> = match config.log.format {
         LogFormat::Json => fmt.json().boxed(),
         LogFormat::Pretty => fmt.boxed(),
@@ -133,4 +135,53 @@ pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>) {
     let carrier = HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
     let parent = TraceContextPropagator::new().extract(&carrier);
     let _ = span.set_parent(parent);
+}
+
+/// The log's writer around `M` (standard output in the binary): assistd's own events are
+/// built without secrets where they are built; another crate's (rmcp, the OTLP exporter,
+/// hyper) may name the URL it called, credentials and all, so its lines pass through
+/// `redaction::foreign_log_line` on their way to `M`.
+#[derive(Clone, Copy)]
+pub struct ScrubForeign<M>(pub M);
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for ScrubForeign<M>
+{
+    type Writer = ForeignLine<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        ForeignLine {
+            inner: self.0.make_writer(),
+            foreign: false,
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        ForeignLine {
+            inner: self.0.make_writer_for(meta),
+            foreign: !meta.target().starts_with("assistd"),
+        }
+    }
+}
+
+/// One event's line (the fmt layer writes each formatted event whole).
+pub struct ForeignLine<W> {
+    inner: W,
+    foreign: bool,
+}
+
+impl<W: std::io::Write> std::io::Write for ForeignLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.foreign {
+            let clean = crate::redaction::foreign_log_line(&String::from_utf8_lossy(buf));
+            self.inner.write_all(clean.as_bytes())?;
+        } else {
+            self.inner.write_all(buf)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }

@@ -152,6 +152,9 @@ async fn status(
 ) -> Result<Json<Value>, ApiError> {
     allowed(&svc, peer, &headers).await?;
     let base = svc.config.llm.base_url.trim_end_matches('/').to_string();
+    // Shown to any loopback client: scheme, host, port and path only (the URL may carry
+    // `user:password@` or a key in its query).
+    let shown = crate::redaction::endpoint(&base);
     let probe = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
@@ -160,13 +163,13 @@ async fn status(
         .send()
         .await;
     Ok(Json(match probe {
-        Ok(_) => json!({ "model_endpoint": base, "reachable": true }),
+        Ok(_) => json!({ "model_endpoint": shown, "reachable": true }),
         Err(e) => json!({
-            "model_endpoint": base,
+            "model_endpoint": shown,
             "reachable": false,
-            "error": e.to_string(),
+            "error": crate::redaction::http_error(e),
             "hint": format!(
-                "The model endpoint {base} does not answer. Start an OpenAI-compatible server there \
+                "The model endpoint {shown} does not answer. Start an OpenAI-compatible server there \
                  or set ASSISTD_LLM__BASE_URL (llm.base_url), ASSISTD_LLM__MODEL and ASSISTD_LLM__API_KEY."
             ),
         }),

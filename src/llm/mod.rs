@@ -375,8 +375,10 @@ impl OpenAiClient {
         })
     }
 
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
+    /// The chat endpoint as anyone may see it: scheme, host, port and path (the configured
+    /// base URL may carry `user:password@` or a key in its query).
+    pub fn endpoint(&self) -> String {
+        crate::redaction::endpoint(&self.endpoint)
     }
 
     /// One chat completion with the body `request` (see [`ChatRequest::to_wire`]).

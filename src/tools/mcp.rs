@@ -75,13 +75,57 @@ impl rmcp::ClientHandler for Handler {
 struct Server {
     config: McpServerConfig,
     timeout: Duration,
-    /// The URL (redacted) or the program, for logs and the admin API.
+    /// The URL's endpoint (no userinfo, query or fragment) or the program alone (not its
+    /// arguments, which may carry a token), for logs, errors and the admin API.
     shown: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     handler: Handler,
+    scrubber: Arc<Scrubber>,
     /// The HTTP client for `url`: its resolver refuses internal addresses at every
     /// connection, unless the host is on `tooling.allowed_private_hosts`.
     http: Option<reqwest_mcp::Client>,
+}
+
+/// What text from or about one server must not carry: the values it is configured with that
+/// are secret by nature (its bearer token, header and environment values, and the values of
+/// `--name=value` arguments).
+struct Scrubber(Vec<String>);
+
+impl Scrubber {
+    fn of(config: &McpServerConfig) -> Scrubber {
+        let secrets = std::iter::once(config.bearer_token.as_str())
+            .chain(config.headers.values().map(String::as_str))
+            .chain(config.env.values().map(String::as_str))
+            .chain(
+                config
+                    .command
+                    .iter()
+                    .skip(1)
+                    .filter_map(|a| a.split_once('=').map(|(_, v)| v)),
+            )
+            .filter(|s| s.len() >= 6)
+            .map(str::to_string)
+            .collect();
+        Scrubber(secrets)
+    }
+
+    /// `text` (an error, a line of the server's standard error) as fit to store, show, log
+    /// or hand to a model: every URL cut to its endpoint, redacted, and the server's secret
+    /// values replaced.
+    fn scrub(&self, text: &str) -> String {
+        let mut out = crate::redaction::outbound_text(text);
+        for secret in &self.0 {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), "[secret]");
+            }
+        }
+        out
+    }
+
+    /// An error of a call to the server, scrubbed.
+    fn error_text(&self, e: &(dyn std::error::Error + 'static)) -> String {
+        self.scrub(&crate::redaction::outbound_error(e))
+    }
 }
 
 /// The configured servers, their connections and the tools they offer now.
@@ -155,9 +199,9 @@ impl McpTools {
         for (name, config) in configs {
             check_config(name, config)?;
             let shown = if config.url.is_empty() {
-                config.command.join(" ")
+                config.command[0].clone()
             } else {
-                crate::redaction::redact(&config.url)
+                crate::redaction::endpoint(&config.url)
             };
             let http = if config.url.is_empty() {
                 None
@@ -175,6 +219,7 @@ impl McpTools {
                     config: config.clone(),
                     timeout: Duration::from_secs(config.timeout_secs.max(1)),
                     shown,
+                    scrubber: Arc::new(Scrubber::of(config)),
                     client: tokio::sync::Mutex::new(None),
                     handler: Handler {
                         server: name.clone(),
@@ -261,7 +306,7 @@ impl McpTools {
         let listed = tokio::time::timeout(server.timeout, client.list_all_tools())
             .await
             .map_err(|_| "tools/list timed out".to_string())?
-            .map_err(|e| format!("tools/list failed: {e}"))?;
+            .map_err(|e| format!("tools/list failed: {}", server.scrubber.error_text(&e)))?;
         let config = &server.config;
         let offered: Vec<String> = listed.iter().map(|t| t.name.to_string()).collect();
         let mut specs = BTreeMap::new();
@@ -394,7 +439,7 @@ impl McpTools {
         if result.is_error == Some(true) {
             return Err(CallError::permanent(format!(
                 "{full} answered an error: {}",
-                text.join("\n")
+                self.servers[server].scrubber.scrub(&text.join("\n"))
             )));
         }
         let value = result
@@ -423,17 +468,26 @@ impl McpTools {
                 ]
                 .contains(&data.code) =>
             {
-                CallError::permanent(format!("{full} was refused: {}", data.message))
+                CallError::permanent(format!(
+                    "{full} was refused: {}",
+                    self.servers[server].scrubber.scrub(&data.message)
+                ))
             }
             ServiceError::McpError(data) => CallError {
-                message: format!("{full} failed: {}", data.message),
+                message: format!(
+                    "{full} failed: {}",
+                    self.servers[server].scrubber.scrub(&data.message)
+                ),
                 retryable: true,
             },
             _ => {
                 // The connection is suspect: the next try opens a new one.
                 self.servers[server].client.lock().await.take();
                 CallError {
-                    message: format!("{full} failed: {e}"),
+                    message: format!(
+                        "{full} failed: {}",
+                        self.servers[server].scrubber.error_text(&e)
+                    ),
                     retryable: true,
                 }
             }
@@ -464,12 +518,18 @@ async fn open(server: &Server) -> Result<Client, String> {
             StreamableHttpClientTransport::with_client(client, http.custom_headers(headers));
         tokio::time::timeout(timeout, handler.serve(transport)).await
     } else {
-        let transport = spawn(&server.handler.server, config)?;
+        let transport = spawn(server)?;
         tokio::time::timeout(timeout, handler.serve(transport)).await
     };
     served
         .map_err(|_| format!("no answer from {} in {timeout:?}", server.shown))?
-        .map_err(|e| format!("cannot connect to {}: {e}", server.shown))
+        .map_err(|e| {
+            format!(
+                "cannot connect to {}: {}",
+                server.shown,
+                server.scrubber.error_text(&e)
+            )
+        })
 }
 
 /// The HTTP client for an MCP server at `url`: no redirects, no proxy from the environment
@@ -501,7 +561,8 @@ fn http_client(
 
 /// Starts a stdio server: its program from the config, an environment of `STDIO_ENV` and
 /// its own `env` only, its standard error logged line by line.
-fn spawn(name: &str, config: &McpServerConfig) -> Result<TokioChildProcess, String> {
+fn spawn(server: &Server) -> Result<TokioChildProcess, String> {
+    let (name, config) = (&server.handler.server, &server.config);
     let mut command = tokio::process::Command::new(&config.command[0]);
     command.args(&config.command[1..]).env_clear();
     for key in STDIO_ENV {
@@ -513,14 +574,23 @@ fn spawn(name: &str, config: &McpServerConfig) -> Result<TokioChildProcess, Stri
     let (transport, stderr) = TokioChildProcess::builder(command)
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start `{}`: {e}", config.command[0]))?;
+        .map_err(|e| {
+            format!(
+                "cannot start `{}`: {}",
+                server.shown,
+                server.scrubber.error_text(&e)
+            )
+        })?;
     if let Some(stderr) = stderr {
-        let server = name.to_string();
+        let name = name.to_string();
+        // Its lines are scrubbed like any text about the server: a server that prints its
+        // token or a URL with one puts neither in the log.
+        let scrub = server.scrubber.clone();
         tokio::spawn(async move {
             use tokio::io::AsyncBufReadExt;
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(server = %server, "mcp server: {line}");
+                tracing::info!(server = %name, "mcp server: {}", scrub.scrub(&line));
             }
         });
     }

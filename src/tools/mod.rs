@@ -301,13 +301,7 @@ impl ToolRegistry {
         timeout_secs: u64,
         idempotency_key: &str,
     ) -> Result<Value, ToolError> {
-        let url = crate::templating::render_url(&call.url, context)
-            .map_err(|e| ToolError::permanent(format!("tool URL `{}`: {e}", call.url)))?;
-        let url = reqwest::Url::parse(&url)
-            .map_err(|e| ToolError::permanent(format!("tool URL `{url}` is invalid: {e}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(ToolError::permanent("tool URLs must be http or https"));
-        }
+        let url = tool_url(call, context)?;
         let client = self.client_for(&url)?;
         let method = reqwest::Method::from_bytes(call.method.to_ascii_uppercase().as_bytes())
             .map_err(|_| ToolError::permanent(format!("bad HTTP method `{}`", call.method)))?;
@@ -417,6 +411,23 @@ impl ToolRegistry {
 pub fn render(template: &str, context: &Value) -> Result<String, ToolError> {
     crate::templating::render(template, context)
         .map_err(|e| ToolError::permanent(format!("template `{template}`: {e}")))
+}
+
+/// The URL a call of `call` goes to, rendered over `context`; an error shows the configured
+/// URL only as its endpoint (its query may hold a key).
+fn tool_url(call: &HttpCallConfig, context: &Value) -> Result<reqwest::Url, ToolError> {
+    let url = crate::templating::render_url(&call.url, context).map_err(|e| {
+        let shown = crate::redaction::endpoint(&call.url);
+        ToolError::permanent(format!("tool URL `{shown}`: {e}"))
+    })?;
+    let url = reqwest::Url::parse(&url).map_err(|e| {
+        let shown = crate::redaction::endpoints_only(&url).into_owned();
+        ToolError::permanent(format!("tool URL `{shown}` is invalid: {e}"))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ToolError::permanent("tool URLs must be http or https"));
+    }
+    Ok(url)
 }
 
 #[cfg(test)]

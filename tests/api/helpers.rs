@@ -494,7 +494,8 @@ pub fn captured_log() -> String {
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::WARN)
             .with_ansi(false)
-            .with_writer(move || sink.clone())
+            // The binary's own log writer (`telemetry::init`), around the buffer.
+            .with_writer(assistd::telemetry::ScrubForeign(move || sink.clone()))
             .finish();
         let _ = tracing::subscriber::set_global_default(subscriber);
         buffer

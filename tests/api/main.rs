@@ -30,6 +30,7 @@ mod progress;
 mod real_model;
 mod reply_delivery;
 mod scheduler;
+mod secrets;
 mod security;
 mod strict_model;
 mod telemetry;
