@@ -35,6 +35,11 @@ const PROBES: &[(&str, Probe, &str)] = &[
         "the Prometheus parser: pip install 'prometheus-client>=0.20,<1'",
     ),
     (
+        "assistd_has_postgres_server",
+        Probe::PostgresServer,
+        "a PostgreSQL server to start privately: apt-get install postgresql",
+    ),
+    (
         "assistd_has_chromium",
         Probe::Files(&["/usr/bin/chromium", "/usr/bin/chromedriver"]),
         "Chromium: apt-get install chromium chromium-driver",
@@ -44,6 +49,8 @@ const PROBES: &[(&str, Probe, &str)] = &[
 enum Probe {
     Python(&'static str),
     Files(&'static [&'static str]),
+    /// `initdb` of a Debian PostgreSQL (`/usr/lib/postgresql/<version>/bin`).
+    PostgresServer,
 }
 
 fn main() {
@@ -66,6 +73,13 @@ fn main() {
                 .output()
                 .is_ok_and(|o| o.status.success()),
             Probe::Files(files) => files.iter().all(|f| std::path::Path::new(f).exists()),
+            Probe::PostgresServer => std::fs::read_dir("/usr/lib/postgresql")
+                .map(|versions| {
+                    versions
+                        .flatten()
+                        .any(|v| v.path().join("bin/initdb").exists())
+                })
+                .unwrap_or(false),
         };
         if found {
             println!("cargo::rustc-cfg={cfg}");

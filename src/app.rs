@@ -128,12 +128,16 @@ impl App {
             instance_id: instance_id.clone(),
             wake: wake.clone(),
         });
+        // A webhook waits for its commit no longer than for a connection, and a 503 says
+        // to come back after that long.
+        let acquire = std::time::Duration::from_secs(config.database.acquire_timeout_secs.max(1));
+        crate::http::error::set_retry_after(acquire.as_secs());
         let api = Arc::new(ApiContext {
             config: config.clone(),
             store: store.clone(),
             intake: Intake {
                 store: store.clone(),
-                queue: IntakeQueue::start(store.clone(), &config.intake),
+                queue: IntakeQueue::start(store.clone(), &config.intake, acquire),
                 wake: wake.clone(),
             },
             control: TaskControl {

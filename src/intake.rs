@@ -128,12 +128,21 @@ pub async fn accept_message(
 /// Group commit for intake (see `store::group`): webhook handlers queue their message and
 /// wait; messages that arrive together are committed by `Store::ingest_batch` in one
 /// transaction of a few statements. A webhook is answered only after its batch committed.
-pub struct IntakeQueue(GroupCommit<(NewMessage, String), Ingested>);
+pub struct IntakeQueue {
+    queue: GroupCommit<(NewMessage, String), Ingested>,
+    /// Longest a webhook waits for its commit (`database.acquire_timeout_secs`): past it the
+    /// database is taken to be unavailable and the platform is told 503.
+    deadline: std::time::Duration,
+}
 
 impl IntakeQueue {
     /// Starts the writers on the current runtime; they stop when the queue is dropped.
-    pub fn start(store: Store, config: &IntakeConfig) -> IntakeQueue {
-        IntakeQueue(GroupCommit::start(
+    pub fn start(
+        store: Store,
+        config: &IntakeConfig,
+        deadline: std::time::Duration,
+    ) -> IntakeQueue {
+        let queue = GroupCommit::start(
             "intake",
             config.writers,
             config.batch_max,
@@ -145,12 +154,24 @@ impl IntakeQueue {
                     store.ingest_batch(&refs, now_ms()).await
                 })
             }),
-        ))
+        );
+        IntakeQueue { queue, deadline }
     }
 
-    /// Commits one message (with its task) and returns its task.
+    /// Commits one message (with its task) and returns its task. Waits at most the
+    /// deadline: during an outage a webhook is answered 503 then, not once the batches
+    /// queued before it have each waited out the database. A message whose commit lands
+    /// after its caller stopped waiting is committed all the same; the platform's retry of
+    /// it is then a duplicate (nothing is acknowledged that is not committed, nothing lost).
     pub async fn ingest(&self, message: &NewMessage, agent: &str) -> StoreResult<Ingested> {
-        self.0.submit((message.clone(), agent.to_string())).await
+        let submit = self.queue.submit((message.clone(), agent.to_string()));
+        match tokio::time::timeout(self.deadline, submit).await {
+            Ok(result) => result,
+            Err(_) => Err(crate::store::StoreError::Unavailable(format!(
+                "no commit within {} ms (database.acquire_timeout_secs)",
+                self.deadline.as_millis()
+            ))),
+        }
     }
 }
 

@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::{FailureType, Fence, NewReply, ReplyType, TaskOutcome, TaskRow, TaskStatus};
 use crate::domain::{now_ms, reply_key};
-use crate::store::StoreError;
 
 use super::reply;
 use super::task::RunError;
@@ -21,10 +20,7 @@ use super::worker::Worker;
 impl RunError {
     /// The run stopped because the database could not be reached; not the task's fault.
     pub fn is_outage(&self) -> bool {
-        matches!(
-            self,
-            RunError::Store(StoreError::Unavailable(_) | StoreError::Busy)
-        )
+        matches!(self, RunError::Store(e) if e.is_outage())
     }
 }
 

@@ -6,6 +6,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +57,25 @@ impl IntoResponse for ApiError {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         };
-        (status, Json(json!({ "error": self.to_string() }))).into_response()
+        let mut response = (status, Json(json!({ "error": self.to_string() }))).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // When to come back: the time a connection is waited for
+            // (`database.acquire_timeout_secs`).
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECS.load(Ordering::Relaxed)),
+            );
+        }
+        response
     }
+}
+
+/// The `Retry-After` of a 503, in seconds (`set_retry_after`).
+static RETRY_AFTER_SECS: AtomicU64 = AtomicU64::new(5);
+
+/// Sets the `Retry-After` of every 503 (`database.acquire_timeout_secs`, at start-up).
+pub fn set_retry_after(secs: u64) {
+    RETRY_AFTER_SECS.store(secs.max(1), Ordering::Relaxed);
 }
 
 /// A `limit` query value: `default` when absent or empty, else 1 to `max`.

@@ -3,7 +3,8 @@
 //! operations that arrive while one batch commits make up the next, so transactions (and,
 //! on SQLite, the single writer's lock hand-offs and WAL commits) are shared; a lone
 //! operation goes at once, nothing waits for a batch to fill. If a batch fails, each of its
-//! operations is applied alone, so one bad operation fails only itself.
+//! operations is applied alone, so one bad operation fails only itself; if it fails because
+//! the database cannot be had, every operation of it fails at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -126,6 +127,14 @@ async fn write_batches<Op, Out>(
         }
         let results = match apply(&ops).await {
             Ok(results) => results,
+            // The database cannot be had (unavailable, busy): no one operation caused it, and
+            // trying each alone would make every caller wait out the connection timeout
+            // once per operation before any is answered (a webhook held 20 s instead of a
+            // quick 503). Every caller gets the outage at once.
+            Err(e) if e.is_outage() => {
+                tracing::warn!(error = %e, size = ops.len(), batch = name, "group commit failed: the database is unavailable");
+                ops.iter().map(|_| Err(e.outage_copy())).collect()
+            }
             Err(e) if ops.len() > 1 => {
                 tracing::warn!(error = %e, size = ops.len(), batch = name, "group commit failed; applying one by one");
                 let mut results = Vec::with_capacity(ops.len());

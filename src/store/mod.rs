@@ -87,6 +87,23 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+impl StoreError {
+    /// The database could not be had (unavailable, or busy past the wait): a condition of
+    /// the database, not of the statement, which goes away by itself.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Busy)
+    }
+
+    /// The same outage again (for each caller of a failed batch; `StoreError` is not `Clone`
+    /// since `sqlx::Error` is not). Anything else becomes `Unavailable` with its text.
+    pub fn outage_copy(&self) -> StoreError {
+        match self {
+            StoreError::Busy => StoreError::Busy,
+            other => StoreError::Unavailable(other.to_string()),
+        }
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Which database this store talks to.

@@ -59,6 +59,15 @@ impl TestDb {
         }
     }
 
+    /// A database the test made itself (a private cluster's), not created or dropped here.
+    pub fn external(url: String) -> TestDb {
+        TestDb {
+            url,
+            _dir: None,
+            pg_admin: None,
+        }
+    }
+
     /// Another handle on the same database that does not own (or drop) it.
     pub fn share(&self) -> TestDb {
         TestDb {

@@ -22,6 +22,7 @@ mod mcp;
 mod metrics;
 mod model_contract;
 mod model_failures;
+mod outage;
 mod pipeline;
 mod placeholder_crash;
 mod platforms;
