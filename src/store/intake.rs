@@ -109,7 +109,12 @@ impl Store {
             let mut fresh: Vec<(usize, i64)> = Vec::new();
             for &i in &known {
                 let m = batch[i].0;
-                if let Some(id) = inserted.remove(&(m.channel.clone(), m.event_id.clone())) {
+                // The keys as stored (`store::text`), as the insert returned them.
+                let key = (
+                    super::text::storable(&m.channel).into_owned(),
+                    super::text::storable(&m.event_id).into_owned(),
+                );
+                if let Some(id) = inserted.remove(&key) {
                     fresh.push((i, id));
                 }
             }
@@ -184,7 +189,7 @@ impl Store {
                          WHERE m.channel = $1 AND (m.external_message_id = $2 \
                          OR m.external_event_id = $3) ORDER BY t.id LIMIT 1",
                     )
-                    .bind(&m.channel)
+                    .bind(super::text::storable(&m.channel))
                     .bind(super::text::storable(&m.message_id))
                     .bind(super::text::storable(&m.event_id))
                     .fetch_one(&mut *tx)

@@ -40,7 +40,10 @@ impl RealServer {
             .env("ASSISTD_SERVER__LISTEN", format!("127.0.0.1:{port}"))
             .env("ASSISTD_LOG__LEVEL", "warn")
             .envs(envs.iter().cloned())
-            .stdout(Stdio::null())
+            // The log, for tests that read it: `<workdir>/assistd.log`.
+            .stdout(Stdio::from(
+                std::fs::File::create(workdir.join("assistd.log")).expect("log file"),
+            ))
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start assistd");

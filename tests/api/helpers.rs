@@ -68,6 +68,31 @@ impl TestDb {
         }
     }
 
+    /// PostgreSQL: closes the database to connections and ends the ones it has (`true`), or
+    /// opens it again (`false`), as an outage of the server would look to the app.
+    pub async fn refuse_connections(&self, refuse: bool) {
+        use sqlx::Connection;
+        let (admin, name) = self.pg_admin.as_ref().expect("a PostgreSQL test database");
+        let mut conn = sqlx::PgConnection::connect(admin).await.unwrap();
+        let allow = !refuse;
+        sqlx::query(&format!(
+            "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS {allow}"
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        if refuse {
+            sqlx::query(&format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+            ))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        conn.close().await.ok();
+    }
+
     /// Another handle on the same database that does not own (or drop) it.
     pub fn share(&self) -> TestDb {
         TestDb {

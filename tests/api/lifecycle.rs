@@ -367,3 +367,52 @@ async fn the_admin_task_page_pauses_unpauses_and_restarts_with_csrf() {
     assert!(page(second).await.contains("id=\"superseded\""));
     app.stop().await;
 }
+
+/// Issue 32: a pause that races a claim says what happened. The status read can be
+/// overtaken by a claim (on PostgreSQL, a concurrent transaction): the pause used to be
+/// answered and audited as done (TASK_PAUSED) while its update changed nothing and the
+/// task ran on. Now the audit always matches what the task became: PAUSED with
+/// TASK_PAUSED, or RUNNING with the pause asked (TASK_PAUSE_REQUESTED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_racing_a_claim_is_audited_as_what_happened() {
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.server.role = assistd::config::Role::Api;
+    })
+    .await;
+    let store = app.store().clone();
+    for n in 0..30 {
+        let id = task_id_of(
+            app.post_message(&message(&format!("race-{n}"), 1, "q"))
+                .await,
+        )
+        .await;
+        let now = assistd::domain::now_ms();
+        let (claim, pause) = tokio::join!(
+            store.claim_tasks("racer", 1, now + 60_000, now),
+            store.pause_task(id, "admin:race", now)
+        );
+        claim.unwrap();
+        assert_eq!(
+            pause.unwrap(),
+            assistd::store::tasks::Control::Done,
+            "a PENDING or RUNNING task can always be paused"
+        );
+        let task = app.get_task(id).await;
+        let events: Vec<&str> = task["audit"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["event"].as_str().unwrap())
+            .collect();
+        match task["status"].as_str().unwrap() {
+            "PAUSED" => assert!(events.contains(&"TASK_PAUSED"), "{events:?}"),
+            "RUNNING" => {
+                assert_eq!(task["pause_requested"], true, "{task:#}");
+                assert!(events.contains(&"TASK_PAUSE_REQUESTED"), "{events:?}");
+                assert!(!events.contains(&"TASK_PAUSED"), "{events:?}");
+            }
+            other => panic!("task {id} is {other}: {task:#}"),
+        }
+    }
+    app.stop().await;
+}

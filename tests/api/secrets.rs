@@ -21,16 +21,8 @@ async fn everything_shown(app: &TestApp) -> String {
     for task in listed["tasks"].as_array().unwrap() {
         let id = task["id"].as_i64().unwrap();
         shown.push_str(&app.get_task(id).await.to_string());
-        let page = http
-            .get(format!("{}/admin/tasks/{id}", app.addr))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        shown.push_str(&page);
+        let page = format!("/admin/tasks/{id}");
+        shown.push_str(&crate::admin_pages::page_of(app, &http, &cookie, &page).await);
     }
     for body in model_bodies(&app.model).await {
         shown.push_str(&body.to_string());

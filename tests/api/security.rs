@@ -45,18 +45,21 @@ async fn a_nul_character_is_refused_by_the_generic_webhook_and_dropped_for_platf
         "nothing written"
     );
 
-    // One poisoned event and one good one in a Matrix transaction: both are taken, the
-    // transaction is acknowledged, and the NUL is gone from what was stored.
-    let resp = app
-        .matrix_txn(
-            "t-nul",
-            json!([matrix_text("$n1", "a\u{0}b"), matrix_text("$n2", "fine")]),
-        )
-        .await;
+    // Poisoned events (a NUL in the text, and in the event id) and a good one in a Matrix
+    // transaction: all are taken, the transaction is acknowledged, and the NUL is stored as
+    // U+FFFD. The one with a NUL in its id is still known again when it comes back.
+    let events = json!([
+        matrix_text("$n1", "a\u{0}b"),
+        matrix_text("$n2", "fine"),
+        matrix_text("$n\u{0}3", "third")
+    ]);
+    let resp = app.matrix_txn("t-nul", events).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let again = json!([matrix_text("$n\u{0}3", "third")]);
+    assert_eq!(app.matrix_txn("t-nul-again", again).await.status(), 200);
     let listed: Value = app.list("conversation=!nul:hs").await.json().await.unwrap();
     let tasks = listed["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), 2, "{listed:#}");
+    assert_eq!(tasks.len(), 3, "{listed:#}");
     let mut texts = Vec::new();
     for t in tasks {
         let task = app.wait_replied(t["id"].as_i64().unwrap(), WAIT).await;
@@ -65,7 +68,7 @@ async fn a_nul_character_is_refused_by_the_generic_webhook_and_dropped_for_platf
     texts.sort();
     assert_eq!(
         texts,
-        ["a\u{FFFD}b", "fine"],
+        ["a\u{FFFD}b", "fine", "third"],
         "the NUL is stored as U+FFFD (store::text)"
     );
     app.stop().await;
@@ -379,34 +382,17 @@ async fn a_generated_admin_token_goes_to_its_file_not_the_log() {
 /// within `database.acquire_timeout_secs`, and `/readyz` says 503 too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_answers_503_while_postgresql_refuses_connections() {
-    use sqlx::Connection;
     let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
         c.database.acquire_timeout_secs = 2;
         c.database.max_connections = 2;
     })
     .await;
-    let Ok(admin_url) = std::env::var("ASSISTD_TEST_POSTGRES_URL") else {
+    if !app.db.is_postgres() {
         // SQLite has no server to lose; its case is the test above.
         app.stop().await;
         return;
-    };
-    let name = reqwest::Url::parse(&app.db.url)
-        .unwrap()
-        .path()
-        .trim_start_matches('/')
-        .to_string();
-    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
-    let outage = |allow: bool| format!("ALTER DATABASE {name} WITH ALLOW_CONNECTIONS {allow}");
-    sqlx::query(&outage(false))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    sqlx::query(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-    ))
-    .execute(&mut admin)
-    .await
-    .unwrap();
+    }
+    app.db.refuse_connections(true).await;
     let resp = app.post_message(&message("pg-down", 1, "anyone?")).await;
     assert_eq!(resp.status(), 503, "{}", resp.text().await.unwrap());
     let ready = app
@@ -416,11 +402,7 @@ async fn a_webhook_answers_503_while_postgresql_refuses_connections() {
         .await
         .unwrap();
     assert_eq!(ready.status(), 503);
-    sqlx::query(&outage(true))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.ok();
+    app.db.refuse_connections(false).await;
     // Back: the same message is taken.
     let deadline = std::time::Instant::now() + WAIT;
     loop {

@@ -35,6 +35,8 @@ pub struct Got {
 pub struct Collector {
     pub url: String,
     spans: Arc<Mutex<Vec<Got>>>,
+    /// Every export request as decoded, whole (events, statuses, resource): for searching.
+    raw: Arc<Mutex<String>>,
     stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -59,7 +61,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// What the receiver makes of one export request.
-fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Got>, (StatusCode, String)> {
+fn decode(headers: &HeaderMap, body: &[u8]) -> Result<(Vec<Got>, String), (StatusCode, String)> {
     let content_type = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
@@ -72,6 +74,7 @@ fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Got>, (StatusCode, Str
     }
     let request = ExportTraceServiceRequest::decode(body)
         .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    let raw = format!("{request:?}");
     let mut got = Vec::new();
     for resource in request.resource_spans {
         let service = resource
@@ -97,21 +100,23 @@ fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Got>, (StatusCode, Str
             });
         }
     }
-    Ok(got)
+    Ok((got, raw))
 }
 
 impl Collector {
     pub async fn start() -> Collector {
         let spans: Arc<Mutex<Vec<Got>>> = Arc::default();
-        let kept = spans.clone();
+        let raw: Arc<Mutex<String>> = Arc::default();
+        let (kept, kept_raw) = (spans.clone(), raw.clone());
         let app = axum::Router::new().route(
             "/v1/traces",
             axum::routing::post(move |headers: HeaderMap, body: Bytes| {
-                let kept = kept.clone();
+                let (kept, kept_raw) = (kept.clone(), kept_raw.clone());
                 async move {
                     match decode(&headers, &body) {
-                        Ok(got) => {
+                        Ok((got, raw)) => {
                             kept.lock().unwrap().extend(got);
+                            kept_raw.lock().unwrap().push_str(&raw);
                             let answer = ExportTraceServiceResponse::default().encode_to_vec();
                             (
                                 StatusCode::OK,
@@ -136,11 +141,21 @@ impl Collector {
                 })
                 .await;
         });
-        Collector { url, spans, stop }
+        Collector {
+            url,
+            spans,
+            raw,
+            stop,
+        }
     }
 
     pub fn spans(&self) -> Vec<Got> {
         self.spans.lock().unwrap().clone()
+    }
+
+    /// Everything exported so far, as decoded (span events included).
+    pub fn raw(&self) -> String {
+        self.raw.lock().unwrap().clone()
     }
 
     pub fn stop(self) {
@@ -475,6 +490,81 @@ async fn every_model_and_tool_call_carries_its_span() {
             assert_eq!(step.attributes["task_id"], id);
             assert_eq!(by_id[step.parent.as_str()].name, "claim");
         }
+    }
+    collector.stop();
+    db.drop_db().await;
+}
+
+/// Issue 32, part 3, with the real binary: a tool whose URL holds credentials and a key in
+/// its query fails, with traces exported to a collector that needs a header of its own. Its
+/// error reaches neither the log nor any exported span (the events of the spans included)
+/// with a secret, nor does the collector's header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_call_puts_no_secret_in_the_log_or_the_exported_spans() {
+    use crate::workflows::{overlay, tool_server};
+    const PASS: &str = "SPANPASSsecret4751";
+    const QUERY: &str = "SPANQUERYsecret4752";
+    const OTLP: &str = "OTLPHEADERsecret4753";
+    let model = echo_model().await;
+    let tools = tool_server().await;
+    let receiver = accepting_receiver().await;
+    let collector = Collector::start().await;
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let wf = dir.path().join("flow.json");
+    std::fs::write(
+        &wf,
+        r#"{"start": "look", "nodes": [
+  {"id": "look", "type": "tool", "tool": "lookup_a", "args": {"q": "x"}, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.look.value }}"}]}"#,
+    )
+    .unwrap();
+    let leaky = format!("http://tooluser:{PASS}@127.0.0.1:9/tools/a?token={QUERY}");
+    let toml = overlay(&tools.uri(), &wf).replace(&format!("{}/tools/a", tools.uri()), &leaky)
+        + &format!("\n[telemetry.headers]\nx-collector-key = \"{OTLP}\"\n");
+    assert!(toml.contains(QUERY));
+    let config = dir.path().join("overlay.toml");
+    std::fs::write(&config, toml).unwrap();
+    let config = config.display().to_string();
+    let envs = server_envs(
+        &db,
+        &model.uri(),
+        &receiver.uri(),
+        &[
+            ("ASSISTD_CONFIG", &config),
+            ("ASSISTD_TELEMETRY__OTLP_ENDPOINT", &collector.url),
+            ("ASSISTD_TOOLING__RETRY_BACKOFF_BASE_MS", "20"),
+            ("ASSISTD_TOOLING__RETRY_BACKOFF_MAX_MS", "50"),
+        ],
+    );
+    let server = RealServer::start(&envs, dir.path()).await;
+    let id = task_id_of(server.post_message(&message("otel-leak", 1, "look")).await).await;
+    wait_for_replies(&receiver, 1).await;
+    let task: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/api/tasks/{id}", server.addr))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(task["status"], "FAILED", "{task:#}");
+    assert_eq!(server.terminate(), Some(0));
+    let spans = collector.raw();
+    assert!(spans.contains("tool"), "spans were exported");
+    let log = std::fs::read_to_string(dir.path().join("assistd.log")).unwrap();
+    assert!(
+        log.contains("tool call failed"),
+        "the failure was logged: {log}"
+    );
+    for secret in [PASS, QUERY, OTLP] {
+        assert!(!spans.contains(secret), "an exported span holds {secret}");
+        assert!(!log.contains(secret), "the log holds {secret}");
+        assert!(
+            !task.to_string().contains(secret),
+            "the task shows {secret}"
+        );
     }
     collector.stop();
     db.drop_db().await;
