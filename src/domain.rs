@@ -323,6 +323,8 @@ pub struct TaskRow {
     /// Runs aborted by something other than an outage since the task last started afresh
     /// (`engine.max_run_aborts`).
     pub run_aborts: i64,
+    /// The provider its model calls go to (`""`: `[llm]`), as its agent version named it.
+    pub provider: String,
     /// An admin asked a RUNNING task to pause: it does at its next step boundary.
     pub pause_requested: bool,
     pub version: i64,

@@ -351,6 +351,10 @@ pub struct LlmConfig {
     /// Query parameters added to every model call (Azure's `api-version`).
     pub query: BTreeMap<String, String>,
     pub retry_after_max_secs: u64,
+    /// Model calls this instance sends to `[llm]` at once (0 = no limit).
+    pub max_concurrency: usize,
+    /// How long a provider may keep answering 429 before a call fails RATE_LIMITED.
+    pub rate_limit_patience_secs: u64,
     pub retry: LlmRetryConfig,
     /// Named providers agents may choose with `provider`.
     #[serde(default)]
@@ -388,6 +392,7 @@ impl LlmConfig {
             context_window: self.context_window,
             headers: self.headers.clone(),
             query: self.query.clone(),
+            max_concurrency: self.max_concurrency,
         }
     }
 }
@@ -412,6 +417,9 @@ pub struct LlmProviderConfig {
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub query: BTreeMap<String, String>,
+    /// Model calls this instance sends to this endpoint at once (0 = no limit).
+    #[serde(default)]
+    pub max_concurrency: usize,
 }
 
 /// Shortest admin token accepted when the server listens beyond loopback, in bytes.

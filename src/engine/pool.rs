@@ -42,6 +42,45 @@ async fn run_task(
     }
 }
 
+/// The claimed `task`'s place in its provider's count of running tasks, until dropped.
+fn provider_slot(svc: &Worker, task: &TaskRow) -> Option<crate::llm::gate::TaskSlot> {
+    svc.llm
+        .provider(&task.provider)
+        .map(|p| p.gate().task_started())
+}
+
+/// Claims up to `want` tasks, of providers with free slots only (`ModelClients::claim_plan`):
+/// a provider at its limit, or paused after a 429, leaves its tasks queued in the database
+/// and holds up no other provider's.
+async fn claim(
+    svc: &Worker,
+    want: usize,
+    lease_until: i64,
+    now: i64,
+) -> crate::store::StoreResult<Vec<TaskRow>> {
+    let owner = &svc.instance_id;
+    let Some(plan) = svc.llm.claim_plan(want, now) else {
+        return svc.store.claim_tasks(owner, want, lease_until, now).await;
+    };
+    let mut claimed = Vec::new();
+    for (providers, limit) in plan {
+        match svc
+            .store
+            .claim_tasks_of(owner, limit, lease_until, now, &providers)
+            .await
+        {
+            Ok(got) => claimed.extend(got),
+            // What was claimed already is run; the rest waits for the next claim.
+            Err(e) if !claimed.is_empty() => {
+                tracing::warn!(error = %e, "claiming tasks failed; will retry");
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(claimed)
+}
+
 /// Claims and runs tasks until `shutdown` fires, then waits up to the grace period for the
 /// tasks in flight.
 pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
@@ -64,11 +103,7 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
         let want = free.min(worker.claim_batch);
         let now = now_ms();
         let lease_until = now + worker.lease().as_millis() as i64;
-        let claimed = match svc
-            .store
-            .claim_tasks(&svc.instance_id, want, lease_until, now)
-            .await
-        {
+        let claimed = match claim(&svc, want, lease_until, now).await {
             Ok(claimed) => claimed,
             Err(e) => {
                 tracing::warn!(error = %e, "claiming tasks failed; will retry");
@@ -100,6 +135,7 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
             let svc = svc.clone();
             let shutdown = shutdown.clone();
             let message = messages.remove(&task.message_id);
+            let provider_slot = provider_slot(&svc, &task);
             // One span per claim of the task, in the trace its message's intake began.
             let span = tracing::info_span!(
                 "claim",
@@ -113,6 +149,7 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
             running.spawn(
                 async move {
                     run_claimed(svc.clone(), task, message, shutdown).await;
+                    drop(provider_slot);
                     drop(permit);
                     // A finished task may unblock the next message of its conversation.
                     svc.wake.tasks.notify_one();

@@ -316,7 +316,7 @@ async fn chat_step_call(
             journalled: true,
         });
     }
-    let retry = &svc.config.llm.retry;
+    let llm = &svc.config.llm;
     let wire_ref = &wire;
     let attempted = exec
         .attempt(&step, |key| async move {
@@ -328,7 +328,7 @@ async fn chat_step_call(
                 }
                 None => provider.chat(wire_ref, &key).await,
             };
-            answer.map_err(|e| CallErr::from_model(e, retry))
+            answer.map_err(|e| CallErr::from_model(e, llm))
         })
         .await?;
     Ok(ChatCall {

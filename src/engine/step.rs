@@ -13,7 +13,6 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
-use crate::config::LlmRetryConfig;
 use crate::domain::{FailureType, Fence, NewStep, StepResult, StepRow, StepStatus, truncate};
 use crate::llm::LlmError;
 use crate::store::journal::Journal;
@@ -30,6 +29,30 @@ pub struct RetryPlan {
     pub max_tries: u32,
     pub base_ms: u64,
     pub max_ms: u64,
+    /// Tries go on past `max_tries` until this long after the first (a provider refusing
+    /// with 429: `llm.rate_limit_patience_secs`).
+    pub patience: Option<Duration>,
+}
+
+impl RetryPlan {
+    /// The retry plan of a failed model call of type `failure` (`[llm.retry]`), `None` for a
+    /// type that is never retried. RATE_LIMITED is tried again until the provider has kept
+    /// refusing for `llm.rate_limit_patience_secs`: a burst at 9 a.m. is waited out, not
+    /// turned into failure notices.
+    pub fn for_model(llm: &crate::config::LlmConfig, failure: FailureType) -> Option<RetryPlan> {
+        llm.retry.policy(failure).map(|p| RetryPlan {
+            max_tries: p.max_attempts,
+            base_ms: p.backoff_base_ms,
+            max_ms: p.backoff_max_ms,
+            patience: (failure == FailureType::RateLimited)
+                .then(|| Duration::from_secs(llm.rate_limit_patience_secs)),
+        })
+    }
+
+    /// Whether another try may follow try number `tries`, `elapsed` after the first.
+    fn allows(&self, tries: u32, elapsed: Duration) -> bool {
+        tries < self.max_tries || self.patience.is_some_and(|p| elapsed < p)
+    }
 }
 
 /// A failed call, classified, and whether (and how) to try again.
@@ -44,13 +67,9 @@ pub struct CallErr {
 
 impl CallErr {
     /// A failed model call, retried as `[llm.retry]` says for its failure type.
-    pub fn from_model(e: LlmError, retry: &LlmRetryConfig) -> CallErr {
+    pub fn from_model(e: LlmError, llm: &crate::config::LlmConfig) -> CallErr {
         CallErr {
-            retry: retry.policy(e.failure_type).map(|p| RetryPlan {
-                max_tries: p.max_attempts,
-                base_ms: p.backoff_base_ms,
-                max_ms: p.backoff_max_ms,
-            }),
+            retry: RetryPlan::for_model(llm, e.failure_type),
             failure: e.failure_type,
             message: e.message,
             retry_after: e.retry_after,
@@ -145,7 +164,7 @@ impl StepExec<'_> {
                 Ok(ok) => break Ok(ok),
                 Err(err) => err,
             };
-            let Some(plan) = err.retry.filter(|p| tries < p.max_tries) else {
+            let Some(plan) = err.retry.filter(|p| p.allows(tries, started.elapsed())) else {
                 break Err(err);
             };
             let wait = backoff::delay(

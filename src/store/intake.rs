@@ -51,9 +51,10 @@ impl Store {
         let mut agent_names: Vec<&str> = batch.iter().map(|(_, a)| *a).collect();
         agent_names.sort_unstable();
         agent_names.dedup();
+        // With the version's definition: its `provider` goes on the task (`ProviderFilter`).
         let agents_sql = format!(
-            "SELECT name, id, current_version_id FROM agent WHERE current_version_id IS NOT NULL \
-             AND name IN ({})",
+            "SELECT a.name, a.id, a.current_version_id, v.definition FROM agent a \
+             JOIN agent_version v ON v.id = a.current_version_id WHERE a.name IN ({})",
             (1..=agent_names.len())
                 .map(|i| format!("${i}"))
                 .collect::<Vec<_>>()
@@ -61,15 +62,17 @@ impl Store {
         );
         let sql = IntakeSql::get(self.dialect());
         let results = write_tx!(self, tx => {
-            let mut agents_q = sqlx::query_as::<_, (String, i64, i64)>(&agents_sql);
+            let mut agents_q = sqlx::query_as::<_, (String, i64, i64, String)>(&agents_sql);
             for name in &agent_names {
                 agents_q = agents_q.bind(*name);
             }
-            let agents: HashMap<String, (i64, i64)> = agents_q
+            let agents: HashMap<String, (i64, i64, String)> = agents_q
                 .fetch_all(&mut *tx)
                 .await?
                 .into_iter()
-                .map(|(name, id, version)| (name, (id, version)))
+                .map(|(name, id, version, definition)| {
+                    (name, (id, version, provider_of(&definition)))
+                })
                 .collect();
             let known: Vec<usize> = (0..batch.len())
                 .filter(|&i| agents.contains_key(batch[i].1))
@@ -124,11 +127,12 @@ impl Store {
                     .iter()
                     .map(|&(i, message_row)| {
                         let (m, agent) = batch[i];
-                        let (agent_id, version_id) = agents[agent];
+                        let (agent_id, version_id, provider) = &agents[agent];
                         json!({
                             "ord": i,
                             "agent_id": agent_id,
                             "agent_version_id": version_id,
+                            "provider": provider,
                             "channel": m.channel,
                             "conversation_id": m.conversation_id,
                             "message_id": message_row,
@@ -359,9 +363,9 @@ impl IntakeSql {
             )
         );
         let tasks = format!(
-            "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+            "INSERT INTO agent_task (agent_id, agent_version_id, provider, task_type, channel, \
              conversation_id, message_id, trigger_user, status, run_after, created_at, \
-             updated_at) SELECT v.agent_id, v.agent_version_id, $3, v.channel, \
+             updated_at) SELECT v.agent_id, v.agent_version_id, v.provider, $3, v.channel, \
              v.conversation_id, v.message_id, v.trigger_user, $4, $2, $2, $2 FROM {} \
              ORDER BY v.ord RETURNING id, message_id",
             json_rows(
@@ -370,6 +374,7 @@ impl IntakeSql {
                     ("ord", "bigint"),
                     ("agent_id", "bigint"),
                     ("agent_version_id", "bigint"),
+                    ("provider", "text"),
                     ("channel", "text"),
                     ("conversation_id", "text"),
                     ("message_id", "bigint"),
@@ -379,4 +384,16 @@ impl IntakeSql {
         );
         IntakeSql { messages, tasks }
     }
+}
+
+/// The provider an agent version's definition names (`""`: `[llm]`).
+fn provider_of(definition: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        #[serde(default)]
+        provider: String,
+    }
+    serde_json::from_str::<Named>(definition)
+        .map(|n| n.provider)
+        .unwrap_or_default()
 }

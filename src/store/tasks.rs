@@ -25,7 +25,7 @@ const TASK_COLUMNS: &str = concat!(
      message_id, trigger_user, status, ",
     current_step_sql!(),
     " AS current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
-     error_msg, retry_count, claim_count, resume_count, restart_count, run_aborts, \
+     error_msg, retry_count, claim_count, resume_count, restart_count, run_aborts, provider, \
      pause_requested <> 0 AS pause_requested, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
      started_at, finished_at, takeover = 1 AS taken_over, \
      (SELECT a.name FROM agent a WHERE a.id = agent_task.agent_id) AS agent_name"
@@ -71,11 +71,55 @@ pub struct AuditRow {
 const AUDIT_COLUMNS: &str =
     "id, task_id, event, actor, summary, risk_flag, created_at, target_type, target_id";
 
+/// Whose tasks a claim may take, by the provider their model calls go to (`agent_task.provider`,
+/// `""` for `[llm]`; `ModelClients::claim_plan`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderFilter {
+    Any,
+    /// One provider's tasks (`$5`).
+    Only(String),
+    /// Every other provider's tasks (`$5`, `$6`, …).
+    Except(Vec<String>),
+}
+
+impl ProviderFilter {
+    /// The condition on `t`, its parameters from `$5` on.
+    fn condition(&self) -> String {
+        match self {
+            ProviderFilter::Any => String::new(),
+            ProviderFilter::Except(names) if names.is_empty() => String::new(),
+            ProviderFilter::Only(_) => " AND t.provider = $5".into(),
+            ProviderFilter::Except(names) => format!(
+                " AND t.provider NOT IN ({})",
+                (5..5 + names.len())
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    fn names(&self) -> Vec<&str> {
+        match self {
+            ProviderFilter::Any => Vec::new(),
+            ProviderFilter::Only(name) => vec![name.as_str()],
+            ProviderFilter::Except(names) => names.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
 /// The claim's choice of tasks (parameters: `$3` now, `$4` limit). Each branch is backed by a
 /// partial index, so claiming never reads finished history. SQLite cannot use partial
 /// indexes under `OR`, hence the `UNION ALL`; PostgreSQL locks what it picks and skips rows
 /// another instance is claiming.
 pub fn claim_pick_sql(dialect: Dialect) -> String {
+    claim_pick_sql_for(dialect, &ProviderFilter::Any)
+}
+
+/// [`claim_pick_sql`] of the tasks `providers` allows (one provider's: its pending tasks
+/// through `agent_task_pending_provider`).
+pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> String {
+    let only = providers.condition();
     // The oldest active task of its conversation, and nothing else of the conversation
     // running: an older task put back to PENDING (resumed, approved) waits for a newer one
     // that is running now.
@@ -86,10 +130,10 @@ pub fn claim_pick_sql(dialect: Dialect) -> String {
     match dialect {
         Dialect::Sqlite => format!(
             "SELECT id FROM (\
-             SELECT t.id FROM agent_task t WHERE t.status = 'PENDING' AND t.run_after <= $3 \
+             SELECT t.id FROM agent_task t WHERE t.status = 'PENDING' AND t.run_after <= $3{only} \
                  AND {OLDEST_IN_CONVERSATION} \
              UNION ALL \
-             SELECT t.id FROM agent_task t WHERE t.status = 'RUNNING' AND t.lease_expire < $3 \
+             SELECT t.id FROM agent_task t WHERE t.status = 'RUNNING' AND t.lease_expire < $3{only} \
                  AND {OLDEST_IN_CONVERSATION}) \
              ORDER BY id LIMIT $4"
         ),
@@ -100,10 +144,10 @@ pub fn claim_pick_sql(dialect: Dialect) -> String {
         // the CTEs; up to twice `$4` rows are locked for the length of the claim.
         Dialect::Postgres => format!(
             "WITH due AS (SELECT t.id FROM agent_task t \
-                 WHERE t.status = 'PENDING' AND t.run_after <= $3 AND {OLDEST_IN_CONVERSATION} \
+                 WHERE t.status = 'PENDING' AND t.run_after <= $3{only} AND {OLDEST_IN_CONVERSATION} \
                  ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED), \
              expired AS (SELECT t.id FROM agent_task t \
-                 WHERE t.status = 'RUNNING' AND t.lease_expire < $3 AND {OLDEST_IN_CONVERSATION} \
+                 WHERE t.status = 'RUNNING' AND t.lease_expire < $3{only} AND {OLDEST_IN_CONVERSATION} \
                  ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED) \
              SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM expired) picked \
              ORDER BY id LIMIT $4"
@@ -123,7 +167,20 @@ impl Store {
         lease_until: i64,
         now: i64,
     ) -> StoreResult<Vec<TaskRow>> {
-        let pick = claim_pick_sql(self.dialect());
+        self.claim_tasks_of(owner, limit, lease_until, now, &ProviderFilter::Any)
+            .await
+    }
+
+    /// [`claim_tasks`](Self::claim_tasks) of the tasks `providers` allows.
+    pub async fn claim_tasks_of(
+        &self,
+        owner: &str,
+        limit: usize,
+        lease_until: i64,
+        now: i64,
+        providers: &ProviderFilter,
+    ) -> StoreResult<Vec<TaskRow>> {
+        let pick = claim_pick_sql_for(self.dialect(), providers);
         let sql = format!(
             "UPDATE agent_task SET status = 'RUNNING', owner = $1, lease_expire = $2, \
              version = version + 1, claim_count = claim_count + 1, \
@@ -135,13 +192,15 @@ impl Store {
         );
         let claimed = write_tx!(self, tx => {
             // The whole row as the claim left it, so the worker need not read it again.
-            let mut claimed: Vec<TaskRow> = sqlx::query_as(&sql)
+            let mut query = sqlx::query_as(&sql)
                 .bind(owner)
                 .bind(lease_until)
                 .bind(now)
-                .bind(limit as i64)
-                .fetch_all(&mut *tx)
-                .await?;
+                .bind(limit as i64);
+            for name in providers.names() {
+                query = query.bind(name);
+            }
+            let mut claimed: Vec<TaskRow> = query.fetch_all(&mut *tx).await?;
             claimed.sort_by_key(|c| c.id);
             if !claimed.is_empty() {
                 // One statement for all the claim's audit rows: a claim holds the write

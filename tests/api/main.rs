@@ -28,6 +28,7 @@ mod placeholder_crash;
 mod platforms;
 mod poison;
 mod progress;
+mod providers;
 mod real_model;
 mod reply_delivery;
 mod scheduler;

@@ -365,6 +365,7 @@ async fn an_agent_on_a_named_provider_calls_that_provider() {
                 context_window: 128_000,
                 headers: [("x-team".to_string(), "support".to_string())].into(),
                 query: [("api-version".to_string(), "2024-10-21".to_string())].into(),
+                max_concurrency: 0,
             },
         );
         c.agents.get_mut("default").unwrap().provider = "azure".into();

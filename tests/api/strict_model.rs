@@ -656,3 +656,105 @@ impl Drop for SlowStreamingModel {
         self.server.abort();
     }
 }
+
+/// A provider with limits, as real ones have (OpenAI's and Azure's documented behaviour: a
+/// request over the limit is refused with 429 and a `Retry-After`): a server on 127.0.0.1
+/// holding requests to the same contract (`check_request`), answering each non-streamed
+/// chat after `latency` with `answer to: <last message>`, and refusing with 429
+/// (`Retry-After: 1`, OpenAI's `rate_limit_exceeded` body) every request above `limit` in
+/// flight at once, and every request until `refuse_until`. Counts what it answered and what
+/// it refused, and the most requests it had in flight. Stops when dropped.
+pub struct LimitedModel {
+    pub uri: String,
+    pub answered: std::sync::Arc<AtomicU64>,
+    pub refused: std::sync::Arc<AtomicU64>,
+    pub most_in_flight: std::sync::Arc<AtomicU64>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl LimitedModel {
+    pub async fn start(
+        limit: u64,
+        latency: Duration,
+        refuse_until: Option<std::time::Instant>,
+    ) -> LimitedModel {
+        use axum::response::IntoResponse;
+        let counters: [std::sync::Arc<AtomicU64>; 4] = Default::default();
+        let [answered, refused, most, in_flight] = counters.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |raw: axum::body::Bytes| {
+                let (answered, refused, most, in_flight) =
+                    (answered.clone(), refused.clone(), most.clone(), in_flight.clone());
+                async move {
+                    let body: Value = match serde_json::from_slice(&raw) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            return (axum::http::StatusCode::BAD_REQUEST, e.to_string())
+                                .into_response();
+                        }
+                    };
+                    if let Err(m) = check_request(&body) {
+                        return (
+                            axum::http::StatusCode::BAD_REQUEST,
+                            axum::Json(json!({"error": {"message": m, "type": "invalid_request_error"}})),
+                        )
+                            .into_response();
+                    }
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    let over = now > limit
+                        || refuse_until.is_some_and(|t| std::time::Instant::now() < t);
+                    if over {
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        refused.fetch_add(1, Ordering::SeqCst);
+                        return (
+                            axum::http::StatusCode::TOO_MANY_REQUESTS,
+                            [("retry-after", "1")],
+                            axum::Json(json!({"error": {
+                                "message": "Rate limit reached: too many requests at once",
+                                "type": "requests", "param": null, "code": "rate_limit_exceeded"}})),
+                        )
+                            .into_response();
+                    }
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(latency).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    let n = answered.fetch_add(1, Ordering::SeqCst);
+                    let last = body["messages"]
+                        .as_array()
+                        .and_then(|m| m.last())
+                        .and_then(|m| m["content"].as_str())
+                        .unwrap_or("")
+                        .to_string();
+                    let prompt = prompt_tokens(&body);
+                    axum::Json(json!({
+                        "id": format!("chatcmpl-{n}"), "object": "chat.completion",
+                        "created": 1_700_000_000u32, "model": body["model"],
+                        "choices": [{ "index": 0, "message": {"role": "assistant", "content": format!("answer to: {last}")}, "finish_reason": "stop" }],
+                        "usage": { "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7 }
+                    }))
+                    .into_response()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.ok();
+        });
+        let [answered, refused, most_in_flight, _] = counters;
+        LimitedModel {
+            uri,
+            answered,
+            refused,
+            most_in_flight,
+            server,
+        }
+    }
+}
+
+impl Drop for LimitedModel {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}

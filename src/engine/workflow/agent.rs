@@ -281,16 +281,7 @@ impl Runner<'_> {
                         output: serde_json::to_value(&answer).unwrap_or(Value::Null),
                     }),
                     Err(e) => Err(CallErr {
-                        retry: svc
-                            .config
-                            .llm
-                            .retry
-                            .policy(e.failure_type)
-                            .map(|p| RetryPlan {
-                                max_tries: p.max_attempts,
-                                base_ms: p.backoff_base_ms,
-                                max_ms: p.backoff_max_ms,
-                            }),
+                        retry: RetryPlan::for_model(&svc.config.llm, e.failure_type),
                         failure: e.failure_type,
                         message: e.message,
                         retry_after: e.retry_after,
@@ -357,6 +348,7 @@ impl Runner<'_> {
             },
             base_ms: tooling.retry_backoff_base_ms,
             max_ms: tooling.retry_backoff_max_ms,
+            patience: None,
         };
         let args_ref = &args;
         let done = self

@@ -24,6 +24,7 @@ impl Runner<'_> {
             max_tries: tooling.read_only_attempts,
             base_ms: tooling.retry_backoff_base_ms,
             max_ms: tooling.retry_backoff_max_ms,
+            patience: None,
         };
         while let Some(done) = self.compensable.pop() {
             let input = json!({ "args": done.args, "result": done.result });
