@@ -45,6 +45,7 @@ fn every_benchmark_scenario_runs_at_small_n() {
         "instances",
         "connections",
         "history",
+        "provider-limit",
     ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),

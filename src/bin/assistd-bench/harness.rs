@@ -349,6 +349,30 @@ pub(crate) fn spawn_child(
     log: Option<&std::path::Path>,
     instance: &str,
 ) -> anyhow::Result<std::process::Child> {
+    spawn_child_with(
+        db_url,
+        mocks,
+        port,
+        grace_secs,
+        concurrency,
+        log,
+        instance,
+        &[],
+    )
+}
+
+/// [`spawn_child`] with more `ASSISTD_*` settings.
+#[allow(clippy::too_many_arguments)] // spawn_child's, and the extra settings
+pub(crate) fn spawn_child_with(
+    db_url: &str,
+    mocks: &Mocks,
+    port: u16,
+    grace_secs: u64,
+    concurrency: usize,
+    log: Option<&std::path::Path>,
+    instance: &str,
+    extra: &[(&str, String)],
+) -> anyhow::Result<std::process::Child> {
     let (stdout, stderr) = match log {
         Some(path) => {
             let file = std::fs::OpenOptions::new()
@@ -384,6 +408,7 @@ pub(crate) fn spawn_child(
             grace_secs.to_string(),
         )
         .env("ASSISTD_LOG__LEVEL", "warn")
+        .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(stdout)
         .stderr(stderr)
         .spawn()?)

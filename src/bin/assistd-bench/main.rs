@@ -3,7 +3,7 @@
 //! figures per scenario; asserts nothing about speed.
 //!
 //! ```text
-//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|connections|history|recovery|all> \
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|connections|history|provider-limit|recovery|all> \
 //!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS] [--stream-ms MS]
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
@@ -50,6 +50,9 @@ pub(crate) enum Scenario {
     /// The admin read paths (failure summary, /metrics) over N finished tasks seeded
     /// straight into the database.
     History,
+    /// N tasks queued behind a provider limited to 64 calls at once: drain time against the
+    /// ideal, and resident memory.
+    ProviderLimit,
     /// The child of `connections` (not a scenario of its own).
     #[value(hide = true)]
     ConnectionsChild,
@@ -113,6 +116,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::Instances => instances::instances(&args).await,
             Scenario::Connections => connections::connections(&args).await,
             Scenario::History => history::history(&args).await,
+            Scenario::ProviderLimit => provider_limit(&args).await,
             Scenario::ConnectionsChild => connections::child(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
@@ -125,6 +129,7 @@ fn main() -> anyhow::Result<()> {
                 instances::instances(&args).await?;
                 connections::connections(&args).await?;
                 history::history(&args).await?;
+                provider_limit(&args).await?;
                 recovery(&args).await
             }
         }

@@ -108,6 +108,57 @@ pub(crate) async fn in_flight(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `n` tasks queued at once behind a provider that takes 64 calls at once (`[llm]
+/// max_concurrency = 64`), in a child `assistd` with 256 worker slots: the drain time against
+/// the ideal `n × latency / 64`, the most calls the model had at once, and the child's
+/// resident memory while the tasks wait queued in the database.
+pub(crate) async fn provider_limit(args: &Args) -> anyhow::Result<()> {
+    const LIMIT: usize = 64;
+    let db = BenchDb::new(args.db).await?;
+    let latency = Duration::from_millis(args.model_latency_ms);
+    let mocks = start_mocks(latency).await?;
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await?
+        .local_addr()?
+        .port();
+    let limit = [("ASSISTD_LLM__MAX_CONCURRENCY", LIMIT.to_string())];
+    let mut child = spawn_child_with(&db.url, &mocks, port, 0, 256, None, "bench-child", &limit)?;
+    wait_ready(port).await?;
+    let pid = child.id();
+    let baseline = rss_kib(pid, "VmRSS:");
+    let started = Instant::now();
+    send_messages(
+        format!("127.0.0.1:{port}").parse()?,
+        args.n,
+        args.concurrency,
+        "limited",
+    )
+    .await?;
+    let ingest_time = started.elapsed();
+    wait_replies(&mocks, args.n, Duration::from_secs(3600)).await?;
+    let wall = started.elapsed();
+    let peak = rss_kib(pid, "VmHWM:");
+    let _ = child.kill();
+    let _ = child.wait();
+    let ideal = latency.as_secs_f64() * args.n as f64 / LIMIT as f64;
+    println!(
+        "scenario=provider-limit db={} n={} limit={LIMIT} model_latency={}ms wall={:.2}s ideal={:.2}s wall_over_ideal={:.2} ingest={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB",
+        db_name(args.db),
+        args.n,
+        args.model_latency_ms,
+        wall.as_secs_f64(),
+        ideal,
+        wall.as_secs_f64() / ideal,
+        ingest_time.as_secs_f64(),
+        mocks.max_in_flight.load(Ordering::Relaxed),
+        baseline as f64 / 1024.0,
+        peak as f64 / 1024.0,
+    );
+    mocks.stop.cancel();
+    db.drop_db().await;
+    Ok(())
+}
+
 pub(crate) async fn recovery(args: &Args) -> anyhow::Result<()> {
     for (signal, grace) in [("KILL", 0u64), ("TERM", 0u64)] {
         let db = BenchDb::new(args.db).await?;
