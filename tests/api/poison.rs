@@ -324,3 +324,47 @@ async fn a_completion_answering_a_streaming_request_is_accepted() {
     );
     app.stop().await;
 }
+
+/// An MCP tool's result with a NUL in it (the reference SDK's server echoes the ticket it was
+/// asked about) is journalled and reaches the chat.
+#[cfg_attr(
+    not(assistd_has_mcp),
+    ignore = "needs the MCP SDK (pip install 'mcp>=1.9,<2'); .ci/run installs it"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_an_mcp_result_is_stored_and_answered() {
+    let Some(server) = crate::mcp::McpServer::start().await else {
+        return;
+    };
+    let flow = crate::workflows::spawn_flow_scripted(
+        r#"{"start": "loop", "nodes": [
+  {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["desk.lookup"], "max_steps": 3, "next": "done"},
+  {"id": "done", "type": "reply", "text": "{{ steps.loop.text }}"}]}"#,
+        |body: &Value| {
+            let messages = body["messages"].as_array().unwrap();
+            match messages.iter().find(|m| m["role"] == "tool") {
+                Some(t) => ModelReply::text(format!("found: {}", t["content"].as_str().unwrap())),
+                None => ModelReply::calls(&[("desk__lookup", json!({"ticket": "T\u{0}-42"}))]),
+            }
+        },
+        |c| server.configure(c),
+    )
+    .await;
+    let app = &flow.app;
+    let id = task_id_of(app.post_message(&message("nul-mcp", 1, "how is it?")).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    // The model was handed the result as JSON text (the NUL as its escape) and quoted it.
+    let reply = task["reply"]["content"]["text"].as_str().unwrap();
+    assert!(reply.contains("-42 is open"), "{reply}");
+    let step = task["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["tool"] == "desk.lookup")
+        .expect("the MCP step");
+    let output = step["output"].to_string();
+    assert!(output.contains("T\u{FFFD}-42 is open"), "{output}");
+    assert_eq!(server.calls().len(), 1, "{:?}", server.calls());
+    flow.app.stop().await;
+}
