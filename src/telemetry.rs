@@ -44,7 +44,11 @@ impl Telemetry {
         if let Some(provider) = self.provider
             && let Err(e) = provider.shutdown()
         {
-            eprintln!("assistd: flushing traces at shutdown failed: {e}");
+            // The exporter's error may name the endpoint, credentials and all.
+            eprintln!(
+                "assistd: flushing traces at shutdown failed: {}",
+                crate::redaction::outbound_error(&e)
+            );
         }
     }
 }

@@ -33,6 +33,7 @@ impl RealServer {
         envs: &[(String, String)],
         workdir: &std::path::Path,
     ) -> RealServer {
+        let log = std::fs::File::create(workdir.join("assistd.log")).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_assistd"))
             .current_dir(workdir)
             .env_clear()
@@ -40,11 +41,9 @@ impl RealServer {
             .env("ASSISTD_SERVER__LISTEN", format!("127.0.0.1:{port}"))
             .env("ASSISTD_LOG__LEVEL", "warn")
             .envs(envs.iter().cloned())
-            // The log, for tests that read it: `<workdir>/assistd.log`.
-            .stdout(Stdio::from(
-                std::fs::File::create(workdir.join("assistd.log")).expect("log file"),
-            ))
-            .stderr(Stdio::inherit())
+            // The log and standard error, for tests that read them: `<workdir>/assistd.log`.
+            .stdout(Stdio::from(log.try_clone().expect("log file")))
+            .stderr(Stdio::from(log))
             .spawn()
             .expect("start assistd");
         let addr = format!("http://127.0.0.1:{port}");

@@ -165,13 +165,7 @@ pub struct TestApp {
 
 /// Answers every chat completion with `answer to: <last message's content>`.
 pub fn echo(body: &Value) -> ModelReply {
-    let last = body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("")
-        .to_string();
-    ModelReply::text(format!("answer to: {last}"))
+    ModelReply::text(format!("answer to: {}", last_content(body)))
 }
 
 pub fn chat_path() -> wiremock::matchers::PathExactMatcher {

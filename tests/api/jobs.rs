@@ -328,40 +328,10 @@ async fn an_orphan_reclaim_posts_a_signed_alert_naming_the_task_and_its_last_own
         .mount(&alerts)
         .await;
     let url = format!("{}/alerts", alerts.uri());
-    // A task an instance claimed and then vanished with, set up before this app starts so
-    // that its workers cannot take the message first: the lease runs an hour, and the scan
-    // below runs as if that hour had passed.
+    // The scan below runs as if the orphan's hour-long lease had passed.
     let db = TestDb::new().await;
     let now = now_ms();
-    let id = {
-        let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
-        let store = assistd::store::Store::connect(&cfg.database).await.unwrap();
-        store.migrate().await.unwrap();
-        publish_agents(&store, &cfg).await.unwrap();
-        let msg = NewMessage {
-            reply_context: None,
-            channel: "generic".into(),
-            event_id: "e-orphan".into(),
-            message_id: "m-orphan".into(),
-            conversation_id: "c-orphan".into(),
-            sender_id: "u".into(),
-            sender_name: None,
-            text: "hi".into(),
-            trace_context: None,
-        };
-        let id = store
-            .ingest_message(&msg, "default", now)
-            .await
-            .unwrap()
-            .task_id;
-        let claimed = store
-            .claim_tasks("ghost-instance", 1, now + 3_600_000, now)
-            .await
-            .unwrap();
-        assert_eq!(claimed.len(), 1);
-        store.close().await;
-        id
-    };
+    let id = orphaned_task(&db, now).await;
     let (model, receiver) = (echo_model().await, accepting_receiver().await);
     let mut config = test_config(&db.url, &model.uri(), &format!("{}/reply", receiver.uri()));
     config.scheduler.enabled = false;
@@ -555,4 +525,37 @@ async fn the_dashboard_scheduler_panel_runs_and_switches_jobs_with_csrf() {
         ]
     );
     app.stop().await;
+}
+
+/// A task an instance claimed at `now` and then vanished with (its lease runs an hour), set
+/// up in `db` before the app under test starts, so that its workers cannot take the message
+/// first. Its id.
+pub(crate) async fn orphaned_task(db: &TestDb, now: i64) -> i64 {
+    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    let store = assistd::store::Store::connect(&cfg.database).await.unwrap();
+    store.migrate().await.unwrap();
+    publish_agents(&store, &cfg).await.unwrap();
+    let msg = NewMessage {
+        reply_context: None,
+        channel: "generic".into(),
+        event_id: "e-orphan".into(),
+        message_id: "m-orphan".into(),
+        conversation_id: "c-orphan".into(),
+        sender_id: "u".into(),
+        sender_name: None,
+        text: "hi".into(),
+        trace_context: None,
+    };
+    let id = store
+        .ingest_message(&msg, "default", now)
+        .await
+        .unwrap()
+        .task_id;
+    let claimed = store
+        .claim_tasks("ghost-instance", 1, now + 3_600_000, now)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    store.close().await;
+    id
 }

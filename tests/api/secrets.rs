@@ -99,11 +99,26 @@ async fn an_unreachable_model_and_the_console_name_no_secret_of_its_url() {
     let _ = captured_log();
     const PASS: &str = "MODELPASSsecret4721";
     const KEY: &str = "MODELKEYsecret4722";
+    const BACKUP_QUERY: &str = "BACKUPQUERYsecret4723";
+    const BACKUP_HEADER: &str = "BACKUPHEADERsecret4724";
+    const BACKUP_PASS: &str = "BACKUPPASSsecret4725";
     let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
         c.llm.base_url = format!("http://modeluser:{PASS}@127.0.0.1:9/v1");
         c.llm.api_key = KEY.into();
         c.llm.retry.provider_error.max_attempts = 1;
         c.channels.console.enabled = true;
+        // A named provider too, answering the console's agent.
+        let mut backup = c.llm.default_provider();
+        backup.base_url = format!("http://backup:{BACKUP_PASS}@127.0.0.1:9/v1");
+        backup.query.insert("key".into(), BACKUP_QUERY.into());
+        backup
+            .headers
+            .insert("X-Backup-Key".into(), BACKUP_HEADER.into());
+        c.llm.providers.insert("backup".into(), backup);
+        let mut agent = c.agents["default"].clone();
+        agent.provider = "backup".into();
+        c.agents.insert("viabackup".into(), agent);
+        c.channels.console.agent = "viabackup".into();
     })
     .await;
     let id = task_id_of(app.post_message(&message("leak-model", 1, "hi")).await).await;
@@ -113,6 +128,18 @@ async fn an_unreachable_model_and_the_console_name_no_secret_of_its_url() {
         task["error"].as_str().unwrap().contains("127.0.0.1:9"),
         "the endpoint is named: {task:#}"
     );
+    let resp = app
+        .http
+        .post(format!("{}/console/messages", app.addr))
+        .json(&json!({"conversation_id": "leak-backup", "text": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    let backup_id = resp.json::<Value>().await.unwrap()["task_id"]
+        .as_i64()
+        .unwrap();
+    let task = app.wait_replied(backup_id, WAIT).await;
+    assert_eq!(task["status"], "FAILED", "{task:#}");
     let mut shown = everything_shown(&app).await;
     for path in ["/", "/console/status"] {
         let resp = app
@@ -126,7 +153,45 @@ async fn an_unreachable_model_and_the_console_name_no_secret_of_its_url() {
         assert!(text.contains("127.0.0.1:9"), "{path}: {text}");
         shown.push_str(&text);
     }
-    assert_hidden(&shown, &[PASS, KEY]);
+    assert_hidden(
+        &shown,
+        &[PASS, KEY, BACKUP_QUERY, BACKUP_HEADER, BACKUP_PASS],
+    );
+    app.stop().await;
+}
+
+/// The orphan-reclaim alert URL with credentials and a key in its query, at a closed port:
+/// the failing alert's error, the task pages and the log name neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_alert_names_no_secret_of_its_url() {
+    let _ = captured_log();
+    const PASS: &str = "ALERTPASSsecret4761";
+    const QUERY: &str = "ALERTQUERYsecret4762";
+    let db = TestDb::new().await;
+    let now = assistd::domain::now_ms();
+    let id = crate::jobs::orphaned_task(&db, now).await;
+    let (model, receiver) = (echo_model().await, accepting_receiver().await);
+    let mut config = test_config(&db.url, &model.uri(), &format!("{}/reply", receiver.uri()));
+    config.scheduler.enabled = false;
+    config.scheduler.jobs.orphan_reclaim.alert_url =
+        format!("http://alerts:{PASS}@127.0.0.1:9/alerts?token={QUERY}");
+    let app = TestApp::spawn_config(db, model, receiver, config).await;
+    let run = assistd::scheduler::orphan_reclaim(&app.jobs, 500, now + 3_700_000)
+        .await
+        .unwrap();
+    assert_eq!(run.affected, 1);
+    let task = app
+        .wait_task(id, WAIT, |t| {
+            t["replies"].as_array().unwrap().iter().any(|r| {
+                r["idempotency_key"]
+                    .as_str()
+                    .is_some_and(|k| k.contains("-reclaimed-"))
+                    && r["last_error"].is_string()
+            })
+        })
+        .await;
+    let shown = format!("{task}\n{}", everything_shown(&app).await);
+    assert_hidden(&shown, &[PASS, QUERY]);
     app.stop().await;
 }
 

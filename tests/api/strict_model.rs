@@ -603,20 +603,10 @@ impl SlowStreamingModel {
             axum::routing::post(move |raw: axum::body::Bytes| {
                 let (text, counter) = (text.clone(), counter.clone());
                 async move {
-                    let body: Value = match serde_json::from_slice(&raw) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            return (axum::http::StatusCode::BAD_REQUEST, e.to_string())
-                                .into_response();
-                        }
+                    let body = match contract_body(&raw) {
+                        Ok(body) => body,
+                        Err(refused) => return *refused,
                     };
-                    if let Err(m) = check_request(&body) {
-                        return (
-                            axum::http::StatusCode::BAD_REQUEST,
-                            axum::Json(json!({"error": {"message": m, "type": "invalid_request_error"}})),
-                        )
-                            .into_response();
-                    }
                     let n = counter.fetch_add(1, Ordering::SeqCst);
                     let message = json!({ "role": "assistant", "content": text });
                     let prompt = prompt_tokens(&body);
@@ -687,20 +677,10 @@ impl LimitedModel {
                 let (answered, refused, most, in_flight) =
                     (answered.clone(), refused.clone(), most.clone(), in_flight.clone());
                 async move {
-                    let body: Value = match serde_json::from_slice(&raw) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            return (axum::http::StatusCode::BAD_REQUEST, e.to_string())
-                                .into_response();
-                        }
+                    let body = match contract_body(&raw) {
+                        Ok(body) => body,
+                        Err(refused) => return *refused,
                     };
-                    if let Err(m) = check_request(&body) {
-                        return (
-                            axum::http::StatusCode::BAD_REQUEST,
-                            axum::Json(json!({"error": {"message": m, "type": "invalid_request_error"}})),
-                        )
-                            .into_response();
-                    }
                     let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
                     let over = now > limit
                         || refuse_until.is_some_and(|t| std::time::Instant::now() < t);
@@ -720,12 +700,7 @@ impl LimitedModel {
                     tokio::time::sleep(latency).await;
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     let n = answered.fetch_add(1, Ordering::SeqCst);
-                    let last = body["messages"]
-                        .as_array()
-                        .and_then(|m| m.last())
-                        .and_then(|m| m["content"].as_str())
-                        .unwrap_or("")
-                        .to_string();
+                    let last = last_content(&body);
                     let prompt = prompt_tokens(&body);
                     axum::Json(json!({
                         "id": format!("chatcmpl-{n}"), "object": "chat.completion",
@@ -757,4 +732,32 @@ impl Drop for LimitedModel {
     fn drop(&mut self) {
         self.server.abort();
     }
+}
+
+/// The request body as the doubles served over axum read it: JSON held to the contract
+/// (`check_request`), or the 400 a provider answers.
+fn contract_body(raw: &[u8]) -> Result<Value, Box<axum::response::Response>> {
+    use axum::response::IntoResponse;
+    let refuse = |message: String| {
+        Box::new(
+            (
+                axum::http::StatusCode::BAD_REQUEST,
+                axum::Json(json!({"error": {"message": message, "type": "invalid_request_error"}})),
+            )
+                .into_response(),
+        )
+    };
+    let body: Value = serde_json::from_slice(raw).map_err(|e| refuse(e.to_string()))?;
+    check_request(&body).map_err(refuse)?;
+    Ok(body)
+}
+
+/// The content of a chat request's last message (`""` when it has none).
+pub fn last_content(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_string()
 }

@@ -317,18 +317,35 @@ async fn a_message_is_one_trace_from_webhook_to_delivery() {
 /// process still stops cleanly (the export gives up after its timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_is_down_does_not_hold_up_answers_or_shutdown() {
+    // Issue 32: the endpoint's credentials and the exporter's header reach no log line,
+    // the exporter's own error lines included.
+    const PASS: &str = "OTLPPASSsecret4771";
+    const HEADER: &str = "OTLPHEADERsecret4772";
     let model = echo_model().await;
     let receiver = accepting_receiver().await;
     let db = TestDb::new().await;
     let workdir = tempfile::tempdir().unwrap();
-    let closed = format!("http://127.0.0.1:{}", crate::binary::free_port());
+    let closed = format!(
+        "http://otel:{PASS}@127.0.0.1:{}",
+        crate::binary::free_port()
+    );
+    let config = workdir.path().join("otel.toml");
+    std::fs::write(
+        &config,
+        format!("[telemetry.headers]\nx-collector-key = \"{HEADER}\"\n"),
+    )
+    .unwrap();
+    let config = config.display().to_string();
     let envs = server_envs(
         &db,
         &model.uri(),
         &receiver.uri(),
         &[
+            ("ASSISTD_CONFIG", &config),
             ("ASSISTD_TELEMETRY__OTLP_ENDPOINT", &closed),
             ("ASSISTD_TELEMETRY__EXPORT_TIMEOUT_SECS", "1"),
+            // Every line the exporter and its HTTP client write, too.
+            ("ASSISTD_LOG__LEVEL", "debug"),
         ],
     );
     let server = RealServer::start(&envs, workdir.path()).await;
@@ -336,6 +353,10 @@ async fn a_collector_that_is_down_does_not_hold_up_answers_or_shutdown() {
     task_id_of(resp).await;
     wait_for_replies(&receiver, 1).await;
     assert_eq!(server.terminate(), Some(0));
+    let log = std::fs::read_to_string(workdir.path().join("assistd.log")).unwrap();
+    for secret in [PASS, HEADER] {
+        assert!(!log.contains(secret), "the log holds {secret}: {log}");
+    }
     db.drop_db().await;
 }
 
