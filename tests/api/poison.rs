@@ -368,3 +368,88 @@ async fn a_nul_in_an_mcp_result_is_stored_and_answered() {
     assert_eq!(server.calls().len(), 1, "{:?}", server.calls());
     flow.app.stop().await;
 }
+
+/// With the real binary (issue 32, "done means"): a model answer with a NUL is answered, and
+/// a task whose runs abort the same way every time ends FAILED INTERNAL after
+/// `engine.max_run_aborts` with one notice while its conversation's next message is
+/// answered, on the test database's dialect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_ends_a_poison_task_and_answers_a_nul() {
+    use crate::binary::{RealServer, server_envs};
+    let model = MockServer::start().await;
+    model_mock(|body: &Value| ModelReply::text(format!("nul\0answer to: {}", last_content(body))))
+        .mount(&model)
+        .await;
+    let receiver = accepting_receiver().await;
+    let db = TestDb::new().await;
+    let workdir = tempfile::tempdir().unwrap();
+    // First an instance that only takes messages: the poison is laid before any worker runs.
+    let api_only = server_envs(
+        &db,
+        &model.uri(),
+        &receiver.uri(),
+        &[("ASSISTD_SERVER__ROLE", "api")],
+    );
+    let intake = RealServer::start(&api_only, workdir.path()).await;
+    let first = task_id_of(
+        intake
+            .post_message(&message("bin-poison", 1, "first"))
+            .await,
+    )
+    .await;
+    let second = task_id_of(
+        intake
+            .post_message(&message("bin-poison", 2, "second"))
+            .await,
+    )
+    .await;
+    assert_eq!(intake.terminate(), Some(0));
+    exec_sql(
+        &db.url,
+        &format!("UPDATE agent_task SET workflow_snapshot = '{{not json' WHERE id = {first}"),
+    )
+    .await;
+    let envs = server_envs(
+        &db,
+        &model.uri(),
+        &receiver.uri(),
+        &[("ASSISTD_ENGINE__ABORT_RETRY_MS", "100")],
+    );
+    let server = RealServer::start(&envs, workdir.path()).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let replies = loop {
+        let replies = received_replies(&receiver).await;
+        if replies.len() >= 2 {
+            break replies;
+        }
+        assert!(std::time::Instant::now() < deadline, "{replies:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let keys: Vec<&str> = replies.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            format!("agent-task-{first}"),
+            format!("agent-task-{second}")
+        ],
+        "one notice, then the next answer"
+    );
+    assert!(
+        replies[0].1["text"].as_str().unwrap().contains("INTERNAL"),
+        "{replies:?}"
+    );
+    assert_eq!(replies[1].1["text"], "nul\u{FFFD}answer to: second");
+    let task: Value = reqwest::Client::new()
+        .get(format!("{}/api/tasks/{first}", server.addr))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(task["failure_type"], "INTERNAL", "{task:#}");
+    assert_eq!(task["run_aborts"], 3, "{task:#}");
+    assert_eq!(server.terminate(), Some(0));
+    db.drop_db().await;
+}
