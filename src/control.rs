@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, ToolKind};
 use crate::domain::AuditTarget;
-use crate::domain::{AuditEvent, ReplyType, TaskRow, TaskStatus, now_ms, reply_key};
+use crate::domain::{AuditEvent, ReplyType, TaskRow, TaskStatus, now_ms};
 use crate::domain::{Decision, FailureType, NewReply, StepStatus, StepType};
 use crate::engine::RunningTasks;
 use crate::store::Store;
@@ -64,14 +64,8 @@ async fn notice(svc: &TaskControl, task: &TaskRow, text: &str) -> StoreResult<Ne
         .await?
         .map(|m| m.external_message_id)
         .unwrap_or_default();
-    Ok(NewReply {
-        idempotency_key: reply_key(task.id, task.resume_count),
-        channel: task.channel.clone(),
-        conversation_id: task.conversation_id.clone(),
-        in_reply_to,
-        reply_type: ReplyType::Text,
-        content: serde_json::json!({ "text": text }).to_string(),
-    })
+    let content = serde_json::json!({ "text": text }).to_string();
+    Ok(task.reply(in_reply_to, ReplyType::Text, content))
 }
 
 /// Resumes a FAILED task (or one cancelled by an error) from its last finished step.

@@ -341,6 +341,21 @@ pub struct TaskRow {
     pub agent_name: String,
 }
 
+impl TaskRow {
+    /// The task's one reply to its chat (its answer, or a notice), in reply to the message
+    /// `in_reply_to`, under the task's reply key (`reply_key`).
+    pub fn reply(&self, in_reply_to: String, reply_type: ReplyType, content: String) -> NewReply {
+        NewReply {
+            idempotency_key: reply_key(self.id, self.resume_count),
+            channel: self.channel.clone(),
+            conversation_id: self.conversation_id.clone(),
+            in_reply_to,
+            reply_type,
+            content,
+        }
+    }
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct MessageRow {
     pub id: i64,

@@ -292,14 +292,6 @@ impl DeliveryError {
             permanent: false,
         }
     }
-
-    /// A reply the platform refused for good (`permanent`).
-    pub fn refused(message: impl Into<String>) -> Self {
-        DeliveryError {
-            permanent: true,
-            ..DeliveryError::retry(message)
-        }
-    }
 }
 
 /// The methods every platform implements alike: its channel name (`CHANNEL` of its file),

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{FailureType, Fence, NewReply, ReplyType, TaskOutcome, TaskRow, TaskStatus};
-use crate::domain::{now_ms, reply_key};
+use crate::domain::{FailureType, Fence, ReplyType, TaskOutcome, TaskRow, TaskStatus, now_ms};
 
 use super::reply;
 use super::task::RunError;
@@ -26,15 +25,15 @@ impl RunError {
 
 /// Waits until the database answers again after an outage stopped a run, then hands back the
 /// task as it stands if this run still owns it (`Ok(None)`: it does not, or the wait is over:
-/// `engine.outage_wait_secs`, shutdown, or the lease lost). An error that is not an outage is
-/// returned, and counts as the run's abort.
+/// `until`, shutdown, or the lease lost). An error that is not an outage is returned, and
+/// counts as the run's abort.
 pub async fn wait_out_outage(
     svc: &Worker,
     fence: &Fence,
     lost: &CancellationToken,
     shutdown: &CancellationToken,
+    until: Instant,
 ) -> Result<Option<TaskRow>, RunError> {
-    let until = Instant::now() + Duration::from_secs(svc.config.engine.outage_wait_secs);
     let mut pause = Duration::from_millis(100);
     loop {
         tokio::select! {
@@ -43,13 +42,7 @@ pub async fn wait_out_outage(
             _ = shutdown.cancelled() => return Ok(None),
         }
         match svc.store.task(fence.task_id).await {
-            Ok(Some(task))
-                if task.status == TaskStatus::Running
-                    && task.version == fence.version
-                    && task.owner.as_deref() == Some(fence.owner.as_str()) =>
-            {
-                return Ok(Some(task));
-            }
+            Ok(Some(task)) if still_ours(&task, fence) => return Ok(Some(task)),
             Ok(_) => return Ok(None),
             Err(e) => {
                 let e = RunError::from(e);
@@ -66,37 +59,32 @@ pub async fn wait_out_outage(
     }
 }
 
-/// What counting an abort needs of the task as its run claimed it.
-pub struct Claimed {
-    id: i64,
-    message_id: i64,
-    channel: String,
-    conversation_id: String,
-    resume_count: i64,
-    run_aborts: i64,
-}
-
-impl Claimed {
-    pub fn of(task: &TaskRow) -> Claimed {
-        Claimed {
-            id: task.id,
-            message_id: task.message_id,
-            channel: task.channel.clone(),
-            conversation_id: task.conversation_id.clone(),
-            resume_count: task.resume_count,
-            run_aborts: task.run_aborts,
-        }
-    }
+fn still_ours(task: &TaskRow, fence: &Fence) -> bool {
+    task.status == TaskStatus::Running
+        && task.version == fence.version
+        && task.owner.as_deref() == Some(fence.owner.as_str())
 }
 
 /// Counts a run that aborted with `error` (not an outage) and, at the limit, fails the task
-/// INTERNAL with its failure notice.
-pub async fn count_abort(svc: &Worker, fence: &Fence, task: &Claimed, error: &RunError) {
+/// INTERNAL with its failure notice. The task is read again here, on this rare path, rather
+/// than kept from the claim by every run.
+pub async fn count_abort(svc: &Worker, fence: &Fence, error: &RunError) {
     let engine = &svc.config.engine;
     let max = i64::from(engine.max_run_aborts);
     // Built here, without secrets: an error names no credential (issue 32), and what the
     // audit and the task keep is redacted as every stored error is.
     let text = crate::redaction::redact(&error.to_string());
+    let task = match svc.store.task(fence.task_id).await {
+        Ok(Some(task)) if still_ours(&task, fence) => task,
+        Ok(_) => {
+            tracing::warn!(error = %text, "task run aborted after it lost the task");
+            return;
+        }
+        Err(e) => {
+            tracing::error!(error = %text, read_error = %e, "task run aborted; reading the task failed, it resumes when its lease expires");
+            return;
+        }
+    };
     let now = now_ms();
     let lease_ms = svc.config.worker.lease().as_millis() as i64;
     let wait = (engine.abort_retry_ms as i64)
@@ -122,7 +110,7 @@ pub async fn count_abort(svc: &Worker, fence: &Fence, task: &Claimed, error: &Ru
         return;
     }
     tracing::error!(error = %text, aborts, "task run aborted too often; failing it INTERNAL");
-    match fail_internal(svc, fence, task, &text, aborts).await {
+    match fail_internal(svc, fence, &task, &text, aborts).await {
         Ok(true) => {}
         Ok(false) => tracing::warn!("the task was lost before its failure was recorded"),
         Err(e) => {
@@ -134,7 +122,7 @@ pub async fn count_abort(svc: &Worker, fence: &Fence, task: &Claimed, error: &Ru
 async fn fail_internal(
     svc: &Worker,
     fence: &Fence,
-    task: &Claimed,
+    task: &TaskRow,
     error: &str,
     aborts: i64,
 ) -> Result<bool, RunError> {
@@ -154,14 +142,7 @@ async fn fail_internal(
         error: Some(error),
         retries: 0,
         step: None,
-        reply: NewReply {
-            idempotency_key: reply_key(task.id, task.resume_count),
-            channel: task.channel.clone(),
-            conversation_id: task.conversation_id.clone(),
-            in_reply_to,
-            reply_type: ReplyType::Text,
-            content: notice.to_string(),
-        },
+        reply: task.reply(in_reply_to, ReplyType::Text, notice.to_string()),
     };
     Ok(svc.journal.finish_task(fence, &outcome).await?)
 }

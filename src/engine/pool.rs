@@ -205,16 +205,18 @@ async fn run_claimed(
             move || svc.running.track(task_id, None)
         })),
     };
-    let claimed = aborts::Claimed::of(&task);
     let mut result = run_task(&svc, &fence, &lost, task, message).await;
     // An outage is waited out, not counted: the run goes on under this claim as soon as the
-    // database answers again (the heartbeat renews the lease then, or finds it lost).
+    // database answers again (the heartbeat renews the lease then, or finds it lost). One
+    // deadline for the whole claim, however often the database comes and goes.
+    let outage_until =
+        std::time::Instant::now() + Duration::from_secs(svc.config.engine.outage_wait_secs);
     while let Err(e) = &result
         && e.is_outage()
         && !shutdown.is_cancelled()
     {
         tracing::warn!(error = %e, "the database is unavailable; the run goes on when it answers again");
-        result = match aborts::wait_out_outage(&svc, &fence, &lost, &shutdown).await {
+        result = match aborts::wait_out_outage(&svc, &fence, &lost, &shutdown, outage_until).await {
             Ok(Some(task)) => run_task(&svc, &fence, &lost, task, None).await,
             Ok(None) => break,
             Err(e) => Err(e),
@@ -240,7 +242,7 @@ async fn run_claimed(
         Err(e) if e.is_outage() => {
             tracing::warn!(error = %e, "stopped by a database outage; the task resumes when its lease expires")
         }
-        Err(e) => aborts::count_abort(&svc, &fence, &claimed, &e).await,
+        Err(e) => aborts::count_abort(&svc, &fence, &e).await,
     }
 }
 

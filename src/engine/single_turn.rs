@@ -11,8 +11,8 @@ use super::reply;
 use super::step::{self, CallErr, StepExec};
 use super::task::{RunError, TaskContext, model_of};
 use super::worker::Worker;
-use crate::domain::{FailureType, ReplyType, StepStatus, StepType, TaskStatus, reply_key};
-use crate::domain::{Fence, NewReply, NewStep, StepResult, StepRow, TaskOutcome};
+use crate::domain::{FailureType, ReplyType, StepStatus, StepType, TaskStatus};
+use crate::domain::{Fence, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::llm::{
     ChatMessage, ChatRequest, ChatResponse, OpenAiClient, WireRequest, estimate_tokens,
     history_budget,
@@ -171,14 +171,7 @@ fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
                 error: None,
                 retries,
                 step,
-                reply: NewReply {
-                    idempotency_key: reply_key(task.id, task.resume_count),
-                    channel: task.channel.clone(),
-                    conversation_id: task.conversation_id.clone(),
-                    in_reply_to,
-                    reply_type,
-                    content: content.to_string(),
-                },
+                reply: task.reply(in_reply_to, reply_type, content.to_string()),
                 audit_summary: format!(
                     "answered by {} after {} attempt(s) ({})",
                     call.model,
@@ -199,14 +192,7 @@ fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
                 error: Some(crate::domain::truncate(&err.message, ERROR_LIMIT)),
                 retries,
                 step,
-                reply: NewReply {
-                    idempotency_key: reply_key(task.id, task.resume_count),
-                    channel: task.channel.clone(),
-                    conversation_id: task.conversation_id.clone(),
-                    in_reply_to,
-                    reply_type: ReplyType::Text,
-                    content: notice.to_string(),
-                },
+                reply: task.reply(in_reply_to, ReplyType::Text, notice.to_string()),
                 audit_summary: format!(
                     "{} after {} attempt(s): {}",
                     err.failure,

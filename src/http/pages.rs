@@ -433,9 +433,12 @@ async fn task_action(
                 .unwrap_or("admin");
             // The request this page showed: a page older than a restart or a new request
             // decides nothing.
-            let request = form
-                .get("request")
-                .and_then(|t| crate::domain::ApprovalRef::parse_token(t));
+            let request = match form.get("request") {
+                None => None,
+                Some(token) => Some(crate::domain::ApprovalRef::parse_token(token).ok_or_else(
+                    || ApiError::BadRequest("field `request` names no approval request".into()),
+                )?),
+            };
             match crate::control::decide(
                 &svc.control,
                 id,

@@ -435,10 +435,10 @@ fn step_json(s: &crate::domain::StepRow) -> Value {
 fn pending_action_json(a: &crate::store::workflow::PendingActionRow) -> Value {
     let request = crate::domain::ApprovalRef::new(a.task_id, a.restart_no, a.step_no, &a.args);
     json!({
-    "id": a.id,
-    "request": request.token(),
-    "run": a.restart_no,
-    "step_no": a.step_no,
+        "id": a.id,
+        "request": request.token(),
+        "run": a.restart_no,
+        "step_no": a.step_no,
         "kind": a.kind,
         "tool": a.tool_name,
         "args": serde_json::from_str::<Value>(&a.args).unwrap_or(Value::Null),

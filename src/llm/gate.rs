@@ -26,15 +26,19 @@ pub struct ProviderGate {
     tasks: AtomicUsize,
     /// No call goes before this time (ms), after a 429.
     paused_until: AtomicI64,
+    /// The longest pause one 429 causes (`llm.retry_after_max_secs`): a provider asking
+    /// for a day does not silence it for a day.
+    pause_max: Duration,
 }
 
 impl ProviderGate {
-    pub fn new(max_concurrency: usize) -> ProviderGate {
+    pub fn new(max_concurrency: usize, pause_max: Duration) -> ProviderGate {
         ProviderGate {
             max: max_concurrency,
             calls: (max_concurrency > 0).then(|| Arc::new(Semaphore::new(max_concurrency))),
             tasks: AtomicUsize::new(0),
             paused_until: AtomicI64::new(0),
+            pause_max,
         }
     }
 
@@ -77,9 +81,11 @@ impl ProviderGate {
         }
     }
 
-    /// The provider refused a call with 429: every call waits `retry_after` (or a second).
+    /// The provider refused a call with 429: every call waits `retry_after` (or a second),
+    /// at most `pause_max`.
     pub fn refused(&self, retry_after: Option<Duration>) {
-        let until = now_ms() + retry_after.unwrap_or(DEFAULT_PAUSE).as_millis() as i64;
+        let pause = retry_after.unwrap_or(DEFAULT_PAUSE).min(self.pause_max);
+        let until = now_ms() + pause.as_millis() as i64;
         self.paused_until.fetch_max(until, Ordering::Relaxed);
     }
 }
@@ -131,7 +137,7 @@ mod tests {
 
     #[tokio::test]
     async fn slots_count_tasks_and_a_429_pauses_the_provider() {
-        let gate = Arc::new(ProviderGate::new(2));
+        let gate = Arc::new(ProviderGate::new(2, Duration::from_secs(60)));
         let now = now_ms();
         assert!(gate.limits_claims(now));
         assert_eq!(gate.free_slots(now), 2);
@@ -146,7 +152,13 @@ mod tests {
         let started = std::time::Instant::now();
         let _slot = gate.call_slot().await;
         assert!(started.elapsed() >= Duration::from_millis(150));
-        let open = ProviderGate::new(0);
+        let open = ProviderGate::new(0, Duration::from_millis(100));
+        // A Retry-After of a day pauses at most `pause_max`.
+        open.refused(Some(Duration::from_secs(86_400)));
+        let started = std::time::Instant::now();
+        let _ = open.call_slot().await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(!open.limits_claims(now_ms()));
         assert_eq!(open.free_slots(now_ms()), usize::MAX);
         assert!(open.call_slot().await.is_none());

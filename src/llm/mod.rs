@@ -42,7 +42,9 @@ pub struct OpenAiClient {
 }
 
 impl OpenAiClient {
-    pub fn new(config: &LlmProviderConfig) -> anyhow::Result<Self> {
+    /// The client of one provider; `pause_max` caps the pause after a 429
+    /// (`llm.retry_after_max_secs`).
+    pub fn new(config: &LlmProviderConfig, pause_max: Duration) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(config.timeout_secs))
             .connect_timeout(Duration::from_secs(config.timeout_secs.min(10)))
@@ -64,7 +66,7 @@ impl OpenAiClient {
                 .collect(),
             model: config.model.clone(),
             context_window: config.context_window,
-            gate: Arc::new(gate::ProviderGate::new(config.max_concurrency)),
+            gate: Arc::new(gate::ProviderGate::new(config.max_concurrency, pause_max)),
         })
     }
 
@@ -263,13 +265,14 @@ pub struct ModelClients {
 
 impl ModelClients {
     pub fn new(config: &LlmConfig) -> anyhow::Result<Self> {
+        let pause_max = Duration::from_secs(config.retry_after_max_secs);
         let named = config
             .providers
             .iter()
-            .map(|(name, p)| Ok((name.clone(), OpenAiClient::new(p)?)))
+            .map(|(name, p)| Ok((name.clone(), OpenAiClient::new(p, pause_max)?)))
             .collect::<anyhow::Result<_>>()?;
         Ok(ModelClients {
-            default: OpenAiClient::new(&config.default_provider())?,
+            default: OpenAiClient::new(&config.default_provider(), pause_max)?,
             named,
         })
     }

@@ -51,9 +51,15 @@ impl Store {
         let mut agent_names: Vec<&str> = batch.iter().map(|(_, a)| *a).collect();
         agent_names.sort_unstable();
         agent_names.dedup();
-        // With the version's definition: its `provider` goes on the task (`ProviderFilter`).
+        // With the provider the version's definition names (`""`: `[llm]`), for the task
+        // (`ProviderFilter`): read out by the database, so the definition (a whole workflow,
+        // maybe) does not travel with every batch.
+        let provider = match self.dialect() {
+            Dialect::Sqlite => "json_extract(v.definition, '$.provider')",
+            Dialect::Postgres => "v.definition::json ->> 'provider'",
+        };
         let agents_sql = format!(
-            "SELECT a.name, a.id, a.current_version_id, v.definition FROM agent a \
+            "SELECT a.name, a.id, a.current_version_id, COALESCE({provider}, '') FROM agent a \
              JOIN agent_version v ON v.id = a.current_version_id WHERE a.name IN ({})",
             (1..=agent_names.len())
                 .map(|i| format!("${i}"))
@@ -70,9 +76,7 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?
                 .into_iter()
-                .map(|(name, id, version, definition)| {
-                    (name, (id, version, provider_of(&definition)))
-                })
+                .map(|(name, id, version, provider)| (name, (id, version, provider)))
                 .collect();
             let known: Vec<usize> = (0..batch.len())
                 .filter(|&i| agents.contains_key(batch[i].1))
@@ -384,16 +388,4 @@ impl IntakeSql {
         );
         IntakeSql { messages, tasks }
     }
-}
-
-/// The provider an agent version's definition names (`""`: `[llm]`).
-fn provider_of(definition: &str) -> String {
-    #[derive(serde::Deserialize)]
-    struct Named {
-        #[serde(default)]
-        provider: String,
-    }
-    serde_json::from_str::<Named>(definition)
-        .map(|n| n.provider)
-        .unwrap_or_default()
 }

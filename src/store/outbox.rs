@@ -158,7 +158,7 @@ impl Store {
                  WHERE id = $3 AND locked_by = $4 AND status = 'PENDING' AND edit = 1",
             )
             .bind(now)
-            .bind(super::text::storable(&crate::domain::truncate(error, 1000)).into_owned())
+            .bind(super::text::stored_error(error))
             .bind(reply.id)
             .bind(owner)
             .execute(&mut *tx)
@@ -183,7 +183,7 @@ impl Store {
                  WHERE id = $3 AND locked_by = $4 AND status = 'PENDING'",
             )
             .bind(next_attempt_at)
-            .bind(super::text::storable(&crate::domain::truncate(error, 1000)).into_owned())
+            .bind(super::text::stored_error(error))
             .bind(reply.id)
             .bind(owner)
             .execute(&mut *tx)
@@ -253,7 +253,7 @@ impl Store {
                  locked_until = NULL WHERE id = $3 AND locked_by = $4 AND status = 'PENDING'",
             )
             .bind(status)
-            .bind(super::text::storable(&crate::domain::truncate(error, 1000)).into_owned())
+            .bind(super::text::stored_error(error))
             .bind(reply.id)
             .bind(owner)
             .execute(&mut *tx)

@@ -90,7 +90,7 @@ macro_rules! insert_reply {
         .bind(&$reply.conversation_id)
         .bind(&$reply.in_reply_to)
         .bind($reply.reply_type)
-        .bind($crate::store::text::storable(&$reply.content).into_owned())
+        .bind($crate::store::text::storable(&$reply.content))
         .bind($crate::domain::ReplyStatus::Pending)
         .bind($now)
         .execute($tx)

@@ -33,6 +33,11 @@ pub fn storable(text: &str) -> Cow<'_, str> {
     Cow::Borrowed(text)
 }
 
+/// An error text as a row keeps it: cut to 1,000 bytes, storable.
+pub fn stored_error(error: &str) -> String {
+    storable(&crate::domain::truncate(error, 1000)).into_owned()
+}
+
 /// [`storable`] of an optional text.
 pub fn storable_opt(text: Option<&str>) -> Option<Cow<'_, str>> {
     text.map(storable)

@@ -110,16 +110,17 @@ impl Scrubber {
     }
 
     /// `text` (an error, a line of the server's standard error) as fit to store, show, log
-    /// or hand to a model: every URL cut to its endpoint, redacted, and the server's secret
-    /// values replaced.
+    /// or hand to a model: the server's secret values replaced, every URL cut to its
+    /// endpoint, and redacted.
     fn scrub(&self, text: &str) -> String {
-        let mut out = crate::redaction::outbound_text(text);
+        // The known values first, whole, before the patterns cut the text around them.
+        let mut out = std::borrow::Cow::Borrowed(text);
         for secret in &self.0 {
             if out.contains(secret.as_str()) {
-                out = out.replace(secret.as_str(), "[secret]");
+                out = std::borrow::Cow::Owned(out.replace(secret.as_str(), "[secret]"));
             }
         }
-        out
+        crate::redaction::outbound_text(&out)
     }
 
     /// An error of a call to the server, scrubbed.

@@ -90,6 +90,18 @@ impl RealServer {
 
 impl RealServer {
     /// POSTs `message` to the server's generic webhook, signed with the test secret.
+    /// GET `path` with the admin token; asserts 200 and returns the JSON body.
+    pub async fn admin_json(&self, path: &str) -> Value {
+        let resp = reqwest::Client::new()
+            .get(format!("{}{path}", self.addr))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "GET {path}");
+        resp.json().await.unwrap()
+    }
+
     pub async fn post_message(&self, message: &Value) -> reqwest::Response {
         self.post_message_with(message, &[]).await
     }

@@ -102,6 +102,11 @@ impl TestDb {
         }
     }
 
+    /// Whether `TestDb::new` makes PostgreSQL databases in this run.
+    pub fn new_is_postgres() -> bool {
+        std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty())
+    }
+
     pub fn is_postgres(&self) -> bool {
         self.pg_admin.is_some()
     }

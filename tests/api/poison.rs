@@ -217,9 +217,9 @@ async fn a_run_that_always_aborts_ends_failed_internal_and_the_conversation_move
 /// past this test's wait), and is not counted as an abort.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_is_waited_out_and_not_counted() {
-    if std::env::var("ASSISTD_TEST_POSTGRES_URL").is_err() {
-        // SQLite has no server to lose (the outage test of `outage.rs` stops a private
-        // PostgreSQL cluster; this one closes the test database to connections).
+    // SQLite has no server to lose (the outage test of `outage.rs` stops a private
+    // PostgreSQL cluster; this one closes the test database to connections).
+    if !TestDb::new_is_postgres() {
         return;
     }
     let model = MockServer::start().await;
@@ -439,15 +439,7 @@ async fn the_binary_ends_a_poison_task_and_answers_a_nul() {
         "{replies:?}"
     );
     assert_eq!(replies[1].1["text"], "nul\u{FFFD}answer to: second");
-    let task: Value = reqwest::Client::new()
-        .get(format!("{}/api/tasks/{first}", server.addr))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let task = server.admin_json(&format!("/api/tasks/{first}")).await;
     assert_eq!(task["failure_type"], "INTERNAL", "{task:#}");
     assert_eq!(task["run_aborts"], 3, "{task:#}");
     assert_eq!(server.terminate(), Some(0));

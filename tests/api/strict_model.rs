@@ -649,8 +649,8 @@ impl Drop for SlowStreamingModel {
 
 /// A provider with limits, as real ones have (OpenAI's and Azure's documented behaviour: a
 /// request over the limit is refused with 429 and a `Retry-After`): a server on 127.0.0.1
-/// holding requests to the same contract (`check_request`), answering each non-streamed
-/// chat after `latency` with `answer to: <last message>`, and refusing with 429
+/// holding requests to the same contract (`check_request`), answering each chat after
+/// `latency` with `answer to: <last message>` (streamed when the request asks), and refusing with 429
 /// (`Retry-After: 1`, OpenAI's `rate_limit_exceeded` body) every request above `limit` in
 /// flight at once, and every request until `refuse_until`. Counts what it answered and what
 /// it refused, and the most requests it had in flight. Stops when dropped.
@@ -700,12 +700,24 @@ impl LimitedModel {
                     tokio::time::sleep(latency).await;
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     let n = answered.fetch_add(1, Ordering::SeqCst);
-                    let last = last_content(&body);
+                    let message = json!({
+                        "role": "assistant",
+                        "content": format!("answer to: {}", last_content(&body))
+                    });
                     let prompt = prompt_tokens(&body);
+                    // Streamed when asked, as a provider does.
+                    if body["stream"] == true {
+                        let events = sse_body(&body, n, &message, "stop", prompt, None);
+                        return (
+                            [("content-type", "text/event-stream")],
+                            events.concat(),
+                        )
+                            .into_response();
+                    }
                     axum::Json(json!({
                         "id": format!("chatcmpl-{n}"), "object": "chat.completion",
                         "created": 1_700_000_000u32, "model": body["model"],
-                        "choices": [{ "index": 0, "message": {"role": "assistant", "content": format!("answer to: {last}")}, "finish_reason": "stop" }],
+                        "choices": [{ "index": 0, "message": message, "finish_reason": "stop" }],
                         "usage": { "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7 }
                     }))
                     .into_response()

@@ -561,15 +561,7 @@ async fn a_failing_call_puts_no_secret_in_the_log_or_the_exported_spans() {
     let server = RealServer::start(&envs, dir.path()).await;
     let id = task_id_of(server.post_message(&message("otel-leak", 1, "look")).await).await;
     wait_for_replies(&receiver, 1).await;
-    let task: serde_json::Value = reqwest::Client::new()
-        .get(format!("{}/api/tasks/{id}", server.addr))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let task = server.admin_json(&format!("/api/tasks/{id}")).await;
     assert_eq!(task["status"], "FAILED", "{task:#}");
     assert_eq!(server.terminate(), Some(0));
     let spans = collector.raw();

@@ -56,55 +56,97 @@ pub(crate) async fn end_to_end(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The server runs as a child `assistd` so its memory is measured alone (the mock model,
-/// which holds a connection per call, and the load generator stay in this process).
+/// `n` messages sent to a child `assistd` (so its memory is measured alone: the mock model,
+/// which holds a connection per call, and the load generator stay in this process) with
+/// `concurrency` worker slots and the `extra` settings, until every one is answered.
+struct ChildRun {
+    db: BenchDb,
+    mocks: Mocks,
+    started: Instant,
+    /// Until the last webhook was answered, and until the last reply.
+    ingest: Duration,
+    wall: Duration,
+    acks: Vec<Duration>,
+    /// The child's resident memory before the messages, and at its peak (KiB).
+    baseline_kib: u64,
+    peak_kib: u64,
+}
+
+impl ChildRun {
+    async fn run(
+        args: &Args,
+        concurrency: usize,
+        extra: &[(&str, String)],
+        prefix: &str,
+    ) -> anyhow::Result<ChildRun> {
+        let db = BenchDb::new(args.db).await?;
+        let mocks = start_mocks(Duration::from_millis(args.model_latency_ms)).await?;
+        let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await?
+            .local_addr()?
+            .port();
+        let mut child = spawn_child_with(
+            &db.url,
+            &mocks,
+            port,
+            0,
+            concurrency,
+            None,
+            "bench-child",
+            extra,
+        )?;
+        wait_ready(port).await?;
+        let pid = child.id();
+        let baseline_kib = rss_kib(pid, "VmRSS:");
+        let started = Instant::now();
+        let addr = format!("127.0.0.1:{port}").parse()?;
+        let mut acks = send_messages(addr, args.n, args.concurrency, prefix).await?;
+        let ingest = started.elapsed();
+        acks.sort_unstable();
+        wait_replies(&mocks, args.n, Duration::from_secs(3600)).await?;
+        let wall = started.elapsed();
+        let peak_kib = rss_kib(pid, "VmHWM:");
+        let _ = child.kill();
+        let _ = child.wait();
+        Ok(ChildRun {
+            db,
+            mocks,
+            started,
+            ingest,
+            wall,
+            acks,
+            baseline_kib,
+            peak_kib,
+        })
+    }
+
+    async fn finish(self) {
+        self.mocks.stop.cancel();
+        self.db.drop_db().await;
+    }
+}
+
 pub(crate) async fn in_flight(args: &Args) -> anyhow::Result<()> {
-    let db = BenchDb::new(args.db).await?;
-    let latency = Duration::from_millis(args.model_latency_ms);
-    let mocks = start_mocks(latency).await?;
-    let port = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await?
-        .local_addr()?
-        .port();
-    let mut child = spawn_child(&db.url, &mocks, port, 0, args.n.max(1), None, "bench-child")?;
-    wait_ready(port).await?;
-    let pid = child.id();
-    let baseline = rss_kib(pid, "VmRSS:");
-    let started = Instant::now();
-    let mut acks = send_messages(
-        format!("127.0.0.1:{port}").parse()?,
-        args.n,
-        args.concurrency,
-        "inflight",
-    )
-    .await?;
-    let ingest_time = started.elapsed();
-    acks.sort_unstable();
-    wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
-    let wall = started.elapsed();
-    let peak = rss_kib(pid, "VmHWM:");
-    let _ = child.kill();
-    let _ = child.wait();
+    let run = ChildRun::run(args, args.n.max(1), &[], "inflight").await?;
+    let (mocks, in_flight) = (&run.mocks, run.mocks.max_in_flight.load(Ordering::Relaxed));
     println!(
         "scenario=in-flight db={} n={} model_latency={}ms wall={:.2}s ingest={:.2}s ack_p50={:.2}ms ack_p99={:.2}ms last_call={:.2}s first_reply={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB rss_per_task={:.1}KiB",
         db_name(args.db),
         args.n,
         args.model_latency_ms,
-        wall.as_secs_f64(),
-        ingest_time.as_secs_f64(),
-        percentile(&acks, 0.50),
-        percentile(&acks, 0.99),
-        mocks.mark_after(&mocks.last_call_ms, started),
-        mocks.mark_after(&mocks.first_reply_ms, started),
-        mocks.max_in_flight.load(Ordering::Relaxed),
-        baseline as f64 / 1024.0,
-        peak as f64 / 1024.0,
+        run.wall.as_secs_f64(),
+        run.ingest.as_secs_f64(),
+        percentile(&run.acks, 0.50),
+        percentile(&run.acks, 0.99),
+        mocks.mark_after(&mocks.last_call_ms, run.started),
+        mocks.mark_after(&mocks.first_reply_ms, run.started),
+        in_flight,
+        run.baseline_kib as f64 / 1024.0,
+        run.peak_kib as f64 / 1024.0,
         // Per task actually in flight at the peak, not per message sent.
-        peak.saturating_sub(baseline) as f64
-            / mocks.max_in_flight.load(Ordering::Relaxed).max(1) as f64
+        run.peak_kib.saturating_sub(run.baseline_kib) as f64 / in_flight.max(1) as f64
     );
-    mocks.stop.cancel();
-    db.drop_db().await;
+    run.finish().await;
     Ok(())
 }
 
@@ -114,48 +156,23 @@ pub(crate) async fn in_flight(args: &Args) -> anyhow::Result<()> {
 /// resident memory while the tasks wait queued in the database.
 pub(crate) async fn provider_limit(args: &Args) -> anyhow::Result<()> {
     const LIMIT: usize = 64;
-    let db = BenchDb::new(args.db).await?;
-    let latency = Duration::from_millis(args.model_latency_ms);
-    let mocks = start_mocks(latency).await?;
-    let port = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await?
-        .local_addr()?
-        .port();
     let limit = [("ASSISTD_LLM__MAX_CONCURRENCY", LIMIT.to_string())];
-    let mut child = spawn_child_with(&db.url, &mocks, port, 0, 256, None, "bench-child", &limit)?;
-    wait_ready(port).await?;
-    let pid = child.id();
-    let baseline = rss_kib(pid, "VmRSS:");
-    let started = Instant::now();
-    send_messages(
-        format!("127.0.0.1:{port}").parse()?,
-        args.n,
-        args.concurrency,
-        "limited",
-    )
-    .await?;
-    let ingest_time = started.elapsed();
-    wait_replies(&mocks, args.n, Duration::from_secs(3600)).await?;
-    let wall = started.elapsed();
-    let peak = rss_kib(pid, "VmHWM:");
-    let _ = child.kill();
-    let _ = child.wait();
-    let ideal = latency.as_secs_f64() * args.n as f64 / LIMIT as f64;
+    let run = ChildRun::run(args, 256, &limit, "limited").await?;
+    let ideal = args.model_latency_ms as f64 / 1000.0 * args.n as f64 / LIMIT as f64;
     println!(
         "scenario=provider-limit db={} n={} limit={LIMIT} model_latency={}ms wall={:.2}s ideal={:.2}s wall_over_ideal={:.2} ingest={:.2}s max_in_flight={} baseline_rss={:.1}MiB peak_rss={:.1}MiB",
         db_name(args.db),
         args.n,
         args.model_latency_ms,
-        wall.as_secs_f64(),
+        run.wall.as_secs_f64(),
         ideal,
-        wall.as_secs_f64() / ideal,
-        ingest_time.as_secs_f64(),
-        mocks.max_in_flight.load(Ordering::Relaxed),
-        baseline as f64 / 1024.0,
-        peak as f64 / 1024.0,
+        run.wall.as_secs_f64() / ideal,
+        run.ingest.as_secs_f64(),
+        run.mocks.max_in_flight.load(Ordering::Relaxed),
+        run.baseline_kib as f64 / 1024.0,
+        run.peak_kib as f64 / 1024.0,
     );
-    mocks.stop.cancel();
-    db.drop_db().await;
+    run.finish().await;
     Ok(())
 }
 

@@ -3,10 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::domain::{
-    AuditEvent, FailureType, ReplyType, StepType, TaskStatus, now_ms, reply_key, truncate,
-};
-use crate::domain::{NewReply, TaskOutcome};
+use crate::domain::TaskOutcome;
+use crate::domain::{AuditEvent, FailureType, ReplyType, StepType, TaskStatus, now_ms, truncate};
 use crate::engine::reply;
 use crate::engine::task::RunError;
 
@@ -97,14 +95,11 @@ impl Runner<'_> {
             error: None,
             retries: 0,
             step: None,
-            reply: NewReply {
-                idempotency_key: reply_key(task.id, task.resume_count),
-                channel: task.channel.clone(),
-                conversation_id: task.conversation_id.clone(),
-                in_reply_to: self.ctx.message.external_message_id.clone(),
+            reply: task.reply(
+                self.ctx.message.external_message_id.clone(),
                 reply_type,
-                content: content.to_string(),
-            },
+                content.to_string(),
+            ),
             audit_summary: format!("workflow finished after {} step(s)", self.step_no),
         };
         self.finish(outcome).await
@@ -145,14 +140,11 @@ impl Runner<'_> {
             error: Some(truncate(&message, ERROR_LIMIT)),
             retries: 0,
             step: None,
-            reply: NewReply {
-                idempotency_key: reply_key(task.id, task.resume_count),
-                channel: task.channel.clone(),
-                conversation_id: task.conversation_id.clone(),
-                in_reply_to: self.ctx.message.external_message_id.clone(),
-                reply_type: ReplyType::Text,
-                content: notice.to_string(),
-            },
+            reply: task.reply(
+                self.ctx.message.external_message_id.clone(),
+                ReplyType::Text,
+                notice.to_string(),
+            ),
             audit_summary: format!("{failure}: {}", truncate(&message, 300)),
         };
         self.finish(outcome).await

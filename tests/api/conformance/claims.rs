@@ -158,3 +158,52 @@ async fn a_claims_messages_are_read_in_one_statement() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// A claim limited to one provider's tasks (issue 32, `ProviderFilter`) keeps the rules of
+/// every claim: only the oldest task of a conversation, never two of one conversation
+/// running, and expired leases taken over; another provider's filter takes none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_one_providers_tasks_keeps_one_running_per_conversation() {
+    use assistd::store::tasks::ProviderFilter;
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let p1 = ingest(&store, "p", 1, now).await;
+    let _p2 = ingest(&store, "p", 2, now).await;
+    let q1 = ingest(&store, "q", 1, now).await;
+    // The default agent's tasks carry the default provider ("").
+    let only = |name: &str| ProviderFilter::Only(name.into());
+    let claim = |owner: &'static str, at: i64, filter: ProviderFilter| {
+        let store = store.clone();
+        async move {
+            let claimed = store
+                .claim_tasks_of(owner, 10, at + LEASE, at, &filter)
+                .await
+                .unwrap();
+            claimed.iter().map(|c| c.id).collect::<Vec<_>>()
+        }
+    };
+    assert!(claim("w", now, only("elsewhere")).await.is_empty());
+    assert!(
+        claim("w", now, ProviderFilter::Except(vec![String::new()]))
+            .await
+            .is_empty()
+    );
+    assert_eq!(claim("w", now, only("")).await, [p1, q1]);
+    assert!(
+        claim("w", now, only("")).await.is_empty(),
+        "the conversation's second task waits for its first"
+    );
+    let later = now + LEASE + 1;
+    assert_eq!(
+        claim(
+            "w2",
+            later,
+            ProviderFilter::Except(vec!["elsewhere".into()])
+        )
+        .await,
+        [p1, q1],
+        "expired leases are taken over"
+    );
+    store.close().await;
+    db.drop_db().await;
+}
