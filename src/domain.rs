@@ -513,6 +513,9 @@ pub struct ReplyRow {
     pub edit: bool,
     /// The key the platform sees when it is not `idempotency_key` (see migration 0009).
     pub send_key: Option<String>,
+    /// How many numbered parts of a reply too long for one message the platform has
+    /// accepted (see `channels::parts`): a resumed delivery sends only the rest.
+    pub parts_sent: i64,
     /// The answered message's `reply_context` (DingTalk's session webhook), read by the
     /// outbox for platforms that want it; not a column of the reply.
     #[sqlx(skip)]

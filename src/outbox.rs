@@ -170,7 +170,12 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
         }
         return Some(at);
     }
-    let result = attempt(svc, &mut reply).await;
+    let result = match attempt(svc, &mut reply).await {
+        // The next part waits for the chat's pace; the reply was put back until then.
+        Ok(Outcome::Paused(at)) => return Some(at),
+        Ok(Outcome::Delivered(delivered)) => Ok(delivered),
+        Err(e) => Err(e),
+    };
     // What is stored and logged of a failure is redacted (platform error bodies may echo
     // tokens; transport errors are already free of their URLs).
     let result = result.map_err(|mut e| {
@@ -237,8 +242,16 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
     None
 }
 
-/// One try of a claimed reply: a new message, or an edit of its placeholder.
-async fn attempt(svc: &Sender, reply: &mut ReplyRow) -> Result<Delivered, DeliveryError> {
+/// How a try of a reply ended when it did not fail.
+enum Outcome {
+    Delivered(Delivered),
+    /// Some parts of a long reply went; the next waits for the chat's pace until then.
+    Paused(i64),
+}
+
+/// One try of a claimed reply: a new message, or an edit of its placeholder; a reply longer
+/// than its platform allows goes as numbered parts.
+async fn attempt(svc: &Sender, reply: &mut ReplyRow) -> Result<Outcome, DeliveryError> {
     // The answer of a placeholder whose send is in doubt goes under its own key.
     if let Some(key) = reply.send_key.take() {
         reply.idempotency_key = key;
@@ -263,10 +276,86 @@ async fn attempt(svc: &Sender, reply: &mut ReplyRow) -> Result<Delivered, Delive
         Err(DeliveryError::retry(format!(
             "reply context unavailable: {e}"
         )))
+    } else if let Some(parts) = svc.channels.parts(reply) {
+        send_parts(svc, reply, parts).await
     } else if reply.edit {
-        svc.channels.edit(reply).await
+        svc.channels.edit(reply).await.map(Outcome::Delivered)
     } else {
-        svc.channels.send(reply).await
+        svc.channels.send(reply).await.map(Outcome::Delivered)
+    }
+}
+
+/// Sends the parts of a long reply that the platform has not accepted yet, in order: the
+/// first under the reply's key (editing its placeholder when it has one), part `k` under
+/// `<key>-part-<k>`. Each accepted part is recorded before the next goes, so a delivery
+/// resumed after a crash or a failed part sends only the missing ones; between parts the
+/// chat's send pace is kept (the reply is put back until the pace allows the next).
+async fn send_parts(
+    svc: &Sender,
+    reply: &ReplyRow,
+    parts: Vec<String>,
+) -> Result<Outcome, DeliveryError> {
+    let total = parts.len();
+    let start = usize::try_from(reply.parts_sent).unwrap_or(0).min(total);
+    let mut first = reply.platform_message_id.clone();
+    let interval = svc.channels.chat_interval_ms(&reply.channel);
+    for (k, content) in parts.into_iter().enumerate().skip(start) {
+        if k > start
+            && let Err(at) =
+                svc.channels
+                    .pacer
+                    .admit(&reply.channel, &reply.conversation_id, interval, now_ms())
+        {
+            note_parts(svc, reply, k, first.as_deref(), Some(at)).await?;
+            return Ok(Outcome::Paused(at));
+        }
+        let mut part = reply.clone();
+        part.content = content;
+        part.reply_type = crate::domain::ReplyType::Text;
+        if k > 0 {
+            part.idempotency_key = format!("{}-part-{}", reply.idempotency_key, k + 1);
+            part.edit = false;
+            part.platform_message_id = None;
+        }
+        let delivered = if part.edit {
+            svc.channels.edit(&part).await?
+        } else {
+            svc.channels.send(&part).await?
+        };
+        tracing::info!(key = %part.idempotency_key, part = k + 1, parts = total, "reply part delivered");
+        if k == 0 {
+            first = delivered.platform_message_id.or(first);
+        }
+        if k + 1 < total {
+            note_parts(svc, reply, k + 1, first.as_deref(), None).await?;
+        }
+    }
+    Ok(Outcome::Delivered(Delivered {
+        platform_message_id: first,
+    }))
+}
+
+/// Records how many parts of `reply` went (see `Store::note_parts_sent`); a failure to
+/// record, or a lost lease, ends this try (the unrecorded part goes again under its key).
+async fn note_parts(
+    svc: &Sender,
+    reply: &ReplyRow,
+    sent: usize,
+    first: Option<&str>,
+    resume_at: Option<i64>,
+) -> Result<(), DeliveryError> {
+    match svc
+        .store
+        .note_parts_sent(reply, &svc.instance_id, sent as i64, first, resume_at)
+        .await
+    {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(DeliveryError::retry(
+            "the reply's lease was lost between two of its parts",
+        )),
+        Err(e) => Err(DeliveryError::retry(format!(
+            "recording the reply's parts failed: {e}"
+        ))),
     }
 }
 

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+use super::parts::{TextLimit, Unit};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -479,6 +480,17 @@ impl Platform for DingTalkChannel {
             });
             Ok(parsed)
         })
+    }
+
+    /// DingTalk robot replies through the session webhook: at most 2,000 characters a
+    /// message (DingTalk's own connector, dingtalk-real-ai/dingtalk-openclaw-connector,
+    /// "单条消息长度限制 2000 字符", sending longer text in several messages).
+    fn text_limit(&self) -> TextLimit {
+        TextLimit::new(2000, Unit::Chars)
+    }
+
+    fn card_limit_bytes(&self) -> Option<usize> {
+        Some(6000)
     }
 
     fn chat_interval_ms(&self) -> u64 {

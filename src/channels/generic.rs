@@ -10,6 +10,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{Map, Value, json};
 use sha2::Sha256;
 
+use super::parts::{TextLimit, Unit};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Progress,
     Refused,
@@ -34,6 +35,10 @@ pub struct GenericChannelConfig {
     /// POST progress lines of workflow nodes while a task runs (default off).
     #[serde(default)]
     pub progress: bool,
+    /// The longest reply text the receiving IM takes, in characters; a longer answer goes
+    /// as numbered parts (`agent-task-<id>-part-<k>`). 0 (the default): no limit.
+    #[serde(default)]
+    pub max_text_chars: usize,
 }
 
 /// Longest accepted id field (event, message, conversation, sender), in bytes.
@@ -276,6 +281,13 @@ impl GenericChannel {
 
 impl Platform for GenericChannel {
     super::platform::platform_basics!(GenericChannel);
+
+    fn text_limit(&self) -> TextLimit {
+        match self.config.max_text_chars {
+            0 => TextLimit::NONE,
+            max => TextLimit::new(max, Unit::Chars),
+        }
+    }
 
     /// With `channels.generic.progress`, a signed progress POST to `reply_url`.
     fn progress<'a>(&'a self, update: &'a Progress) -> BoxFuture<'a, Result<(), String>> {

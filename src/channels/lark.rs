@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::parts::{TextLimit, Unit};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -452,6 +453,17 @@ impl Platform for LarkChannel {
                 parse_event(&self.config, parts, request.body, now)?
             }))
         })
+    }
+
+    /// Lark Open API, send and reply to messages: a card's request body holds at most
+    /// 30 KB (a text message 150 KB). Answers that may edit a placeholder are cards, so the
+    /// card's limit holds for every part, counted as the text escaped into the card's JSON.
+    fn text_limit(&self) -> TextLimit {
+        TextLimit::new(28 * 1024, Unit::JsonBytes)
+    }
+
+    fn card_limit_bytes(&self) -> Option<usize> {
+        Some(28 * 1024)
     }
 
     fn chat_interval_ms(&self) -> u64 {

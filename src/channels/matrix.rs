@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
+use super::parts::{TextLimit, Unit};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Once, Parsed, Platform,
     Refused, SettingProblem, no_route, require_settings,
@@ -414,6 +415,17 @@ impl Platform for MatrixChannel {
 
     fn accept_invite<'a>(&'a self, room: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(self.join(room))
+    }
+
+    /// Matrix: an event's JSON holds at most 65,536 bytes (client-server API, "Size
+    /// limits"), and an edit (`m.replace`) carries the text twice (its fallback `body` and
+    /// `m.new_content`): so a message's text, as JSON, at most 30,000 bytes.
+    fn text_limit(&self) -> TextLimit {
+        TextLimit::new(30_000, Unit::JsonBytes)
+    }
+
+    fn card_limit_bytes(&self) -> Option<usize> {
+        Some(30_000)
     }
 
     fn chat_interval_ms(&self) -> u64 {

@@ -16,6 +16,7 @@ pub mod dingtalk;
 pub mod generic;
 pub mod lark;
 pub mod matrix;
+pub mod parts;
 pub mod platform;
 pub mod slack;
 pub mod telegram;
@@ -152,6 +153,44 @@ impl Channels {
     /// Whether an edit's `error` on `channel` says the message is gone for good.
     pub fn edit_target_gone(&self, channel: &str, error: &DeliveryError) -> bool {
         self.get(channel).is_some_and(|p| p.edit_target_gone(error))
+    }
+
+    /// What `reply` goes out as: `None` when it fits its platform as it is (one message);
+    /// otherwise its text as numbered parts (`parts::split`), each an outbox content
+    /// `{"text": …}`. A card larger than the platform takes goes as its text.
+    pub fn parts(&self, reply: &ReplyRow) -> Option<Vec<String>> {
+        let platform = self.get(&reply.channel)?;
+        let content: serde_json::Value = serde_json::from_str(&reply.content).ok()?;
+        let text = content["text"].as_str().unwrap_or("");
+        let limit = platform.text_limit();
+        match content.get("card").filter(|card| card.is_object()) {
+            Some(card)
+                if platform
+                    .card_limit_bytes()
+                    .is_none_or(|max| card.to_string().len() <= max) =>
+            {
+                return None;
+            }
+            Some(_) => {}
+            None if limit.fits(text) => return None,
+            None => {}
+        }
+        let parts = parts::split(text, &limit);
+        Some(
+            parts
+                .into_iter()
+                .map(|part| serde_json::json!({ "text": part }).to_string())
+                .collect(),
+        )
+    }
+
+    /// What a streamed answer may show in one message of `channel`: the text so far while
+    /// it fits, else its first part (the rest follows as the answer's next parts).
+    pub fn streamed_view(&self, channel: &str, text: &str) -> String {
+        match self.get(channel) {
+            Some(platform) => parts::first_piece(text, &platform.text_limit()),
+            None => text.to_string(),
+        }
     }
 
     /// Shows `reply` by editing the message it names (`platform_message_id`).

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use super::parts::TextLimit;
 use crate::domain::{CardAction, NewMessage, ReplyRow};
 
 /// A boxed future, so that `Platform` can be used as `dyn Platform`.
@@ -347,6 +348,18 @@ pub trait Platform: Send + Sync {
 
     /// Sends one reply under its idempotency key (`reply.idempotency_key`).
     fn send<'a>(&'a self, reply: &'a ReplyRow) -> BoxFuture<'a, Result<Delivered, DeliveryError>>;
+
+    /// The longest text one message (sent or edited) may carry, as the platform documents
+    /// it; a longer answer goes as numbered parts (`super::parts`).
+    fn text_limit(&self) -> TextLimit {
+        TextLimit::NONE
+    }
+
+    /// The largest card (its JSON, in bytes) the platform takes; a larger one is sent as
+    /// its text, in parts where needed. `None`: no limit.
+    fn card_limit_bytes(&self) -> Option<usize> {
+        None
+    }
 
     /// Whether a sent reply can be edited (`edit`): a slow run then shows a placeholder
     /// that becomes the answer, and a streamed answer is shown as it comes.

@@ -11,6 +11,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
+use super::parts::{TextLimit, Unit};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -418,6 +419,18 @@ impl Platform for SlackChannel {
     fn edit_target_gone(&self, error: &DeliveryError) -> bool {
         error.message.ends_with("message_not_found")
             || error.message.ends_with("cant_update_message")
+    }
+
+    /// Slack Web API, `chat.postMessage` and `chat.update`: "For best results, limit the
+    /// number of characters in the text field to 4,000 characters" (longer messages are
+    /// truncated at 40,000 or refused as `msg_too_long`).
+    fn text_limit(&self) -> TextLimit {
+        TextLimit::new(4000, Unit::Chars)
+    }
+
+    /// Blocks: a section's text holds at most 3,000 characters.
+    fn card_limit_bytes(&self) -> Option<usize> {
+        Some(3000)
     }
 
     fn chat_interval_ms(&self) -> u64 {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
+use super::parts::{TextLimit, Unit};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -303,6 +304,18 @@ impl Platform for TelegramChannel {
 
     fn edit_target_gone(&self, error: &DeliveryError) -> bool {
         error.message.contains("message to edit not found")
+    }
+
+    /// Telegram Bot API, `sendMessage` and `editMessageText`: "Text of the message to be
+    /// sent, 1-4096 characters after entities parsing", counted in UTF-16 code units.
+    fn text_limit(&self) -> TextLimit {
+        TextLimit::new(4096, Unit::Utf16)
+    }
+
+    /// A card is shown as a message of its rendered text and buttons: its JSON is a bound
+    /// on that text.
+    fn card_limit_bytes(&self) -> Option<usize> {
+        Some(4096)
     }
 
     fn chat_interval_ms(&self) -> u64 {

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use sha1::{Digest, Sha1};
 use subtle::ConstantTimeEq;
 
+use super::parts::{TextLimit, Unit};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, no_route, require_settings,
@@ -484,6 +485,16 @@ impl Platform for WeComChannel {
                 _ => Err(no_route()),
             }
         })
+    }
+
+    /// WeCom, 发送应用消息: text "消息内容，最长不超过2048个字节，超过将截断" (the
+    /// markdown and template card fields likewise), in UTF-8 bytes.
+    fn text_limit(&self) -> TextLimit {
+        TextLimit::new(2048, Unit::Bytes)
+    }
+
+    fn card_limit_bytes(&self) -> Option<usize> {
+        Some(2048)
     }
 
     fn chat_interval_ms(&self) -> u64 {

@@ -132,7 +132,10 @@ impl Feedback {
             self.svc.running.set_live_text(self.fence.task_id, text);
             return;
         }
-        self.lock().latest = text.to_string();
+        // A message holds only so much: past the platform's limit, the message shows the
+        // answer's first part, and the rest follows as the answer's next parts.
+        let text = self.svc.channels.streamed_view(&self.channel, text);
+        self.lock().latest = text;
         self.poke();
     }
 
@@ -289,6 +292,7 @@ impl Feedback {
             placeholder: false,
             edit: true,
             send_key: None,
+            parts_sent: 0,
             reply_context: None,
         }
     }

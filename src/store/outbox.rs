@@ -9,7 +9,8 @@ use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 
 const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
      reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \
-     created_at, sent_at, (placeholder = 1) AS placeholder, (edit = 1) AS edit, send_key";
+     created_at, sent_at, (placeholder = 1) AS placeholder, (edit = 1) AS edit, send_key, \
+     parts_sent";
 
 /// The claim's choice of due replies (parameters: `$3` now, `$4` limit, `$5` the creation
 /// time before which a reply stops waiting for older ones): PENDING, due, not leased, and
@@ -154,6 +155,7 @@ impl Store {
             sqlx::query(
                 "UPDATE outbound_reply SET edit = 0, platform_message_id = NULL, \
                  send_key = idempotency_key || '-answer', attempts = 0, next_attempt_at = $1, \
+                 parts_sent = 0, \
                  last_error = $2, locked_by = NULL, locked_until = NULL \
                  WHERE id = $3 AND locked_by = $4 AND status = 'PENDING' AND edit = 1",
             )
@@ -184,6 +186,40 @@ impl Store {
             )
             .bind(next_attempt_at)
             .bind(super::text::stored_error(error))
+            .bind(reply.id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
+    /// Records that the first `parts_sent` parts of a long reply were accepted (the first
+    /// one as `platform_message_id`), while `owner` still holds it; with `resume_at`, the
+    /// reply is also put back until then without counting the attempt (the chat's send
+    /// pace is used up before the next part).
+    pub async fn note_parts_sent(
+        &self,
+        reply: &ReplyRow,
+        owner: &str,
+        parts_sent: i64,
+        platform_message_id: Option<&str>,
+        resume_at: Option<i64>,
+    ) -> StoreResult<bool> {
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE outbound_reply SET parts_sent = $1, \
+                 platform_message_id = COALESCE($2, platform_message_id), \
+                 next_attempt_at = COALESCE($3, next_attempt_at), \
+                 attempts = CASE WHEN $3 IS NULL THEN attempts ELSE attempts - 1 END, \
+                 locked_by = CASE WHEN $3 IS NULL THEN locked_by ELSE NULL END, \
+                 locked_until = CASE WHEN $3 IS NULL THEN locked_until ELSE NULL END \
+                 WHERE id = $4 AND locked_by = $5 AND status = 'PENDING'",
+            )
+            .bind(parts_sent)
+            .bind(platform_message_id)
+            .bind(resume_at)
             .bind(reply.id)
             .bind(owner)
             .execute(&mut *tx)

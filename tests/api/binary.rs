@@ -55,7 +55,11 @@ impl RealServer {
             {
                 break;
             }
-            assert!(Instant::now() < deadline, "assistd did not become ready");
+            assert!(
+                Instant::now() < deadline,
+                "assistd did not become ready: {}",
+                std::fs::read_to_string(workdir.join("assistd.log")).unwrap_or_default()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         RealServer { child, addr }

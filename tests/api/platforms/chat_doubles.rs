@@ -60,8 +60,13 @@ impl Respond for TelegramMessages {
         let Some(text) = body["text"].as_str().filter(|t| !t.trim().is_empty()) else {
             return refuse("message text is empty");
         };
-        if text.chars().count() > 4096 {
-            return refuse("message is too long");
+        // "1-4096 characters after entities parsing", counted as UTF-16 code units.
+        if text.encode_utf16().count() > 4096 {
+            return refuse(if request.url.path().ends_with("/editMessageText") {
+                "MESSAGE_TOO_LONG"
+            } else {
+                "message is too long"
+            });
         }
         let shown = json!({ "text": text, "reply_markup": body["reply_markup"] });
         let mut messages = self.0.lock().unwrap();
@@ -133,6 +138,21 @@ impl Respond for SlackMessages {
         if text.is_empty() && !blocks_ok {
             return error("no_text");
         }
+        // chat.postMessage: messages over 40,000 characters are refused (`msg_too_long`);
+        // a section block's text holds at most 3,000.
+        if text.chars().count() > 40_000 {
+            return error("msg_too_long");
+        }
+        let long_section = body["blocks"].as_array().is_some_and(|blocks| {
+            blocks.iter().any(|b| {
+                b["text"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.chars().count() > 3000)
+            })
+        });
+        if long_section {
+            return error("invalid_blocks");
+        }
         let shown = json!({ "text": text, "blocks": body["blocks"] });
         let mut messages = self.0.lock().unwrap();
         let ts = if request.url.path() == "/chat.update" {
@@ -183,6 +203,12 @@ impl Respond for LarkMessages {
                 .set_body_json(json!({"code": 99991663, "msg": "Invalid access token"}));
         }
         let body = body_of(request);
+        // A card's request body holds at most 30 KB, a text or post message's 150 KB.
+        let card = body["msg_type"] == "interactive" || request.method.as_str() == "PATCH";
+        let max = if card { 30 * 1024 } else { 150 * 1024 };
+        if request.body.len() > max {
+            return refuse(230025, "the message content exceeds the length limit");
+        }
         let Some(content) = body["content"]
             .as_str()
             .and_then(|c| serde_json::from_str::<Value>(c).ok())
@@ -274,6 +300,11 @@ impl Respond for MatrixRoomSends {
         let room = parts.nth(5).unwrap_or("").to_string();
         let txn = path.rsplit('/').next().unwrap_or("").to_string();
         let body = body_of(request);
+        // An event's JSON holds at most 65,536 bytes (client-server API, "Size limits");
+        // the room send's content is the bulk of it.
+        if request.body.len() > 65_536 - 512 {
+            return refuse(413, "M_TOO_LARGE", "event too large");
+        }
         let well_formed = |c: &Value| c["msgtype"].is_string() && c["body"].is_string();
         if !well_formed(&body) {
             return refuse(400, "M_BAD_JSON", "msgtype and body are required");
@@ -436,5 +467,64 @@ impl Respond for DingTalkCards {
             "outTrackId": track,
             "deliverResults": [{"spaceType": kind, "spaceId": space, "success": true}]
         }}))
+    }
+}
+
+/// A send API that takes a text of bounded length at `pointer` in its JSON body and answers
+/// `ok` or, over the bound, `refusal`. WeCom's `message/send` (text and markdown `content`:
+/// "最长不超过2048个字节", UTF-8 bytes; WeCom cuts a longer one, and the double refuses it with
+/// 45002 "content size out of limit" so that a cut answer cannot pass unseen), DingTalk's
+/// session webhook (2,000 characters a message, as DingTalk's own connector splits them).
+#[derive(Clone)]
+pub(crate) struct TextLengthLimit {
+    pub pointer: &'static str,
+    pub max: usize,
+    /// Count UTF-8 bytes (else characters).
+    pub bytes: bool,
+    pub ok: Value,
+    pub refusal: Value,
+}
+
+impl TextLengthLimit {
+    pub(crate) fn wecom() -> Self {
+        TextLengthLimit {
+            pointer: "/text/content",
+            max: 2048,
+            bytes: true,
+            ok: json!({"errcode": 0, "errmsg": "ok", "msgid": "m-1"}),
+            refusal: json!({"errcode": 45002, "errmsg": "content size out of limit"}),
+        }
+    }
+
+    pub(crate) fn dingtalk_session() -> Self {
+        TextLengthLimit {
+            pointer: "/text/content",
+            max: 2000,
+            bytes: false,
+            ok: json!({"errcode": 0, "errmsg": "ok"}),
+            refusal: json!({"errcode": 460101, "errmsg": "message too long"}),
+        }
+    }
+}
+
+impl Respond for TextLengthLimit {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body = body_of(request);
+        let text = body
+            .pointer(self.pointer)
+            .or_else(|| body.pointer("/markdown/content"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let length = if self.bytes {
+            text.len()
+        } else {
+            text.chars().count()
+        };
+        let answer = if length > self.max {
+            &self.refusal
+        } else {
+            &self.ok
+        };
+        ResponseTemplate::new(200).set_body_json(answer.clone())
     }
 }

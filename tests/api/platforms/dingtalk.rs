@@ -48,9 +48,7 @@ async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot
     let api = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/robot/sendBySession"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({"errcode": 0, "errmsg": "ok"})),
-        )
+        .respond_with(super::chat_doubles::TextLengthLimit::dingtalk_session())
         .mount(&api)
         .await;
     Mock::given(method("POST"))
@@ -173,9 +171,7 @@ async fn dingtalk_approvals_use_action_cards_answered_by_command() {
     let api = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/robot/sendBySession"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({"errcode": 0, "errmsg": "ok"})),
-        )
+        .respond_with(super::chat_doubles::TextLengthLimit::dingtalk_session())
         .mount(&api)
         .await;
     let uri = api.uri();

@@ -12,6 +12,7 @@ use crate::helpers::*;
 mod chat_doubles;
 mod dingtalk;
 mod lark;
+mod long_answers;
 pub(crate) mod matrix;
 mod pacing;
 mod placeholders;

@@ -62,10 +62,7 @@ pub(crate) async fn wecom_api() -> MockServer {
         .await;
     Mock::given(method("POST"))
         .and(path("/cgi-bin/message/send"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"errcode": 0, "errmsg": "ok", "msgid": "m-1"})),
-        )
+        .respond_with(super::chat_doubles::TextLengthLimit::wecom())
         .mount(&api)
         .await;
     api
