@@ -18,6 +18,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
+use super::platform::{Addressing, GroupReply, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -49,6 +50,12 @@ pub struct DingTalkChannelConfig {
     pub card_template_id: String,
     /// The template variable that shows the text.
     pub card_content_key: String,
+    /// When to answer in group chats: "mention" (the default), "prefix" or "all".
+    #[serde(default)]
+    pub group_reply: super::platform::GroupReply,
+    /// Prefixes that make a group message a question (e.g. "/ask").
+    #[serde(default)]
+    pub prefixes: Vec<String>,
 }
 
 impl DingTalkChannelConfig {
@@ -120,7 +127,12 @@ pub fn signed_pair_keys(timestamp: &str, sign: &str, body: &[u8]) -> (String, St
 }
 
 /// Parses a verified robot message; a `sessionWebhook` must lie on `origins`.
-pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
+pub fn parse(
+    body: &[u8],
+    origins: &[String],
+    group_reply: GroupReply,
+    prefixes: &[String],
+) -> Result<Inbound, Refused> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
     if v["msgtype"].as_str() != Some("text") {
@@ -156,6 +168,17 @@ pub fn parse(body: &[u8], origins: &[String]) -> Result<Inbound, Refused> {
             with_task: false,
         });
     }
+    // A group conversation is `conversationType` "2"; `isInAtList`: the robot was @-ed.
+    let addressing = Addressing {
+        group: v["conversationType"].as_str() == Some("2"),
+        mentioned: v["isInAtList"].as_bool() == Some(true),
+        reply_to_bot: false,
+    };
+    let Some(text) = question(group_reply, prefixes, addressing, &text) else {
+        return Ok(Inbound::Ignore(
+            "a group message not addressed to the robot",
+        ));
+    };
     let msg_id = field("msgId")?;
     if let Some(webhook) = v["sessionWebhook"].as_str()
         && !session_webhook_allowed(webhook, origins)
@@ -465,7 +488,12 @@ impl Platform for DingTalkChannel {
             // (DingTalk's retries of that body still pass, and are deduplicated on msgId).
             let (pair, body) =
                 signed_pair_keys(timestamp.unwrap_or(""), sign.unwrap_or(""), request.body);
-            let mut parsed = match parse(request.body, &self.config.session_webhook_origins) {
+            let mut parsed = match parse(
+                request.body,
+                &self.config.session_webhook_origins,
+                self.config.group_reply,
+                &self.config.prefixes,
+            ) {
                 Ok(item) => Parsed::one(item),
                 Err(refused) => Parsed {
                     items: Vec::new(),

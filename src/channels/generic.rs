@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use sha2::Sha256;
 
 use super::parts::{TextLimit, Unit};
+use super::platform::{Addressing, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Progress,
     Refused,
@@ -39,6 +40,12 @@ pub struct GenericChannelConfig {
     /// as numbered parts (`agent-task-<id>-part-<k>`). 0 (the default): no limit.
     #[serde(default)]
     pub max_text_chars: usize,
+    /// When to answer in group chats: "mention" (the default), "prefix" or "all".
+    #[serde(default)]
+    pub group_reply: super::platform::GroupReply,
+    /// Prefixes that make a group message a question (e.g. "/ask").
+    #[serde(default)]
+    pub prefixes: Vec<String>,
 }
 
 /// Longest accepted id field (event, message, conversation, sender), in bytes.
@@ -126,6 +133,30 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
         sender_name,
         text,
         trace_context: None,
+    })
+}
+
+/// Where a verified message was written and whether it calls on the bot: `chat_type`
+/// ("direct", the default, or "group"), `mentioned` and `reply_to_bot` (booleans, default
+/// false); the error names the offending field.
+pub fn addressing(body: &[u8]) -> Result<Addressing, String> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    let flag = |name: &str| match value.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(format!("field `{name}` must be true or false")),
+    };
+    let group = match value.get("chat_type") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(kind)) if kind == "direct" => false,
+        Some(Value::String(kind)) if kind == "group" => true,
+        Some(_) => return Err("field `chat_type` must be \"direct\" or \"group\"".into()),
+    };
+    Ok(Addressing {
+        group,
+        mentioned: flag("mentioned")?,
+        reply_to_bot: flag("reply_to_bot")?,
     })
 }
 
@@ -333,7 +364,17 @@ impl Platform for GenericChannel {
                     with_task: true,
                 }
             } else {
-                Inbound::Message(parse(request.body).map_err(Refused::BadRequest)?)
+                let message = parse(request.body).map_err(Refused::BadRequest)?;
+                let addressing = addressing(request.body).map_err(Refused::BadRequest)?;
+                match question(
+                    self.config.group_reply,
+                    &self.config.prefixes,
+                    addressing,
+                    &message.text,
+                ) {
+                    Some(text) => Inbound::Message(NewMessage { text, ..message }),
+                    None => Inbound::Ignore("a group message not addressed to the bot"),
+                }
             }))
         })
     }

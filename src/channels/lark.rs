@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
+use super::platform::{Addressing, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -43,6 +44,15 @@ pub struct LarkChannelConfig {
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
     pub timestamp_tolerance_secs: u64,
+    /// The bot's open_id: in a group, only a mention of it is a question ("" = any mention).
+    #[serde(default)]
+    pub bot_open_id: String,
+    /// When to answer in group chats: "mention" (the default), "prefix" or "all".
+    #[serde(default)]
+    pub group_reply: super::platform::GroupReply,
+    /// Prefixes that make a group message a question (e.g. "/ask").
+    #[serde(default)]
+    pub prefixes: Vec<String>,
 }
 
 impl LarkChannelConfig {
@@ -132,6 +142,17 @@ pub fn parse_event(
     };
     let content: Value = serde_json::from_str(&field("content")?)
         .map_err(|_| Refused::BadRequest("event.message.content is not JSON".into()))?;
+    // A group chat is `chat_type` "group" (else "p2p"); a message that @-mentions anyone
+    // lists them in `mentions` (with `bot_open_id` set, the bot must be among them).
+    let mentions = message["mentions"].as_array();
+    let addressing = Addressing {
+        group: message["chat_type"].as_str() == Some("group"),
+        mentioned: mentions.into_iter().flatten().any(|m| {
+            config.bot_open_id.is_empty()
+                || m["id"]["open_id"].as_str() == Some(&config.bot_open_id)
+        }),
+        reply_to_bot: false,
+    };
     let mut text = content["text"].as_str().unwrap_or("").to_string();
     for mention in message["mentions"].as_array().into_iter().flatten() {
         if let Some(key) = mention["key"].as_str() {
@@ -142,6 +163,9 @@ pub fn parse_event(
     if text.is_empty() {
         return Ok(Inbound::Ignore("empty after removing mentions"));
     }
+    let Some(text) = question(config.group_reply, &config.prefixes, addressing, &text) else {
+        return Ok(Inbound::Ignore("a group message not addressed to the bot"));
+    };
     let sender = event["sender"]["sender_id"]["open_id"]
         .as_str()
         .unwrap_or("")

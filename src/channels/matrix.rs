@@ -156,6 +156,13 @@ pub fn parse(body: &[u8], bot_user_id: &str) -> Result<Vec<MatrixEvent>, Refused
                 if event["content"]["msgtype"].as_str() != Some("m.text") {
                     continue;
                 }
+                // An edit (`m.replace`) arrives as a new `m.room.message`: it is not a new
+                // question.
+                if event["content"]["m.relates_to"]["rel_type"] == "m.replace"
+                    || event["content"].get("m.new_content").is_some()
+                {
+                    continue;
+                }
                 let text = text
                     .replace(bot_user_id, "")
                     .trim_start_matches([':', ',', ' '])

@@ -160,6 +160,62 @@ pub fn parse_decision_command(text: &str) -> Option<(bool, crate::domain::Approv
     Some((approve, request))
 }
 
+/// When the bot answers in a group chat (`channels.<platform>.group_reply`); direct chats
+/// are always answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupReply {
+    /// A message that mentions the bot, replies to one of its messages, or starts with one
+    /// of `prefixes`.
+    #[default]
+    Mention,
+    /// Only a message that starts with one of `prefixes`.
+    Prefix,
+    /// Every message.
+    All,
+}
+
+/// Where a message was written and whether it calls on the bot, as its platform tells.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Addressing {
+    /// Written in a group chat (a channel, a room, a group), not a direct chat.
+    pub group: bool,
+    /// It mentions the bot.
+    pub mentioned: bool,
+    /// It replies to one of the bot's messages.
+    pub reply_to_bot: bool,
+}
+
+/// The text of a message that is a question for the bot: in a direct chat always, in a
+/// group as `group_reply` says (a matching prefix removed from the text); `None`: a group
+/// message not addressed to the bot, which is acknowledged and creates no task.
+pub fn question(
+    group_reply: GroupReply,
+    prefixes: &[String],
+    addressing: Addressing,
+    text: &str,
+) -> Option<String> {
+    let prefixed = prefixes
+        .iter()
+        .filter(|p| !p.trim().is_empty())
+        .find_map(|p| text.trim_start().strip_prefix(p.trim()))
+        .map(|rest| {
+            rest.trim_start_matches([':', ',', ' ', '，', '：'])
+                .trim()
+                .to_string()
+        });
+    if !addressing.group {
+        return Some(prefixed.unwrap_or_else(|| text.to_string()));
+    }
+    match group_reply {
+        GroupReply::All => Some(prefixed.unwrap_or_else(|| text.to_string())),
+        GroupReply::Prefix => prefixed,
+        GroupReply::Mention => prefixed.or_else(|| {
+            (addressing.mentioned || addressing.reply_to_bot).then(|| text.to_string())
+        }),
+    }
+}
+
 /// Per-chat send pacing for platforms that limit sends per chat (Lark 5/s, Telegram and
 /// Slack about 1/s). Each (channel, chat) has the time its next send may start; a reply
 /// that comes earlier is deferred to that time instead of being sent into a 429. The pace
@@ -502,6 +558,56 @@ mod tests {
         );
         assert_eq!(parse_decision_command("approve x.3.0.5f1d2a9c0b7e"), None);
         assert_eq!(parse_decision_command("approve 7.3.0.5f1d2a9c0b7"), None);
+    }
+
+    #[test]
+    fn group_messages_are_questions_only_when_addressed() {
+        let group = Addressing {
+            group: true,
+            ..Addressing::default()
+        };
+        let mentioned = Addressing {
+            mentioned: true,
+            ..group
+        };
+        let reply = Addressing {
+            reply_to_bot: true,
+            ..group
+        };
+        let prefixes = vec!["/ask".to_string(), "问".to_string()];
+        let q = |mode, a, text| question(mode, &prefixes, a, text);
+        assert_eq!(q(GroupReply::Mention, group, "lunch?"), None);
+        assert_eq!(
+            q(GroupReply::Mention, mentioned, "lunch?").as_deref(),
+            Some("lunch?")
+        );
+        assert_eq!(
+            q(GroupReply::Mention, reply, "and then?").as_deref(),
+            Some("and then?")
+        );
+        assert_eq!(
+            q(GroupReply::Mention, group, "/ask lunch?").as_deref(),
+            Some("lunch?")
+        );
+        assert_eq!(
+            q(GroupReply::Mention, group, "问：报销流程").as_deref(),
+            Some("报销流程")
+        );
+        assert_eq!(q(GroupReply::Prefix, mentioned, "lunch?"), None);
+        assert_eq!(
+            q(GroupReply::Prefix, group, "/ask lunch?").as_deref(),
+            Some("lunch?")
+        );
+        assert_eq!(
+            q(GroupReply::All, group, "lunch?").as_deref(),
+            Some("lunch?")
+        );
+        // Direct chats are always answered.
+        let direct = Addressing::default();
+        assert_eq!(
+            q(GroupReply::Prefix, direct, "lunch?").as_deref(),
+            Some("lunch?")
+        );
     }
 
     #[test]

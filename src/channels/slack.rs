@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use super::parts::{TextLimit, Unit};
+use super::platform::{Addressing, GroupReply, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -41,6 +42,12 @@ pub struct SlackChannelConfig {
     pub timestamp_tolerance_secs: u64,
     /// The assistant thread status shown while a task runs; empty = none.
     pub assistant_status: String,
+    /// When to answer in group chats: "mention" (the default), "prefix" or "all".
+    #[serde(default)]
+    pub group_reply: super::platform::GroupReply,
+    /// Prefixes that make a group message a question (e.g. "/ask").
+    #[serde(default)]
+    pub prefixes: Vec<String>,
 }
 
 impl SlackChannelConfig {
@@ -107,7 +114,12 @@ pub fn verify(
 }
 
 /// Parses a verified Events API body.
-pub fn parse_event(body: &[u8], bot_user_id: &str) -> Result<Inbound, Refused> {
+pub fn parse_event(
+    body: &[u8],
+    bot_user_id: &str,
+    group_reply: GroupReply,
+    prefixes: &[String],
+) -> Result<Inbound, Refused> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
     match v["type"].as_str() {
@@ -147,10 +159,27 @@ pub fn parse_event(body: &[u8], bot_user_id: &str) -> Result<Inbound, Refused> {
             let channel = field("channel")?;
             let ts = field("ts")?;
             let thread = event["thread_ts"].as_str().unwrap_or(&ts).to_string();
-            let text = strip_mentions(&field("text")?);
+            let raw = field("text")?;
+            // A direct message is `channel_type` "im" (a D… channel); a mention is an
+            // `app_mention` or `<@bot>` in the text; a thread reply to the bot names it as
+            // `parent_user_id`.
+            let addressing = Addressing {
+                group: match event["channel_type"].as_str() {
+                    Some(kind) => kind != "im",
+                    None => !channel.starts_with('D'),
+                },
+                mentioned: event["type"] == "app_mention"
+                    || (!bot_user_id.is_empty() && raw.contains(&format!("<@{bot_user_id}>"))),
+                reply_to_bot: !bot_user_id.is_empty()
+                    && event["parent_user_id"].as_str() == Some(bot_user_id),
+            };
+            let text = strip_mentions(&raw);
             if text.is_empty() {
                 return Ok(Inbound::Ignore("empty after removing mentions"));
             }
+            let Some(text) = question(group_reply, prefixes, addressing, &text) else {
+                return Ok(Inbound::Ignore("a group message not addressed to the bot"));
+            };
             Ok(Inbound::Message(NewMessage {
                 reply_context: None,
                 channel: CHANNEL.into(),
@@ -399,7 +428,12 @@ impl Platform for SlackChannel {
             Ok(Parsed::one(if action {
                 parse_action(request.body)?
             } else {
-                parse_event(request.body, &self.config.bot_user_id)?
+                parse_event(
+                    request.body,
+                    &self.config.bot_user_id,
+                    self.config.group_reply,
+                    &self.config.prefixes,
+                )?
             }))
         })
     }

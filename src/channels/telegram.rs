@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
+use super::platform::{Addressing, GroupReply, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -33,6 +34,12 @@ pub struct TelegramChannelConfig {
     pub agent: String,
     /// Least time between two sends into one chat, in ms (0 = no pacing).
     pub per_chat_interval_ms: u64,
+    /// When to answer in group chats: "mention" (the default), "prefix" or "all".
+    #[serde(default)]
+    pub group_reply: super::platform::GroupReply,
+    /// Prefixes that make a group message a question (e.g. "/ask").
+    #[serde(default)]
+    pub prefixes: Vec<String>,
 }
 
 impl TelegramChannelConfig {
@@ -60,7 +67,12 @@ pub fn verify(expected: &str, given: Option<&str>) -> Result<(), Refused> {
 }
 
 /// Parses a verified update.
-pub fn parse(body: &[u8], bot_username: &str) -> Result<Inbound, Refused> {
+pub fn parse(
+    body: &[u8],
+    bot_username: &str,
+    group_reply: GroupReply,
+    prefixes: &[String],
+) -> Result<Inbound, Refused> {
     let update: Value = serde_json::from_slice(body)
         .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
     let update_id = update
@@ -89,10 +101,35 @@ pub fn parse(body: &[u8], bot_username: &str) -> Result<Inbound, Refused> {
     let sender = from["id"]
         .as_i64()
         .ok_or_else(|| Refused::BadRequest("missing integer field `message.from.id`".into()))?;
+    // A group, a supergroup (a channel's posts are not `message`s); mentioned by `@name` or
+    // by a `text_mention` entity of the bot; or a reply to one of the bot's messages.
+    let bot = bot_username.trim_start_matches('@');
+    let is_bot_user = |user: &Value| {
+        !bot.is_empty()
+            && user["username"]
+                .as_str()
+                .is_some_and(|u| u.eq_ignore_ascii_case(bot))
+    };
+    let addressing = Addressing {
+        group: message["chat"]["type"].as_str() != Some("private"),
+        mentioned: (!bot.is_empty()
+            && text
+                .to_lowercase()
+                .contains(&format!("@{}", bot.to_lowercase())))
+            || message["entities"].as_array().is_some_and(|entities| {
+                entities
+                    .iter()
+                    .any(|e| e["type"] == "text_mention" && is_bot_user(&e["user"]))
+            }),
+        reply_to_bot: is_bot_user(&message["reply_to_message"]["from"]),
+    };
     let text = strip_mention(text, bot_username);
     if text.is_empty() {
         return Ok(Inbound::Ignore("empty after removing the mention"));
     }
+    let Some(text) = question(group_reply, prefixes, addressing, &text) else {
+        return Ok(Inbound::Ignore("a group message not addressed to the bot"));
+    };
     Ok(Inbound::Message(NewMessage {
         reply_context: None,
         channel: CHANNEL.into(),
@@ -282,7 +319,12 @@ impl Platform for TelegramChannel {
         Box::pin(async move {
             request.route("POST", &[""])?;
             verify(&self.config.secret_token, request.header(SECRET_HEADER))?;
-            Ok(Parsed::one(parse(request.body, &self.config.bot_username)?))
+            Ok(Parsed::one(parse(
+                request.body,
+                &self.config.bot_username,
+                self.config.group_reply,
+                &self.config.prefixes,
+            )?))
         })
     }
 
@@ -375,7 +417,7 @@ mod tests {
     #[test]
     fn parses_messages_and_callbacks() {
         let body = br#"{"update_id": 10, "message": {"message_id": 5, "from": {"id": 42, "is_bot": false, "first_name": "Ada"}, "chat": {"id": -100, "type": "group"}, "date": 1, "text": "@helper_bot what is up"}}"#;
-        match parse(body, "helper_bot").unwrap() {
+        match parse(body, "helper_bot", GroupReply::Mention, &[]).unwrap() {
             Inbound::Message(m) => {
                 assert_eq!(m.text, "what is up");
                 assert_eq!(m.message_id, "-100:5");
@@ -385,9 +427,12 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let bot = br#"{"update_id": 11, "message": {"message_id": 6, "from": {"id": 1, "is_bot": true}, "chat": {"id": 1}, "text": "hi"}}"#;
-        assert!(matches!(parse(bot, "").unwrap(), Inbound::Ignore(_)));
+        assert!(matches!(
+            parse(bot, "", GroupReply::Mention, &[]).unwrap(),
+            Inbound::Ignore(_)
+        ));
         let cb = br#"{"update_id": 12, "callback_query": {"id": "cq1", "from": {"id": 42, "is_bot": false}, "data": "approve:7.3.1.5f1d2a9c0b7e"}}"#;
-        match parse(cb, "").unwrap() {
+        match parse(cb, "", GroupReply::Mention, &[]).unwrap() {
             Inbound::Action { action, ack, .. } => {
                 assert_eq!(
                     (

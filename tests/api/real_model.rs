@@ -392,8 +392,13 @@ async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
         agent.temperature = 0.0;
     })
     .await;
-    let update =
-        crate::platforms::tg_update(900, -900, 9, 42, "Describe the sea in two sentences.");
+    let update = crate::platforms::tg_update(
+        900,
+        -900,
+        9,
+        42,
+        "@helper_bot Describe the sea in two sentences.",
+    );
     let id = task_id_of(
         app.telegram(&update, Some(crate::platforms::TG_SECRET))
             .await,

@@ -24,6 +24,16 @@ pub(crate) fn dingtalk_message(
         "sessionWebhook": session, "sessionWebhookExpiredTime": expires, "robotCode": "ding-robot", "isInAtList": true})
 }
 
+/// Enables DingTalk against `api` (its API and session webhooks) with the test app's keys.
+pub(crate) fn enable_dingtalk(c: &mut assistd::Config, api: &str) {
+    c.channels.dingtalk.enabled = true;
+    c.channels.dingtalk.app_key = "dt-key".into();
+    c.channels.dingtalk.app_secret = DT_SECRET.into();
+    c.channels.dingtalk.robot_code = "ding-robot".into();
+    c.channels.dingtalk.session_webhook_origins = vec![api.to_string()];
+    c.channels.dingtalk.api_base_url = api.to_string();
+}
+
 impl TestApp {
     pub(crate) async fn dingtalk(
         &self,
@@ -66,12 +76,7 @@ async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot
         .await;
     let uri = api.uri();
     let app = spawn_platforms(&api, move |c| {
-        c.channels.dingtalk.enabled = true;
-        c.channels.dingtalk.app_key = "dt-key".into();
-        c.channels.dingtalk.app_secret = DT_SECRET.into();
-        c.channels.dingtalk.robot_code = "ding-robot".into();
-        c.channels.dingtalk.session_webhook_origins = vec![uri.clone()];
-        c.channels.dingtalk.api_base_url = uri;
+        enable_dingtalk(c, &uri);
     })
     .await;
     let now_ms = assistd::domain::now_ms();

@@ -182,12 +182,7 @@ async fn a_long_answer_goes_as_numbered_parts_on_matrix_lark_wecom_and_dingtalk(
         // Parts keep the chat's send pace; a short one keeps the test short.
         c.channels.wecom.per_chat_interval_ms = 200;
         c.channels.dingtalk.per_chat_interval_ms = 200;
-        c.channels.dingtalk.enabled = true;
-        c.channels.dingtalk.app_key = "dt-key".into();
-        c.channels.dingtalk.app_secret = DT_SECRET.into();
-        c.channels.dingtalk.robot_code = "ding-robot".into();
-        c.channels.dingtalk.session_webhook_origins = vec![uri.clone()];
-        c.channels.dingtalk.api_base_url = uri.clone();
+        enable_dingtalk(c, &uri);
     })
     .await;
 

@@ -11,6 +11,7 @@ use crate::helpers::*;
 
 mod chat_doubles;
 mod dingtalk;
+mod groups;
 mod lark;
 mod long_answers;
 pub(crate) mod matrix;
@@ -108,7 +109,8 @@ pub(crate) fn tg_update(
     json!({"update_id": update_id, "message": {
         "message_id": message_id, "date": 1,
         "from": {"id": from, "is_bot": false, "first_name": "Ada", "username": "ada"},
-        "chat": {"id": chat, "type": "group"}, "text": text}})
+        // As on Telegram: a private chat's id is the user's (positive), a group's negative.
+        "chat": {"id": chat, "type": if chat > 0 { "private" } else { "group" }}, "text": text}})
 }
 
 impl TestApp {

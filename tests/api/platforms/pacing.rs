@@ -60,15 +60,18 @@ async fn replies_into_one_chat_are_paced_and_other_chats_are_not_held_up() {
     for i in 0..4 {
         let resp = app
             .telegram(
-                &tg_update(100 + i, -7, 10 + i, 42, &format!("q{i}")),
+                &tg_update(100 + i, -7, 10 + i, 42, &format!("@helper_bot q{i}")),
                 Some(TG_SECRET),
             )
             .await;
         ids.push(task_id_of(resp).await);
     }
     let quiet = task_id_of(
-        app.telegram(&tg_update(200, -8, 1, 43, "quiet chat"), Some(TG_SECRET))
-            .await,
+        app.telegram(
+            &tg_update(200, -8, 1, 43, "@helper_bot quiet chat"),
+            Some(TG_SECRET),
+        )
+        .await,
     )
     .await;
     for id in ids.iter().chain([&quiet]) {
@@ -110,7 +113,7 @@ async fn a_paced_reply_keeps_its_time_across_other_claims() {
     for i in 0..2 {
         let resp = app
             .telegram(
-                &tg_update(300 + i, -7, 30 + i, 42, &format!("q{i}")),
+                &tg_update(300 + i, -7, 30 + i, 42, &format!("@helper_bot q{i}")),
                 Some(TG_SECRET),
             )
             .await;
@@ -125,8 +128,11 @@ async fn a_paced_reply_keeps_its_time_across_other_claims() {
     }
     tokio::time::sleep(Duration::from_millis(30)).await;
     let quiet = task_id_of(
-        app.telegram(&tg_update(400, -8, 1, 43, "quiet chat"), Some(TG_SECRET))
-            .await,
+        app.telegram(
+            &tg_update(400, -8, 1, 43, "@helper_bot quiet chat"),
+            Some(TG_SECRET),
+        )
+        .await,
     )
     .await;
     for id in busy.iter().chain([&quiet]) {

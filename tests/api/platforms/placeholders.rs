@@ -111,8 +111,11 @@ async fn telegram_shows_typing_then_one_streamed_message_edited_into_the_answer(
     let api = platform_api().await;
     let (app, _model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
     let id = task_id_of(
-        app.telegram(&tg_update(70, -300, 8, 42, "tell me"), Some(TG_SECRET))
-            .await,
+        app.telegram(
+            &tg_update(70, -300, 8, 42, "@helper_bot tell me"),
+            Some(TG_SECRET),
+        )
+        .await,
     )
     .await;
     let task = app.wait_replied(id, WAIT).await;

@@ -205,7 +205,7 @@ async fn telegram_approvals_use_inline_keyboards() {
     let app = &flow.app;
     let id = task_id_of(
         app.telegram(
-            &tg_update(1, -7, 3, 99, "end the contract"),
+            &tg_update(1, -7, 3, 99, "@helper_bot end the contract"),
             Some(TG_SECRET),
         )
         .await,

@@ -108,8 +108,11 @@ async fn telegram_shows_typing_while_the_answer_is_prepared_then_answers_once() 
     )
     .await;
     let id = task_id_of(
-        app.telegram(&tg_update(1, -100, 5, 42, "slow question"), Some(TG_SECRET))
-            .await,
+        app.telegram(
+            &tg_update(1, -100, 5, 42, "@helper_bot slow question"),
+            Some(TG_SECRET),
+        )
+        .await,
     )
     .await;
     // Feedback within a second, long before the answer.
@@ -166,8 +169,11 @@ async fn the_typing_indicator_can_be_switched_off() {
     )
     .await;
     let id = task_id_of(
-        app.telegram(&tg_update(2, -101, 6, 42, "question"), Some(TG_SECRET))
-            .await,
+        app.telegram(
+            &tg_update(2, -101, 6, 42, "@helper_bot question"),
+            Some(TG_SECRET),
+        )
+        .await,
     )
     .await;
     app.wait_replied(id, WAIT).await;

@@ -1,0 +1,230 @@
+//! Issue 33, part 1: in group chats the bot answers only what is addressed to it (a mention,
+//! a reply to its message, a configured prefix; `group_reply = "all"` answers everything),
+//! direct chats always; a group message that is not a question is acknowledged (200, the
+//! platform does not retry) and creates nothing; edits are never questions. Each platform's
+//! own fields, as its documentation gives them: Telegram `chat.type`, `entities`,
+//! `reply_to_message`; Slack `channel_type`, `app_mention`, `parent_user_id`; Lark
+//! `chat_type`, `mentions`; DingTalk `conversationType`, `isInAtList`; the generic channel's
+//! documented `chat_type`, `mentioned`, `reply_to_bot`; Matrix `m.replace` edits.
+
+use serde_json::{Value, json};
+
+use super::*;
+
+async fn counts(app: &TestApp) -> (i64, i64) {
+    let (messages, tasks, _) = app.store().intake_row_counts().await.unwrap();
+    (messages, tasks)
+}
+
+async fn ignored(resp: reqwest::Response) -> String {
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    body["ignored"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not ignored: {body}"))
+        .to_string()
+}
+
+fn tg_group(update_id: i64, message_id: i64, text: &str) -> Value {
+    tg_update(update_id, -500, message_id, 42, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_groups_answer_mentions_replies_and_prefixes_only() {
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |c| {
+        c.channels.telegram.prefixes = vec!["/ask".into()];
+    })
+    .await;
+    // Chatter in the group: acknowledged, nothing written.
+    let chatter = app
+        .telegram(&tg_group(1, 1, "lunch at noon?"), Some(TG_SECRET))
+        .await;
+    assert!(ignored(chatter).await.contains("not addressed"));
+    assert_eq!(counts(&app).await, (0, 0));
+    // A mention by name, a text_mention entity, a reply to the bot, a prefix: questions.
+    let mention = app
+        .telegram(
+            &tg_group(2, 2, "@helper_bot where is room 4?"),
+            Some(TG_SECRET),
+        )
+        .await;
+    let mention = task_id_of(mention).await;
+    let mut entity = tg_group(3, 3, "Helper, the wifi password?");
+    entity["message"]["entities"] = json!([{"type": "text_mention", "offset": 0, "length": 6,
+        "user": {"id": 7, "is_bot": true, "first_name": "Helper", "username": "helper_bot"}}]);
+    task_id_of(app.telegram(&entity, Some(TG_SECRET)).await).await;
+    let mut reply = tg_group(4, 4, "and on Sundays?");
+    reply["message"]["reply_to_message"] = json!({"message_id": 99, "date": 1,
+        "chat": {"id": -500, "type": "group"},
+        "from": {"id": 7, "is_bot": true, "first_name": "Helper", "username": "helper_bot"},
+        "text": "The canteen opens at 8."});
+    task_id_of(app.telegram(&reply, Some(TG_SECRET)).await).await;
+    let prefixed = task_id_of(
+        app.telegram(&tg_group(5, 5, "/ask 报销怎么申请？"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    // A reply to another member is chatter.
+    let mut other = tg_group(6, 6, "thanks!");
+    other["message"]["reply_to_message"] = json!({"message_id": 98, "date": 1,
+        "chat": {"id": -500, "type": "group"},
+        "from": {"id": 43, "is_bot": false, "first_name": "Bo"}, "text": "see you"});
+    ignored(app.telegram(&other, Some(TG_SECRET)).await).await;
+    // A private chat is always answered; an edit never.
+    task_id_of(
+        app.telegram(&tg_update(7, 42, 1, 42, "hello"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    let edit = json!({"update_id": 8, "edited_message": {"message_id": 2, "date": 1,
+        "from": {"id": 42, "is_bot": false, "first_name": "Ada"},
+        "chat": {"id": -500, "type": "group"}, "text": "@helper_bot where is room 5?"}});
+    ignored(app.telegram(&edit, Some(TG_SECRET)).await).await;
+    assert_eq!(counts(&app).await, (5, 5));
+    let task = app.wait_replied(prefixed, WAIT).await;
+    assert_eq!(
+        task["reply"]["content"]["text"],
+        "answer to: 报销怎么申请？"
+    );
+    let task = app.wait_replied(mention, WAIT).await;
+    assert_eq!(
+        task["reply"]["content"]["text"],
+        "answer to: where is room 4?"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_channels_answer_mentions_and_thread_replies_to_the_bot_direct_messages_always() {
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |_| {}).await;
+    let chatter = slack_event(
+        "EvG1",
+        json!({"type": "message", "channel_type": "channel", "user": "U1", "text": "standup in 5",
+            "ts": "1800.0001", "channel": "C5"}),
+    );
+    ignored(app.slack_event(&chatter).await).await;
+    assert_eq!(counts(&app).await, (0, 0));
+    let direct = slack_event(
+        "EvG2",
+        json!({"type": "message", "channel_type": "im", "user": "U1", "text": "what is the VPN address?",
+            "ts": "1800.0002", "channel": "D5"}),
+    );
+    task_id_of(app.slack_event(&direct).await).await;
+    let in_thread = slack_event(
+        "EvG3",
+        json!({"type": "message", "channel_type": "channel", "user": "U2", "text": "and the port?",
+            "ts": "1800.0004", "thread_ts": "1800.0003", "parent_user_id": "UBOT", "channel": "C5"}),
+    );
+    task_id_of(app.slack_event(&in_thread).await).await;
+    let mention = slack_event(
+        "EvG4",
+        json!({"type": "message", "channel_type": "channel", "user": "U2", "text": "<@UBOT> thanks, and DNS?",
+            "ts": "1800.0005", "channel": "C5"}),
+    );
+    task_id_of(app.slack_event(&mention).await).await;
+    let edited = slack_event(
+        "EvG5",
+        json!({"type": "message", "subtype": "message_changed", "channel_type": "channel", "channel": "C5",
+            "ts": "1800.0006", "message": {"user": "U2", "text": "<@UBOT> thanks, and NTP?", "ts": "1800.0005"}}),
+    );
+    ignored(app.slack_event(&edited).await).await;
+    assert_eq!(counts(&app).await, (3, 3));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lark_dingtalk_and_matrix_groups_answer_only_what_is_addressed() {
+    let api = platform_api().await;
+    mount_lark(&api).await;
+    let uri = api.uri();
+    let app = spawn_platforms(&api, move |c| {
+        enable_lark(c, &uri, "default");
+        enable_matrix(c, &uri);
+        enable_dingtalk(c, &uri);
+    })
+    .await;
+    // Lark: a group message that mentions nobody is chatter; a p2p message is a question.
+    let mut chatter = lark_message("ev-g1", "om_g1", "user", "会议改到三点");
+    chatter["event"]["message"]["mentions"] = json!([]);
+    ignored(app.lark("/webhooks/lark", &chatter, LARK_KEY, now()).await).await;
+    let mut p2p = lark_message("ev-g2", "om_g2", "user", "年假有几天？");
+    p2p["event"]["message"]["chat_type"] = json!("p2p");
+    p2p["event"]["message"]["mentions"] = json!([]);
+    assert_eq!(
+        app.lark("/webhooks/lark", &p2p, LARK_KEY, now())
+            .await
+            .status(),
+        200
+    );
+    // DingTalk: a group message not @-ing the robot is chatter; a 1:1 message a question.
+    let now_ms = assistd::domain::now_ms();
+    let session = format!("{}/robot/sendBySession?session=s1", api.uri());
+    let mut not_at = dingtalk_message("dt-g1", "2", &session, now_ms + 3_600_000, "收到");
+    not_at["isInAtList"] = json!(false);
+    ignored(app.dingtalk(&not_at, DT_SECRET, now_ms).await).await;
+    let direct = dingtalk_message("dt-g2", "1", &session, now_ms + 3_600_000, "报销流程？");
+    // A timestamp/sign pair is good for one body only: the next message signs anew.
+    assert_eq!(
+        app.dingtalk(&direct, DT_SECRET, now_ms + 1).await.status(),
+        200
+    );
+    // Matrix: a user's edit of a message arrives as a new m.room.message: not a question.
+    let edit = json!({"type": "m.room.message", "room_id": "!r:hs", "sender": "@ada:hs",
+        "event_id": "$edit1", "content": {"msgtype": "m.text", "body": "* @assistd:hs where?",
+            "m.new_content": {"msgtype": "m.text", "body": "@assistd:hs where?"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": "$orig"}}});
+    assert_eq!(app.matrix_txn("g1", json!([edit])).await.status(), 200);
+    assert_eq!(counts(&app).await, (2, 2), "the p2p and 1:1 questions only");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generic_channel_takes_chat_type_mentioned_and_reply_to_bot() {
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.channels.generic.prefixes = vec!["助手".into()];
+    })
+    .await;
+    let with = |n: u32, text: &str, extra: Value| {
+        let mut m = message("team-room", n, text);
+        for (k, v) in extra.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        m
+    };
+    let chatter = with(1, "coffee?", json!({"chat_type": "group"}));
+    assert!(
+        ignored(app.post_message(&chatter).await)
+            .await
+            .contains("not addressed")
+    );
+    assert_eq!(counts(&app).await, (0, 0));
+    let bad = with(2, "hi", json!({"chat_type": "channel"}));
+    let resp = app.post_message(&bad).await;
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("chat_type"));
+    let bad = with(3, "hi", json!({"chat_type": "group", "mentioned": "yes"}));
+    assert_eq!(app.post_message(&bad).await.status(), 400);
+    assert_eq!(counts(&app).await, (0, 0), "nothing written for a bad body");
+    let mentioned = with(
+        4,
+        "the VPN?",
+        json!({"chat_type": "group", "mentioned": true}),
+    );
+    task_id_of(app.post_message(&mentioned).await).await;
+    let reply = with(
+        5,
+        "and DNS?",
+        json!({"chat_type": "group", "reply_to_bot": true}),
+    );
+    task_id_of(app.post_message(&reply).await).await;
+    let prefixed = with(6, "助手：年假几天？", json!({"chat_type": "group"}));
+    let id = task_id_of(app.post_message(&prefixed).await).await;
+    // Without chat_type a message is direct, as before.
+    task_id_of(app.post_message(&message("dm", 7, "hello")).await).await;
+    assert_eq!(counts(&app).await, (4, 4));
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["reply"]["content"]["text"], "answer to: 年假几天？");
+    app.stop().await;
+}
