@@ -56,9 +56,15 @@ impl McpServer {
     /// Over streamable HTTP, started now.
     pub async fn start() -> Option<McpServer> {
         let mut server = Self::stdio()?;
-        server.port = free_port();
-        server.restart().await;
-        Some(server)
+        // A free port can be taken by another test's server while Python starts: then the
+        // MCP server cannot bind and exits, and it starts again on another port.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.try_start().await {
+                return Some(server);
+            }
+        }
+        panic!("the MCP server could not bind a port");
     }
 
     /// Over stdio: nothing runs until assistd starts it.
@@ -86,6 +92,15 @@ impl McpServer {
 
     /// Starts the HTTP server (again) on its port.
     pub async fn restart(&mut self) {
+        assert!(
+            self.try_start().await,
+            "the MCP server could not bind its port"
+        );
+    }
+
+    /// Starts the HTTP server on `self.port`; `false` when it exited (the port was taken).
+    /// It is up once `/mcp` answers as an MCP endpoint (not another server's 404).
+    async fn try_start(&mut self) -> bool {
         self.stop();
         let child = Command::new(crate::real_model::python())
             .arg(&self.script)
@@ -100,7 +115,18 @@ impl McpServer {
             .expect("start the MCP server");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        let url = format!("http://127.0.0.1:{}/mcp", self.port);
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && child.try_wait().ok().flatten().is_some()
+            {
+                self.child = None;
+                return false;
+            }
+            let answered = reqwest::get(&url).await.map(|r| r.status().as_u16());
+            if matches!(answered, Ok(status) if status != 404) {
+                return true;
+            }
             assert!(Instant::now() < deadline, "the MCP server did not start");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
