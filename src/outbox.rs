@@ -156,26 +156,41 @@ async fn delivery_span(svc: &Sender, reply: &ReplyRow) -> tracing::Span {
 /// Sends one claimed reply and records the outcome; returns the time it was deferred to
 /// when its chat's send pace did not allow it yet (the attempt is not counted).
 async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
+    let at = match admit(svc, &reply) {
+        Err(at) => at,
+        Ok(()) => match attempt(svc, &mut reply).await {
+            // The next part of a long reply waits for the chat's pace.
+            Ok(Outcome::Paused(at)) => at,
+            Ok(Outcome::Delivered(delivered)) => {
+                record(svc, &reply, Ok(delivered)).await;
+                return None;
+            }
+            Err(e) => {
+                record(svc, &reply, Err(e)).await;
+                return None;
+            }
+        },
+    };
+    tracing::debug!(key = %reply.idempotency_key, wait_ms = at - now_ms(), "reply paced");
+    if let Err(e) = svc.store.defer_reply(&reply, &svc.instance_id, at).await {
+        tracing::error!(error = %e, "deferring a paced reply failed");
+    }
+    Some(at)
+}
+
+/// A send slot in the reply's chat now (`Ok`), or the time the chat's pace allows one.
+fn admit(svc: &Sender, reply: &ReplyRow) -> Result<(), i64> {
+    let interval = svc.channels.chat_interval_ms(&reply.channel);
+    svc.channels
+        .pacer
+        .admit(&reply.channel, &reply.conversation_id, interval, now_ms())
+}
+
+/// Records the outcome of a try: SENT, a new message in place of a gone placeholder, given
+/// up (UNKNOWN or FAILED), or another try after a backoff.
+async fn record(svc: &Sender, reply: &ReplyRow, result: Result<Delivered, DeliveryError>) {
     let cfg = &svc.config.outbox;
     let owner = &svc.instance_id;
-    let interval = svc.channels.chat_interval_ms(&reply.channel);
-    if let Err(at) =
-        svc.channels
-            .pacer
-            .admit(&reply.channel, &reply.conversation_id, interval, now_ms())
-    {
-        tracing::debug!(key = %reply.idempotency_key, wait_ms = at - now_ms(), "reply paced");
-        if let Err(e) = svc.store.defer_reply(&reply, owner, at).await {
-            tracing::error!(error = %e, "deferring a paced reply failed");
-        }
-        return Some(at);
-    }
-    let result = match attempt(svc, &mut reply).await {
-        // The next part waits for the chat's pace; the reply was put back until then.
-        Ok(Outcome::Paused(at)) => return Some(at),
-        Ok(Outcome::Delivered(delivered)) => Ok(delivered),
-        Err(e) => Err(e),
-    };
     // What is stored and logged of a failure is redacted (platform error bodies may echo
     // tokens; transport errors are already free of their URLs).
     let result = result.map_err(|mut e| {
@@ -187,31 +202,31 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
         Ok(delivered) => {
             tracing::info!(key = %reply.idempotency_key, attempts = reply.attempts, "reply delivered");
             svc.journal
-                .mark_reply_sent(&reply, owner, delivered.platform_message_id.as_deref())
+                .mark_reply_sent(reply, owner, delivered.platform_message_id.as_deref())
                 .await
         }
         Err(err) if reply.edit && svc.channels.edit_target_gone(&reply.channel, &err) => {
             tracing::warn!(key = %reply.idempotency_key, error = %err, "the placeholder is gone; sending the reply as a new message");
             svc.store
-                .reply_as_new_message(&reply, owner, &err.message, now)
+                .reply_as_new_message(reply, owner, &err.message, now)
                 .await
         }
         Err(err) if err.unknown => {
             tracing::error!(key = %reply.idempotency_key, error = %err, "reply outcome unknown; not re-sent");
             svc.store
-                .give_up_reply(&reply, owner, ReplyStatus::Unknown, &err.message, now)
+                .give_up_reply(reply, owner, ReplyStatus::Unknown, &err.message, now)
                 .await
         }
         Err(err) if err.permanent => {
             tracing::error!(key = %reply.idempotency_key, error = %err, "reply refused for good by the platform; not retried");
             svc.store
-                .give_up_reply(&reply, owner, ReplyStatus::Failed, &err.message, now)
+                .give_up_reply(reply, owner, ReplyStatus::Failed, &err.message, now)
                 .await
         }
         Err(err) if cfg.max_attempts > 0 && reply.attempts >= i64::from(cfg.max_attempts) => {
             tracing::error!(key = %reply.idempotency_key, error = %err, "reply given up");
             svc.store
-                .give_up_reply(&reply, owner, ReplyStatus::Failed, &err.message, now)
+                .give_up_reply(reply, owner, ReplyStatus::Failed, &err.message, now)
                 .await
         }
         Err(err) => {
@@ -230,7 +245,7 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
                 "reply delivery failed; will retry with the same key"
             );
             svc.store
-                .reschedule_reply(&reply, owner, now + wait.as_millis() as i64, &err.message)
+                .reschedule_reply(reply, owner, now + wait.as_millis() as i64, &err.message)
                 .await
         }
     };
@@ -239,7 +254,6 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
         Ok(false) => tracing::warn!("reply lease was lost before its result was recorded"),
         Err(e) => tracing::error!(error = %e, "recording the delivery result failed"),
     }
-    None
 }
 
 /// How a try of a reply ended when it did not fail.
@@ -298,15 +312,12 @@ async fn send_parts(
     let total = parts.len();
     let start = usize::try_from(reply.parts_sent).unwrap_or(0).min(total);
     let mut first = reply.platform_message_id.clone();
-    let interval = svc.channels.chat_interval_ms(&reply.channel);
     for (k, content) in parts.into_iter().enumerate().skip(start) {
+        // The parts before `k` are recorded already: the reply waits for the chat's pace
+        // like any paced reply, and goes on from part `k`.
         if k > start
-            && let Err(at) =
-                svc.channels
-                    .pacer
-                    .admit(&reply.channel, &reply.conversation_id, interval, now_ms())
+            && let Err(at) = admit(svc, reply)
         {
-            note_parts(svc, reply, k, first.as_deref(), Some(at)).await?;
             return Ok(Outcome::Paused(at));
         }
         let mut part = reply.clone();
@@ -327,7 +338,7 @@ async fn send_parts(
             first = delivered.platform_message_id.or(first);
         }
         if k + 1 < total {
-            note_parts(svc, reply, k + 1, first.as_deref(), None).await?;
+            note_parts(svc, reply, k + 1, first.as_deref()).await?;
         }
     }
     Ok(Outcome::Delivered(Delivered {
@@ -342,11 +353,10 @@ async fn note_parts(
     reply: &ReplyRow,
     sent: usize,
     first: Option<&str>,
-    resume_at: Option<i64>,
 ) -> Result<(), DeliveryError> {
     match svc
         .store
-        .note_parts_sent(reply, &svc.instance_id, sent as i64, first, resume_at)
+        .note_parts_sent(reply, &svc.instance_id, sent as i64, first)
         .await
     {
         Ok(true) => Ok(()),

@@ -101,13 +101,15 @@ pub fn verify(
         .map_err(|_| "signature does not match".to_string())
 }
 
-/// Parses a verified body into a message; the error names the offending field.
-pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
+/// Parses a verified body into a message and where it was written (see [`addressing`]);
+/// the error names the offending field.
+pub fn parse(body: &[u8]) -> Result<(NewMessage, Addressing), String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
     let Value::Object(object) = value else {
         return Err("body must be a JSON object".into());
     };
+    let addressing = addressing(&object)?;
     let text = required(&object, "text", usize::MAX)?;
     if text.trim().is_empty() {
         return Err("field `text` must not be empty".into());
@@ -123,7 +125,7 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
         }
         Some(_) => return Err("field `sender_name` must be a string".into()),
     };
-    Ok(NewMessage {
+    let message = NewMessage {
         reply_context: None,
         channel: CHANNEL.to_string(),
         event_id: required(&object, "event_id", MAX_ID_LEN)?,
@@ -133,15 +135,14 @@ pub fn parse(body: &[u8]) -> Result<NewMessage, String> {
         sender_name,
         text,
         trace_context: None,
-    })
+    };
+    Ok((message, addressing))
 }
 
 /// Where a verified message was written and whether it calls on the bot: `chat_type`
 /// ("direct", the default, or "group"), `mentioned` and `reply_to_bot` (booleans, default
 /// false); the error names the offending field.
-pub fn addressing(body: &[u8]) -> Result<Addressing, String> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
+fn addressing(value: &serde_json::Map<String, Value>) -> Result<Addressing, String> {
     let flag = |name: &str| match value.get(name) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
@@ -364,8 +365,7 @@ impl Platform for GenericChannel {
                     with_task: true,
                 }
             } else {
-                let message = parse(request.body).map_err(Refused::BadRequest)?;
-                let addressing = addressing(request.body).map_err(Refused::BadRequest)?;
+                let (message, addressing) = parse(request.body).map_err(Refused::BadRequest)?;
                 match question(
                     self.config.group_reply,
                     &self.config.prefixes,

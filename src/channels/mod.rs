@@ -160,9 +160,12 @@ impl Channels {
     /// `{"text": …}`. A card larger than the platform takes goes as its text.
     pub fn parts(&self, reply: &ReplyRow) -> Option<Vec<String>> {
         let platform = self.get(&reply.channel)?;
+        let limit = platform.text_limit();
+        if limit == parts::TextLimit::NONE && platform.card_limit_bytes().is_none() {
+            return None;
+        }
         let content: serde_json::Value = serde_json::from_str(&reply.content).ok()?;
         let text = content["text"].as_str().unwrap_or("");
-        let limit = platform.text_limit();
         match content.get("card").filter(|card| card.is_object()) {
             Some(card)
                 if platform

@@ -60,15 +60,26 @@ impl TextLimit {
     }
 
     /// The length of `text` in this limit's unit.
-    pub fn measure(&self, text: &str) -> usize {
-        if self.max == usize::MAX {
-            return 0;
-        }
+    #[cfg(test)]
+    fn measure(&self, text: &str) -> usize {
         text.chars().map(|c| self.units(c)).sum()
     }
 
     pub fn fits(&self, text: &str) -> bool {
-        self.max == usize::MAX || self.measure(text) <= self.max
+        self.within(text, self.max)
+    }
+
+    /// Whether `text` is at most `budget` units long; reads no further than the budget, so
+    /// a long streamed text costs the limit, not its length.
+    fn within(&self, text: &str, budget: usize) -> bool {
+        if budget == usize::MAX {
+            return true;
+        }
+        let mut used = 0;
+        text.chars().all(|c| {
+            used += self.units(c);
+            used <= budget
+        })
     }
 
     /// The longest prefix of `text` (a byte index at a grapheme cluster boundary) that fits
@@ -151,7 +162,7 @@ fn pieces<'a>(text: &'a str, limit: &TextLimit) -> Vec<&'a str> {
     let mut pieces = Vec::new();
     let mut rest = text.trim();
     while !rest.is_empty() {
-        if limit.measure(rest) <= budget {
+        if limit.within(rest, budget) {
             pieces.push(rest);
             break;
         }

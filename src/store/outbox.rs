@@ -196,30 +196,22 @@ impl Store {
     }
 
     /// Records that the first `parts_sent` parts of a long reply were accepted (the first
-    /// one as `platform_message_id`), while `owner` still holds it; with `resume_at`, the
-    /// reply is also put back until then without counting the attempt (the chat's send
-    /// pace is used up before the next part).
+    /// one as `platform_message_id`), while `owner` still holds it.
     pub async fn note_parts_sent(
         &self,
         reply: &ReplyRow,
         owner: &str,
         parts_sent: i64,
         platform_message_id: Option<&str>,
-        resume_at: Option<i64>,
     ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
             sqlx::query(
                 "UPDATE outbound_reply SET parts_sent = $1, \
-                 platform_message_id = COALESCE($2, platform_message_id), \
-                 next_attempt_at = COALESCE($3, next_attempt_at), \
-                 attempts = CASE WHEN $3 IS NULL THEN attempts ELSE attempts - 1 END, \
-                 locked_by = CASE WHEN $3 IS NULL THEN locked_by ELSE NULL END, \
-                 locked_until = CASE WHEN $3 IS NULL THEN locked_until ELSE NULL END \
-                 WHERE id = $4 AND locked_by = $5 AND status = 'PENDING'",
+                 platform_message_id = COALESCE($2, platform_message_id) \
+                 WHERE id = $3 AND locked_by = $4 AND status = 'PENDING'",
             )
             .bind(parts_sent)
             .bind(platform_message_id)
-            .bind(resume_at)
             .bind(reply.id)
             .bind(owner)
             .execute(&mut *tx)

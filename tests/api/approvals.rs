@@ -10,11 +10,8 @@ use crate::helpers::*;
 use crate::workflows::{NOTICE, calls_to, spawn_flow};
 
 fn denials(task: &Value) -> Vec<String> {
-    task["audit"]
-        .as_array()
-        .unwrap()
+    audit_of(task, "CONFIRM_DENIED")
         .iter()
-        .filter(|a| a["event"] == "CONFIRM_DENIED")
         .map(|a| a["summary"].as_str().unwrap().to_string())
         .collect()
 }

@@ -137,12 +137,7 @@ async fn a_failed_task_resumes_and_answers_under_a_new_key() {
     );
     assert_eq!(task["steps"][0]["status"], "SUCCEEDED");
     assert_eq!(task["steps"][0]["attempts"], 2);
-    let events: Vec<&str> = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["event"].as_str().unwrap())
-        .collect();
+    let events = audit_events(&task);
     assert!(events.contains(&"TASK_RESUMED"), "{events:?}");
     let replies = app.replies().await;
     let keys: Vec<&str> = replies.iter().map(|(k, _)| k.as_str()).collect();

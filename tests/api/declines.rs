@@ -73,12 +73,7 @@ async fn a_rejection_undoes_the_earlier_compensable_steps_and_tells_the_chat_onc
             .contains("alice rejected"),
         "{replies:?}"
     );
-    let events: Vec<&str> = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["event"].as_str().unwrap())
-        .collect();
+    let events = audit_events(&task);
     assert!(events.contains(&"TASK_REJECTED") && events.contains(&"STEP_COMPENSATED"));
     assert_eq!(*events.last().unwrap(), "REPLY_SENT");
     // A late approval changes nothing.

@@ -211,6 +211,20 @@ impl wiremock::Match for SignedWithTestSecret {
     }
 }
 
+/// A receiver as [`accepting_receiver`] that first refuses `n` signed replies with `status`.
+pub async fn receiver_refusing_first(n: u64, status: u16) -> MockServer {
+    let receiver = accepting_receiver().await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .and(SignedWithTestSecret)
+        .respond_with(ResponseTemplate::new(status))
+        .up_to_n_times(n)
+        .with_priority(1)
+        .mount(&receiver)
+        .await;
+    receiver
+}
+
 /// The receiver is back: from now on it accepts every signed reply, whatever it answered
 /// before.
 pub async fn receiver_accepts_again(receiver: &MockServer) {
@@ -534,4 +548,24 @@ pub fn captured_log() -> String {
         buffer
     });
     String::from_utf8_lossy(&log.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+}
+
+/// The audit events of a task as the task API shows it, in order.
+pub fn audit_events(task: &Value) -> Vec<&str> {
+    task["audit"]
+        .as_array()
+        .expect("the task shows its audit")
+        .iter()
+        .map(|a| a["event"].as_str().unwrap())
+        .collect()
+}
+
+/// The audit rows of a task for `event`.
+pub fn audit_of<'a>(task: &'a Value, event: &str) -> Vec<&'a Value> {
+    task["audit"]
+        .as_array()
+        .expect("the task shows its audit")
+        .iter()
+        .filter(|a| a["event"] == event)
+        .collect()
 }

@@ -14,15 +14,6 @@ const THINK_THEN_LOOK: &str = r#"{"start": "think", "nodes": [
   {"id": "look", "type": "tool", "tool": "lookup_a", "args": {"q": "x"}, "next": "done"},
   {"id": "done", "type": "reply", "text": "{{ steps.think.text }} / {{ steps.look.value }}"}]}"#;
 
-fn events(task: &Value) -> Vec<String> {
-    task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["event"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_task_pauses_at_its_next_step_boundary_and_unpauses_where_it_stopped() {
     let model = MockServer::start().await;
@@ -49,9 +40,9 @@ async fn a_running_task_pauses_at_its_next_step_boundary_and_unpauses_where_it_s
     assert_eq!(steps[0]["status"], "SUCCEEDED");
     assert_eq!(task["owner"], Value::Null);
     assert_eq!(task["pause_requested"], false);
-    let ev = events(&task);
-    assert!(ev.contains(&"TASK_PAUSE_REQUESTED".into()), "{ev:?}");
-    assert!(ev.contains(&"TASK_PAUSED".into()), "{ev:?}");
+    let ev = audit_events(&task);
+    assert!(ev.contains(&"TASK_PAUSE_REQUESTED"), "{ev:?}");
+    assert!(ev.contains(&"TASK_PAUSED"), "{ev:?}");
     // Nobody claims a paused task; it is listed as PAUSED.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(calls_to(&flow.tools, "GET", "/tools/a").await, 0);
@@ -228,7 +219,7 @@ async fn restart_is_refused_while_a_task_runs_or_waits() {
     assert!(err["error"].as_str().unwrap().contains("RUNNING"), "{err}");
     let task = app.wait_replied(id, WAIT).await;
     assert!(task["superseded_steps"].as_array().unwrap().is_empty());
-    assert!(!events(&task).contains(&"TASK_RESTARTED".into()));
+    assert!(!audit_events(&task).contains(&"TASK_RESTARTED"));
     app.stop().await;
 }
 
@@ -398,12 +389,7 @@ async fn a_pause_racing_a_claim_is_audited_as_what_happened() {
             "a PENDING or RUNNING task can always be paused"
         );
         let task = app.get_task(id).await;
-        let events: Vec<&str> = task["audit"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a["event"].as_str().unwrap())
-            .collect();
+        let events = audit_events(&task);
         match task["status"].as_str().unwrap() {
             "PAUSED" => assert!(events.contains(&"TASK_PAUSED"), "{events:?}"),
             "RUNNING" => {

@@ -60,12 +60,7 @@ async fn auth_failure_fails_at_once_with_one_notice() {
     assert_eq!(task["failure_type"], "AUTH_FAILED");
     assert!(task["error"].as_str().unwrap().contains("401"));
     assert_eq!(task["steps"][0]["status"], "FAILED");
-    let events: Vec<&str> = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["event"].as_str().unwrap())
-        .collect();
+    let events = audit_events(&task);
     assert!(events.contains(&"TASK_FAILED"), "{events:?}");
     // Not transient: one call only.
     assert_eq!(app.model.received_requests().await.unwrap().len(), 1);

@@ -35,12 +35,7 @@ async fn a_message_gets_exactly_one_reply() {
         steps[0]
     );
     assert_eq!(steps[0]["tokens_out"], 7);
-    let events: Vec<&str> = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["event"].as_str().unwrap())
-        .collect();
+    let events = audit_events(&task);
     assert_eq!(
         events,
         [

@@ -26,18 +26,29 @@ pub async fn exec_sql(url: &str, sql: &str) {
     }
 }
 
-fn audit_of<'a>(task: &'a Value, event: &str) -> Vec<&'a Value> {
-    task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|a| a["event"] == event)
-        .collect()
-}
-
 /// Before: on PostgreSQL the answer's write was refused ("unsupported Unicode escape
 /// sequence"), the run aborted, and the task was claimed, paid for and aborted again
 /// forever.
+/// Slack against the platform doubles at `api`, with an answer streamed into a placeholder
+/// sent at once and no pacing between edits.
+fn streaming_on_slack(c: &mut assistd::Config, api: &str) {
+    crate::platforms::enable_platforms(c, api, "default");
+    c.replies.placeholder_after_ms = 0;
+    c.replies.stream_edit_ms = 50;
+    c.channels.slack.per_chat_interval_ms = 0;
+}
+
+/// Mentions the bot on Slack with `text` (event `event_id`, message `ts`) and waits for the
+/// answer; the task as the API shows it.
+async fn ask_on_slack(app: &TestApp, event_id: &str, text: &str, ts: &str) -> Value {
+    let mention = crate::platforms::slack_event(
+        event_id,
+        json!({"type": "app_mention", "user": "U1", "text": text, "ts": ts, "channel": "C9"}),
+    );
+    let id = task_id_of(app.slack_event(&mention).await).await;
+    app.wait_replied(id, WAIT).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_in_the_model_answer_is_stored_and_answered() {
     let model = MockServer::start().await;
@@ -72,20 +83,12 @@ async fn a_nul_in_a_streamed_chunk_and_a_slack_message_is_stored_and_answered() 
         MockServer::start().await,
         accepting_receiver().await,
         move |c| {
-            crate::platforms::enable_platforms(c, &uri, "default");
+            streaming_on_slack(c, &uri);
             c.llm.base_url = format!("{model_uri}/v1");
-            c.replies.placeholder_after_ms = 0;
-            c.replies.stream_edit_ms = 50;
-            c.channels.slack.per_chat_interval_ms = 0;
         },
     )
     .await;
-    let mention = crate::platforms::slack_event(
-        "EvNul1",
-        json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> tell\u{0} me", "ts": "1990.1", "channel": "C9"}),
-    );
-    let id = task_id_of(app.slack_event(&mention).await).await;
-    let task = app.wait_replied(id, WAIT).await;
+    let task = ask_on_slack(&app, "EvNul1", "<@UBOT> tell\u{0} me", "1990.1").await;
     assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
     assert_eq!(
         task["result"], "part one\u{FFFD} part two\u{FFFD} end",
@@ -269,15 +272,7 @@ async fn a_reply_refused_for_good_ends_failed_and_a_transient_refusal_is_retried
     );
     app.stop().await;
 
-    let receiver = accepting_receiver().await;
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .and(SignedWithTestSecret)
-        .respond_with(ResponseTemplate::new(503))
-        .up_to_n_times(2)
-        .with_priority(1)
-        .mount(&receiver)
-        .await;
+    let receiver = receiver_refusing_first(2, 503).await;
     let app = TestApp::spawn_with(echo_model().await, receiver, |_| {}).await;
     let id = task_id_of(app.post_message(&message("busy", 1, "hi")).await).await;
     let task = app.wait_replied(id, WAIT).await;
@@ -302,18 +297,10 @@ async fn a_completion_answering_a_streaming_request_is_accepted() {
     .await;
     let uri = api.uri();
     let app = TestApp::spawn_with(model, accepting_receiver().await, move |c| {
-        crate::platforms::enable_platforms(c, &uri, "default");
-        c.replies.placeholder_after_ms = 0;
-        c.replies.stream_edit_ms = 50;
-        c.channels.slack.per_chat_interval_ms = 0;
+        streaming_on_slack(c, &uri);
     })
     .await;
-    let mention = crate::platforms::slack_event(
-        "EvGw1",
-        json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> hello", "ts": "1991.1", "channel": "C9"}),
-    );
-    let id = task_id_of(app.slack_event(&mention).await).await;
-    let task = app.wait_replied(id, WAIT).await;
+    let task = ask_on_slack(&app, "EvGw1", "<@UBOT> hello", "1991.1").await;
     assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
     assert_eq!(task["result"], "whole answer");
     let bodies = model_bodies(&app.model).await;

@@ -50,22 +50,7 @@ async fn reply_waits_for_a_receiver_that_is_down_then_arrives_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_errors_are_retried_with_the_same_key() {
-    let receiver = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .and(SignedWithTestSecret)
-        .respond_with(ResponseTemplate::new(503))
-        .up_to_n_times(2)
-        .with_priority(1)
-        .mount(&receiver)
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/reply"))
-        .and(SignedWithTestSecret)
-        .respond_with(ResponseTemplate::new(200))
-        .with_priority(2)
-        .mount(&receiver)
-        .await;
+    let receiver = receiver_refusing_first(2, 503).await;
     let model = echo_model().await;
     let app = TestApp::spawn_with(model, receiver, |_| {}).await;
     let id = task_id_of(app.post_message(&message("c-503r", 1, "hi")).await).await;

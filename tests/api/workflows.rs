@@ -492,12 +492,7 @@ async fn an_irreversible_tool_waits_for_approval_from_an_allowed_approver() {
         1,
         "runs once, after approval"
     );
-    let events: Vec<&str> = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["event"].as_str().unwrap())
-        .collect();
+    let events = audit_events(&task);
     assert!(
         events.contains(&"TASK_WAITING_CONFIRM") && events.contains(&"TASK_CONFIRMED"),
         "{events:?}"
@@ -769,12 +764,7 @@ async fn a_cancelled_waiting_task_cannot_be_approved_afterwards() {
     let task = app.get_task(id).await;
     assert_eq!(task["status"], "CANCELLED");
     assert_eq!(task["pending_actions"][0]["decision"], "EXPIRED");
-    let events: Vec<&str> = task["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["event"].as_str().unwrap())
-        .collect();
+    let events = audit_events(&task);
     assert!(!events.contains(&"TASK_CONFIRMED"), "{events:?}");
     assert_eq!(calls_to(&flow.tools, "POST", "/tools/notice").await, 0);
     flow.app.stop().await;

@@ -339,31 +339,9 @@ pub(crate) fn rss_kib(pid: u32, field: &str) -> u64 {
 
 /// Starts `assistd serve` (the binary next to this one) as a child on `port`, on SQLite or
 /// PostgreSQL. Its log (warnings and errors; it logs to stdout) goes to `log` when given
-/// (appended), else nowhere.
+/// (appended), else nowhere; `extra`: more `ASSISTD_*` settings.
+#[allow(clippy::too_many_arguments)] // the child's settings, each its own
 pub(crate) fn spawn_child(
-    db_url: &str,
-    mocks: &Mocks,
-    port: u16,
-    grace_secs: u64,
-    concurrency: usize,
-    log: Option<&std::path::Path>,
-    instance: &str,
-) -> anyhow::Result<std::process::Child> {
-    spawn_child_with(
-        db_url,
-        mocks,
-        port,
-        grace_secs,
-        concurrency,
-        log,
-        instance,
-        &[],
-    )
-}
-
-/// [`spawn_child`] with more `ASSISTD_*` settings.
-#[allow(clippy::too_many_arguments)] // spawn_child's, and the extra settings
-pub(crate) fn spawn_child_with(
     db_url: &str,
     mocks: &Mocks,
     port: u16,

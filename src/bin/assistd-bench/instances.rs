@@ -76,7 +76,16 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
             .local_addr()?
             .port();
         let instance = format!("bench-{}", i + 1);
-        children.push(spawn_child(&db.url, &mocks, port, 0, 256, None, &instance)?);
+        children.push(spawn_child(
+            &db.url,
+            &mocks,
+            port,
+            0,
+            256,
+            None,
+            &instance,
+            &[],
+        )?);
         wait_ready(port).await?;
         addrs.push(format!("127.0.0.1:{port}").parse()?);
     }

@@ -85,7 +85,7 @@ impl ChildRun {
             .await?
             .local_addr()?
             .port();
-        let mut child = spawn_child_with(
+        let mut child = spawn_child(
             &db.url,
             &mocks,
             port,
@@ -185,7 +185,7 @@ pub(crate) async fn recovery(args: &Args) -> anyhow::Result<()> {
             .await?
             .local_addr()?
             .port();
-        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096, None, "bench-child")?;
+        let mut child = spawn_child(&db.url, &mocks, port, grace, 4096, None, "bench-child", &[])?;
         wait_ready(port).await?;
         send_messages(
             format!("127.0.0.1:{port}").parse()?,
@@ -212,6 +212,7 @@ pub(crate) async fn recovery(args: &Args) -> anyhow::Result<()> {
             4096,
             Some(&log),
             "bench-child",
+            &[],
         )?;
         wait_ready(port).await?;
         let ready = restarted.elapsed();

@@ -34,6 +34,15 @@ pub(crate) fn enable_dingtalk(c: &mut assistd::Config, api: &str) {
     c.channels.dingtalk.api_base_url = api.to_string();
 }
 
+/// The session webhook double (`chat_doubles::TextLengthLimit::dingtalk_session`) on `api`.
+pub(crate) async fn mount_dingtalk_session(api: &MockServer) {
+    Mock::given(method("POST"))
+        .and(path("/robot/sendBySession"))
+        .respond_with(super::chat_doubles::TextLengthLimit::dingtalk_session())
+        .mount(api)
+        .await;
+}
+
 impl TestApp {
     pub(crate) async fn dingtalk(
         &self,
@@ -56,11 +65,7 @@ impl TestApp {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot_api() {
     let api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/robot/sendBySession"))
-        .respond_with(super::chat_doubles::TextLengthLimit::dingtalk_session())
-        .mount(&api)
-        .await;
+    mount_dingtalk_session(&api).await;
     Mock::given(method("POST"))
         .and(path("/v1.0/oauth2/accessToken"))
         .respond_with(
@@ -174,11 +179,7 @@ async fn dingtalk_messages_are_verified_and_answered_by_session_webhook_or_robot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dingtalk_approvals_use_action_cards_answered_by_command() {
     let api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/robot/sendBySession"))
-        .respond_with(super::chat_doubles::TextLengthLimit::dingtalk_session())
-        .mount(&api)
-        .await;
+    mount_dingtalk_session(&api).await;
     let uri = api.uri();
     let flow = spawn_flow_with(NOTICE, move |c| {
         c.channels.dingtalk.enabled = true;

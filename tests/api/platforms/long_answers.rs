@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use unicode_segmentation::UnicodeSegmentation;
-use wiremock::matchers::{method, path, path_regex};
+use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer};
 
 use super::*;
@@ -149,30 +149,9 @@ async fn a_long_answer_goes_as_numbered_parts_on_telegram_slack_and_the_generic_
 async fn a_long_answer_goes_as_numbered_parts_on_matrix_lark_wecom_and_dingtalk() {
     let api = platform_api().await;
     mount_lark(&api).await;
-    Mock::given(method("PUT"))
-        .and(path_regex(
-            r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
-        ))
-        .respond_with(super::chat_doubles::MatrixRoomSends::default())
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/cgi-bin/gettoken"))
-        .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(
-            json!({"errcode": 0, "errmsg": "ok", "access_token": "wc-token", "expires_in": 7200}),
-        ))
-        .mount(&api)
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/cgi-bin/message/send"))
-        .respond_with(super::chat_doubles::TextLengthLimit::wecom())
-        .mount(&api)
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/robot/sendBySession"))
-        .respond_with(super::chat_doubles::TextLengthLimit::dingtalk_session())
-        .mount(&api)
-        .await;
+    mount_room_sends(&api).await;
+    mount_wecom(&api).await;
+    mount_dingtalk_session(&api).await;
     let uri = api.uri();
     let app = TestApp::spawn_with(long_model().await, accepting_receiver().await, move |c| {
         no_placeholders(c);

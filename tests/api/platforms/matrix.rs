@@ -22,13 +22,7 @@ pub(crate) fn enable_matrix(c: &mut assistd::Config, homeserver: &str) {
 async fn matrix_transactions_are_authorised_answered_and_idempotent() {
     use wiremock::matchers::path_regex;
     let hs = MockServer::start().await;
-    Mock::given(method("PUT"))
-        .and(path_regex(
-            r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
-        ))
-        .respond_with(super::chat_doubles::MatrixRoomSends::default())
-        .mount(&hs)
-        .await;
+    mount_room_sends(&hs).await;
     Mock::given(method("POST"))
         .and(path_regex(r"^/_matrix/client/v3/rooms/.*/join$"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"room_id": "!new:hs"})))
@@ -137,15 +131,22 @@ pub(crate) async fn matrix_homeserver() -> MockServer {
         .with_priority(1)
         .mount(&hs)
         .await;
+    mount_room_sends(&hs).await;
+    hs
+}
+
+/// The room-send double (`chat_doubles::MatrixRoomSends`) on `hs`, below any more specific
+/// mock (priority 5).
+pub(crate) async fn mount_room_sends(hs: &MockServer) {
+    use wiremock::matchers::path_regex;
     Mock::given(method("PUT"))
         .and(path_regex(
             r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
         ))
         .respond_with(super::chat_doubles::MatrixRoomSends::default())
         .with_priority(5)
-        .mount(&hs)
+        .mount(hs)
         .await;
-    hs
 }
 
 impl TestApp {

@@ -53,19 +53,24 @@ impl TestApp {
 /// A mock WeCom API: gettoken and message/send.
 pub(crate) async fn wecom_api() -> MockServer {
     let api = MockServer::start().await;
+    mount_wecom(&api).await;
+    api
+}
+
+/// The WeCom API doubles (gettoken, and message/send held to its 2,048-byte text) on `api`.
+pub(crate) async fn mount_wecom(api: &MockServer) {
     Mock::given(method("GET"))
         .and(path("/cgi-bin/gettoken"))
         .respond_with(ResponseTemplate::new(200).set_body_json(
             json!({"errcode": 0, "errmsg": "ok", "access_token": "wc-token", "expires_in": 7200}),
         ))
-        .mount(&api)
+        .mount(api)
         .await;
     Mock::given(method("POST"))
         .and(path("/cgi-bin/message/send"))
         .respond_with(super::chat_doubles::TextLengthLimit::wecom())
-        .mount(&api)
+        .mount(api)
         .await;
-    api
 }
 
 pub(crate) fn enable_wecom(c: &mut assistd::Config, api: &str, agent: &str) {
