@@ -37,13 +37,16 @@ fn huge_answer() -> String {
     vec![long_answer(); 6].join("\n\n")
 }
 
-/// Answers a question asking for a "huge" answer with `huge_answer`, any other with
-/// `long_answer`.
+/// Answers a question asking for a "huge" answer with `huge_answer`, one asking for a
+/// "short" one in three words, any other with `long_answer`.
 async fn long_model() -> MockServer {
     let model = MockServer::start().await;
     model_mock(|body: &Value| {
-        ModelReply::text(if crate::helpers::last_content(body).contains("huge") {
+        let question = crate::helpers::last_content(body);
+        ModelReply::text(if question.contains("huge") {
             huge_answer()
+        } else if question.contains("short") {
+            "a short answer".to_string()
         } else {
             long_answer()
         })
@@ -449,4 +452,47 @@ async fn sigkill_between_parts_resumes_with_the_missing_parts_only() {
     check_parts("generic (restarted)", &texts, |t| t.chars().count() <= 3000);
     store.close().await;
     db.drop_db().await;
+}
+
+/// Reply order holds across parts: while a long answer's parts wait for the chat's pace, the
+/// next question's answer in that conversation waits for all of them (WeCom, 2,048 bytes a
+/// message, paced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_answer_waits_for_every_part_of_a_long_one() {
+    let api = MockServer::start().await;
+    mount_wecom(&api).await;
+    let uri = api.uri();
+    let app = TestApp::spawn_with(long_model().await, accepting_receiver().await, move |c| {
+        no_placeholders(c);
+        enable_wecom(c, &uri, "default");
+        c.channels.wecom.per_chat_interval_ms = 150;
+    })
+    .await;
+    for (id, text) in [("9101", "the travel policy?"), ("9102", "and a short one?")] {
+        let resp = app
+            .wecom_post(&wecom_text(id, text), wecom_sample::TOKEN)
+            .await;
+        assert_eq!(resp.status(), 200);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    let texts = loop {
+        let texts: Vec<String> = sends(&api, "/cgi-bin/message/send")
+            .await
+            .iter()
+            .map(|b| b["text"]["content"].as_str().unwrap().to_string())
+            .collect();
+        if texts.last().is_some_and(|t| t == "a short answer") {
+            break texts;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} sends",
+            texts.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (short, long) = texts.split_last().unwrap();
+    assert_eq!(short, "a short answer");
+    check_parts("wecom (then the next answer)", long, |t| t.len() <= 2048);
+    app.stop().await;
 }
