@@ -114,8 +114,12 @@ pub enum Inbound {
         approve: bool,
         target: String,
     },
-    /// The bot was invited to a room (Matrix).
-    Invite(String),
+    /// The bot was invited to a room (Matrix); `direct_with`: the inviter, when the invite
+    /// marks the room a direct chat (`is_direct`).
+    Invite {
+        room: String,
+        direct_with: Option<String>,
+    },
     /// An approval decision from a card button; `ack` identifies the platform callback
     /// to acknowledge (Telegram's callback query id), when there is one.
     Action {
@@ -449,8 +453,13 @@ pub trait Platform: Send + Sync {
         Box::pin(async {})
     }
 
-    /// Joins a room the bot was invited to (`Inbound::Invite`).
-    fn accept_invite<'a>(&'a self, _room: &'a str) -> BoxFuture<'a, ()> {
+    /// Joins a room the bot was invited to (`Inbound::Invite`), recording it as a direct
+    /// chat with `direct_with` when the invite said so.
+    fn accept_invite<'a>(
+        &'a self,
+        _room: &'a str,
+        _direct_with: Option<&'a str>,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
 

@@ -242,8 +242,8 @@ async fn handle_inbound(
             let outcome = react(svc, platform, &approver, approve, &target).await?;
             Ok(Json(json!({ "result": outcome.unwrap_or("not a decision") })).into_response())
         }
-        Inbound::Invite(room) => {
-            platform.accept_invite(&room).await;
+        Inbound::Invite { room, direct_with } => {
+            platform.accept_invite(&room, direct_with.as_deref()).await;
             Ok(Json(json!({ "result": "joined" })).into_response())
         }
         Inbound::Respond(fixed) => Ok(fixed_response(fixed)),
@@ -281,7 +281,9 @@ async fn transaction(
     for item in parsed.items {
         match item {
             Inbound::Message(message) => messages.push(message),
-            Inbound::Invite(room) => platform.accept_invite(&room).await,
+            Inbound::Invite { room, direct_with } => {
+                platform.accept_invite(&room, direct_with.as_deref()).await
+            }
             Inbound::Action { action, .. } => {
                 let outcome = decide_action(svc, &action).await?;
                 tracing::info!(task_id = action.task_id(), outcome, "approval command");

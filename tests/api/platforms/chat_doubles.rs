@@ -356,6 +356,207 @@ impl Respond for MatrixRoomSends {
     }
 }
 
+/// A path segment as the client encoded it, decoded.
+fn decoded(segment: &str) -> String {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// What a Matrix homeserver knows of rooms and of the bot's account data, for the
+/// application service acting as the bot (`as-token`, user `@assistd:hs`): `GET
+/// /rooms/{room}/joined_members` (403 `M_FORBIDDEN` unless the bot has joined), `GET`/`PUT
+/// /user/{user}/account_data/m.direct` (404 `M_NOT_FOUND` until set; only the bot's own),
+/// `POST /rooms/{room}/join` (403 unless the bot was invited), `GET /rooms/{room}/event/
+/// {id}` (the bot's sent events, from the room-send double; 404 `M_NOT_FOUND` otherwise).
+/// Client-server API v1.x, "Rooms: joined_members", "Client config", "Room membership",
+/// "Getting events for a room".
+#[derive(Clone)]
+pub(crate) struct MatrixRooms {
+    state: Arc<Mutex<RoomState>>,
+    sent: Shared,
+}
+
+#[derive(Default)]
+struct RoomState {
+    /// Room → joined members.
+    joined: HashMap<String, Vec<String>>,
+    /// Room → invited, not yet joined.
+    invited: HashMap<String, Vec<String>>,
+    direct: Option<Value>,
+}
+
+pub(crate) const MATRIX_BOT: &str = "@assistd:hs";
+
+impl MatrixRooms {
+    pub(crate) fn new(sends: &MatrixRoomSends) -> Self {
+        MatrixRooms {
+            state: Arc::default(),
+            sent: sends.0.clone(),
+        }
+    }
+
+    /// A room the bot has joined with `members`, marked direct with `direct_with`.
+    pub(crate) fn room(&self, room: &str, members: &[&str], direct_with: Option<&str>) {
+        let mut state = self.state.lock().unwrap();
+        let mut joined: Vec<String> = members.iter().map(|m| m.to_string()).collect();
+        joined.push(MATRIX_BOT.into());
+        state.joined.insert(room.into(), joined);
+        if let Some(with) = direct_with {
+            let direct = state.direct.get_or_insert_with(|| json!({}));
+            let rooms = direct[with].as_array().cloned().unwrap_or_default();
+            direct[with] = Value::Array(rooms.into_iter().chain([json!(room)]).collect());
+        }
+    }
+
+    /// A room `members` are in, to which the bot is invited.
+    pub(crate) fn invite(&self, room: &str, members: &[&str]) {
+        let mut state = self.state.lock().unwrap();
+        state
+            .joined
+            .insert(room.into(), members.iter().map(|m| m.to_string()).collect());
+        state.invited.insert(room.into(), vec![MATRIX_BOT.into()]);
+    }
+
+    pub(crate) fn join(&self, room: &str, user: &str) {
+        let mut state = self.state.lock().unwrap();
+        state
+            .joined
+            .entry(room.into())
+            .or_default()
+            .push(user.into());
+    }
+
+    /// The bot's `m.direct` account data.
+    pub(crate) fn direct(&self) -> Value {
+        self.state
+            .lock()
+            .unwrap()
+            .direct
+            .clone()
+            .unwrap_or(Value::Null)
+    }
+}
+
+impl Respond for MatrixRooms {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let refuse = |status: u16, errcode: &str, error: &str| {
+            ResponseTemplate::new(status).set_body_json(json!({"errcode": errcode, "error": error}))
+        };
+        if request
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            != Some("Bearer as-token")
+        {
+            return refuse(401, "M_UNKNOWN_TOKEN", "unknown token");
+        }
+        let segments: Vec<String> = request.url.path().split('/').map(decoded).collect();
+        let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let method = request.method.as_str();
+        let mut state = self.state.lock().unwrap();
+        match (method, &segments[..]) {
+            (
+                "GET",
+                [
+                    "",
+                    "_matrix",
+                    "client",
+                    "v3",
+                    "rooms",
+                    room,
+                    "joined_members",
+                ],
+            ) => match state.joined.get(*room) {
+                Some(members) if members.iter().any(|m| m == MATRIX_BOT) => {
+                    let joined: serde_json::Map<String, Value> = members
+                        .iter()
+                        .map(|m| (m.clone(), json!({"display_name": null, "avatar_url": null})))
+                        .collect();
+                    ResponseTemplate::new(200).set_body_json(json!({ "joined": joined }))
+                }
+                _ => refuse(403, "M_FORBIDDEN", "You aren't a member of the room"),
+            },
+            ("POST", ["", "_matrix", "client", "v3", "rooms", room, "join"]) => {
+                let invited = state
+                    .invited
+                    .get(*room)
+                    .is_some_and(|users| users.iter().any(|u| u == MATRIX_BOT));
+                if !invited {
+                    return refuse(403, "M_FORBIDDEN", "You are not invited to this room.");
+                }
+                state.invited.remove(*room);
+                state
+                    .joined
+                    .entry(room.to_string())
+                    .or_default()
+                    .push(MATRIX_BOT.into());
+                ResponseTemplate::new(200).set_body_json(json!({ "room_id": room }))
+            }
+            (
+                _,
+                [
+                    "",
+                    "_matrix",
+                    "client",
+                    "v3",
+                    "user",
+                    user,
+                    "account_data",
+                    "m.direct",
+                ],
+            ) => {
+                if *user != MATRIX_BOT {
+                    return refuse(
+                        403,
+                        "M_FORBIDDEN",
+                        "Cannot get account data for other users.",
+                    );
+                }
+                match method {
+                    "GET" => match &state.direct {
+                        Some(direct) => ResponseTemplate::new(200).set_body_json(direct),
+                        None => refuse(404, "M_NOT_FOUND", "Account data not found"),
+                    },
+                    "PUT" => {
+                        let body = body_of(request);
+                        if !body.is_object() {
+                            return refuse(400, "M_NOT_JSON", "Content must be a JSON object.");
+                        }
+                        state.direct = Some(body);
+                        ResponseTemplate::new(200).set_body_json(json!({}))
+                    }
+                    _ => refuse(405, "M_UNRECOGNIZED", "Unrecognized request"),
+                }
+            }
+            (
+                "GET",
+                [
+                    "",
+                    "_matrix",
+                    "client",
+                    "v3",
+                    "rooms",
+                    room,
+                    "event",
+                    event_id,
+                ],
+            ) => {
+                let sent = self.sent.lock().unwrap();
+                match sent.by_id.get(*event_id) {
+                    Some(held) if decoded(&held.chat) == *room => ResponseTemplate::new(200)
+                        .set_body_json(json!({
+                            "type": "m.room.message", "room_id": room, "event_id": event_id,
+                            "sender": MATRIX_BOT, "content": held.content,
+                        })),
+                    _ => refuse(404, "M_NOT_FOUND", "Event not found."),
+                }
+            }
+            _ => refuse(404, "M_UNRECOGNIZED", "Unrecognized request"),
+        }
+    }
+}
+
 /// Slack `assistant.threads.setStatus`: a bot token, `channel_id`, `thread_ts` and a
 /// `status` string (empty clears it) are required; otherwise `invalid_arguments`.
 pub(crate) struct SlackAssistantStatus;

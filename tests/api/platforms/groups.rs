@@ -228,3 +228,160 @@ async fn the_generic_channel_takes_chat_type_mentioned_and_reply_to_bot() {
     assert_eq!(task["reply"]["content"]["text"], "answer to: 年假几天？");
     app.stop().await;
 }
+
+fn mx_text(room: &str, event_id: &str, content: Value) -> Value {
+    json!({"type": "m.room.message", "room_id": room, "sender": "@ada:hs", "event_id": event_id,
+           "origin_server_ts": 1, "content": content})
+}
+
+fn mx_member(room: &str, user: &str, membership: &str) -> Value {
+    json!({"type": "m.room.member", "room_id": room, "sender": user, "state_key": user,
+           "event_id": format!("$m-{user}-{membership}"), "content": {"membership": membership}})
+}
+
+/// Matrix: a room is a direct chat when it has at most two joined members and is in the
+/// bot's `m.direct` (an invite marked `is_direct` puts it there); in any other room the bot
+/// answers a mention (`m.mentions`, its ID, a pill), a reply to one of its messages or a
+/// prefix; a membership change is seen at once; a homeserver that cannot say what a room is
+/// gets 503 and the transaction is taken when sent again, nothing written before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_rooms_answer_mentions_and_replies_direct_chats_always() {
+    let hs = wiremock::MockServer::start().await;
+    let rooms = mount_room_sends(&hs).await;
+    rooms.room("!team:hs", &["@ada:hs", "@bo:hs", "@cy:hs"], None);
+    // Two members but never marked direct: a group of two.
+    rooms.room("!pair:hs", &["@ada:hs"], None);
+    let uri = hs.uri();
+    let app = spawn_platforms(&hs, move |c| {
+        enable_matrix(c, &uri);
+        c.channels.matrix.prefixes = vec!["!ask".into()];
+    })
+    .await;
+    let text = |body: &str| json!({"msgtype": "m.text", "body": body});
+    let chatter = mx_text("!team:hs", "$c1", text("lunch at noon?"));
+    let pair = mx_text("!pair:hs", "$c2", text("are you there?"));
+    let notice = mx_text(
+        "!r:hs",
+        "$c3",
+        json!({"msgtype": "m.notice", "body": "build passed"}),
+    );
+    assert_eq!(
+        app.matrix_txn("t1", json!([chatter, pair, notice]))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        counts(&app).await,
+        (0, 0),
+        "chatter, a group of two, a notice"
+    );
+    // A mention by m.mentions, by pill, by ID, and a prefix: four questions.
+    let by_mentions = mx_text(
+        "!team:hs",
+        "$q1",
+        json!({"msgtype": "m.text", "body": "assistd: where is room 4?",
+        "m.mentions": {"user_ids": ["@assistd:hs"]}}),
+    );
+    let by_pill = mx_text(
+        "!team:hs",
+        "$q2",
+        json!({"msgtype": "m.text", "body": "assistd: the wifi?",
+        "format": "org.matrix.custom.html",
+        "formatted_body": "<a href=\"https://matrix.to/#/@assistd:hs\">assistd</a>: the wifi?"}),
+    );
+    let by_id = mx_text("!pair:hs", "$q3", text("@assistd:hs 报销怎么申请？"));
+    let by_prefix = mx_text("!team:hs", "$q4", text("!ask holidays?"));
+    assert_eq!(
+        app.matrix_txn("t2", json!([by_mentions, by_pill, by_id, by_prefix]))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(counts(&app).await, (4, 4));
+    let tasks: Value = app
+        .list("conversation=!team:hs")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let first = tasks["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .min()
+        .unwrap();
+    let answered = app.wait_replied(first, WAIT).await;
+    let answer_event = answered["reply"]["platform_message_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no event id: {answered}"))
+        .to_string();
+    // A reply to the bot's answer (with the quoted fallback) is a question; a reply to a
+    // member's message is chatter.
+    let reply = mx_text(
+        "!team:hs",
+        "$q5",
+        json!({"msgtype": "m.text",
+        "body": "> <@assistd:hs> answer to: where is room 4?\n\nand room 5?",
+        "m.relates_to": {"m.in_reply_to": {"event_id": answer_event}}}),
+    );
+    let other = mx_text(
+        "!team:hs",
+        "$c4",
+        json!({"msgtype": "m.text", "body": "thanks",
+        "m.relates_to": {"m.in_reply_to": {"event_id": "$q1"}}}),
+    );
+    assert_eq!(
+        app.matrix_txn("t3", json!([reply, other])).await.status(),
+        200
+    );
+    assert_eq!(counts(&app).await, (5, 5));
+    let tasks: Value = app
+        .list("conversation=!team:hs")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut texts = Vec::new();
+    for t in tasks["tasks"].as_array().unwrap() {
+        let task = app.get_task(t["id"].as_i64().unwrap()).await;
+        texts.push(task["message"]["text"].as_str().unwrap_or("").to_string());
+    }
+    assert!(texts.iter().any(|t| t == "and room 5?"), "{texts:?}");
+
+    // An invite marked is_direct: the bot joins and records the room in m.direct; from
+    // then on the room is a direct chat, answered without a mention.
+    rooms.invite("!dm:hs", &["@ada:hs"]);
+    let invite = json!({"type": "m.room.member", "room_id": "!dm:hs", "sender": "@ada:hs",
+        "state_key": "@assistd:hs", "event_id": "$inv", "content": {"membership": "invite", "is_direct": true}});
+    assert_eq!(app.matrix_txn("t4", json!([invite])).await.status(), 200);
+    assert_eq!(
+        rooms.direct()["@ada:hs"],
+        json!(["!r:hs", "!room:hs", "!s:hs", "!dm:hs"])
+    );
+    let direct = mx_text("!dm:hs", "$q6", text("what is the VPN address?"));
+    assert_eq!(app.matrix_txn("t5", json!([direct])).await.status(), 200);
+    assert_eq!(counts(&app).await, (6, 6));
+    // A third member joins: the join event in the transaction makes it a group at once.
+    rooms.join("!dm:hs", "@bo:hs");
+    let joined = mx_member("!dm:hs", "@bo:hs", "join");
+    let after = mx_text("!dm:hs", "$c5", text("hi Bo"));
+    assert_eq!(
+        app.matrix_txn("t6", json!([joined, after])).await.status(),
+        200
+    );
+    assert_eq!(counts(&app).await, (6, 6), "a room of three is a group");
+
+    // The homeserver cannot say what a new room is: 503 (M_UNKNOWN), nothing written; sent
+    // again once it can, the transaction is taken.
+    let unknown = mx_text("!new2:hs", "$q7", text("hello?"));
+    let resp = app.matrix_txn("t7", json!([unknown.clone()])).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.json::<Value>().await.unwrap()["errcode"], "M_UNKNOWN");
+    assert_eq!(counts(&app).await, (6, 6));
+    rooms.room("!new2:hs", &["@ada:hs"], Some("@ada:hs"));
+    assert_eq!(app.matrix_txn("t7", json!([unknown])).await.status(), 200);
+    assert_eq!(counts(&app).await, (7, 7));
+    app.stop().await;
+}

@@ -135,18 +135,33 @@ pub(crate) async fn matrix_homeserver() -> MockServer {
     hs
 }
 
-/// The room-send double (`chat_doubles::MatrixRoomSends`) on `hs`, below any more specific
-/// mock (priority 5).
-pub(crate) async fn mount_room_sends(hs: &MockServer) {
+/// The room-send double (`chat_doubles::MatrixRoomSends`) and the room-state double
+/// (`chat_doubles::MatrixRooms`) on `hs`, below any more specific mock (priorities 5, 6).
+/// The rooms the tests write in (`!r:hs`, `!room:hs`, `!s:hs`) are direct chats with
+/// @ada:hs; returns the room state, for tests that make other rooms.
+pub(crate) async fn mount_room_sends(hs: &MockServer) -> super::chat_doubles::MatrixRooms {
     use wiremock::matchers::path_regex;
+    let sends = super::chat_doubles::MatrixRoomSends::default();
+    let rooms = super::chat_doubles::MatrixRooms::new(&sends);
+    for room in ["!r:hs", "!room:hs", "!s:hs"] {
+        rooms.room(room, &["@ada:hs"], Some("@ada:hs"));
+    }
     Mock::given(method("PUT"))
         .and(path_regex(
             r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
         ))
-        .respond_with(super::chat_doubles::MatrixRoomSends::default())
+        .respond_with(sends)
         .with_priority(5)
         .mount(hs)
         .await;
+    Mock::given(path_regex(
+        r"^/_matrix/client/v3/(rooms/[^/]+/(joined_members|join|event/[^/]+)|user/[^/]+/account_data/m\.direct)$",
+    ))
+    .respond_with(rooms.clone())
+    .with_priority(6)
+    .mount(hs)
+    .await;
+    rooms
 }
 
 impl TestApp {
