@@ -464,6 +464,10 @@ pub struct NewMessage {
 /// Longest id (event, message, conversation, sender) or sender name accepted, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
 
+/// Longest conversation key: a chat's id and a thread's or member's id, each an id, with
+/// the mark between them (`channels::platform::Conversation`).
+pub const MAX_CONVERSATION_BYTES: usize = 2 * MAX_ID_BYTES + 3;
+
 impl NewMessage {
     /// Refuses an id or name over [`MAX_ID_BYTES`] (a message whose reply could never be
     /// addressed), naming the field.
@@ -476,8 +480,13 @@ impl NewMessage {
             ("sender name", self.sender_name.as_ref()),
         ];
         for (name, value) in fields {
-            if value.is_some_and(|v| v.len() > MAX_ID_BYTES) {
-                return Err(format!("the {name} is longer than {MAX_ID_BYTES} bytes"));
+            let max = if name == "conversation id" {
+                MAX_CONVERSATION_BYTES
+            } else {
+                MAX_ID_BYTES
+            };
+            if value.is_some_and(|v| v.len() > max) {
+                return Err(format!("the {name} is longer than {max} bytes"));
             }
         }
         Ok(())

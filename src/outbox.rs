@@ -180,10 +180,8 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
 
 /// A send slot in the reply's chat now (`Ok`), or the time the chat's pace allows one.
 fn admit(svc: &Sender, reply: &ReplyRow) -> Result<(), i64> {
-    let interval = svc.channels.chat_interval_ms(&reply.channel);
     svc.channels
-        .pacer
-        .admit(&reply.channel, &reply.conversation_id, interval, now_ms())
+        .admit(&reply.channel, &reply.conversation_id, now_ms())
 }
 
 /// Records the outcome of a try: SENT, a new message in place of a gone placeholder, given

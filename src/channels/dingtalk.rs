@@ -18,7 +18,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, GroupReply, question};
+use super::platform::{Addressing, Conversation, GroupReply, Scope, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -56,6 +56,10 @@ pub struct DingTalkChannelConfig {
     /// Prefixes that make a group message a question (e.g. "/ask").
     #[serde(default)]
     pub prefixes: Vec<String>,
+    /// How messages are grouped into conversations: "auto" (a 1:1 chat per chat; DingTalk
+    /// groups have no threads, so a group per member), "chat", "user".
+    #[serde(default)]
+    pub conversation_scope: Scope,
 }
 
 impl DingTalkChannelConfig {
@@ -132,6 +136,7 @@ pub fn parse(
     origins: &[String],
     group_reply: GroupReply,
     prefixes: &[String],
+    scope: Scope,
 ) -> Result<Inbound, Refused> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
@@ -195,12 +200,20 @@ pub fn parse(
         "conversation_id": v["conversationId"],
         "staff_id": v["senderStaffId"],
     });
+    let sender = staff.unwrap_or(sender);
+    let conversation = Conversation::scoped(
+        scope,
+        addressing.group,
+        &field("conversationId")?,
+        None,
+        &sender,
+    );
     Ok(Inbound::Message(NewMessage {
         channel: CHANNEL.into(),
         event_id: msg_id.clone(),
         message_id: msg_id,
-        conversation_id: field("conversationId")?,
-        sender_id: staff.unwrap_or(sender),
+        conversation_id: conversation.key(),
+        sender_id: sender,
         sender_name: v["senderNick"].as_str().map(str::to_string),
         text,
         reply_context: Some(context.to_string()),
@@ -302,7 +315,8 @@ impl DingTalkChannel {
             } else {
                 (
                     "/v1.0/robot/groupMessages/send",
-                    json!({ "robotCode": self.robot_code, "openConversationId": reply.conversation_id,
+                    json!({ "robotCode": self.robot_code,
+                            "openConversationId": Conversation::parse(&reply.conversation_id).chat,
                             "msgKey": msg_key, "msgParam": msg_param }),
                 )
             };
@@ -367,7 +381,8 @@ impl DingTalkChannel {
             body["imRobotOpenDeliverModel"] =
                 json!({ "spaceType": "IM_ROBOT", "robotCode": robot });
         } else {
-            body["openSpaceId"] = json!(format!("dtv1.card//IM_GROUP.{}", reply.conversation_id));
+            let chat = Conversation::parse(&reply.conversation_id).chat;
+            body["openSpaceId"] = json!(format!("dtv1.card//IM_GROUP.{chat}"));
             body["imGroupOpenSpaceModel"] = json!({ "supportForward": true });
             body["imGroupOpenDeliverModel"] = json!({ "robotCode": robot });
         }
@@ -493,6 +508,7 @@ impl Platform for DingTalkChannel {
                 &self.config.session_webhook_origins,
                 self.config.group_reply,
                 &self.config.prefixes,
+                self.config.conversation_scope,
             ) {
                 Ok(item) => Parsed::one(item),
                 Err(refused) => Parsed {

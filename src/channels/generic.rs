@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use sha2::Sha256;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, question};
+use super::platform::{Addressing, Conversation, Scope, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Progress,
     Refused,
@@ -46,7 +46,16 @@ pub struct GenericChannelConfig {
     /// Prefixes that make a group message a question (e.g. "/ask").
     #[serde(default)]
     pub prefixes: Vec<String>,
+    /// How messages are grouped into conversations: "auto" (a direct chat per chat; a group
+    /// per `thread_id` when the message has one, else per sender), "chat", "thread", "user".
+    #[serde(default)]
+    pub conversation_scope: Scope,
 }
+
+/// How long the IM shows a typing event, unless renewed or cleared, in ms.
+const TYPING_SHOWN_MS: u64 = 30_000;
+/// How often a typing event is renewed while the task runs, in ms.
+const TYPING_RENEW_MS: u64 = 20_000;
 
 /// Longest accepted id field (event, message, conversation, sender), in bytes.
 const MAX_ID_LEN: usize = crate::domain::MAX_ID_BYTES;
@@ -101,9 +110,9 @@ pub fn verify(
         .map_err(|_| "signature does not match".to_string())
 }
 
-/// Parses a verified body into a message and where it was written (see [`addressing`]);
-/// the error names the offending field.
-pub fn parse(body: &[u8]) -> Result<(NewMessage, Addressing), String> {
+/// Parses a verified body into a message (in the conversation `scope` gives) and where it
+/// was written (see [`addressing`]); the error names the offending field.
+pub fn parse(body: &[u8], scope: Scope) -> Result<(NewMessage, Addressing), String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
     let Value::Object(object) = value else {
@@ -125,13 +134,29 @@ pub fn parse(body: &[u8]) -> Result<(NewMessage, Addressing), String> {
         }
         Some(_) => return Err("field `sender_name` must be a string".into()),
     };
+    let chat = required(&object, "conversation_id", MAX_ID_LEN)?;
+    if Conversation::is_marked(&chat) {
+        return Err("field `conversation_id` must not contain `#t=` or `#u=`".into());
+    }
+    let thread = match object.get("thread_id") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(required(&object, "thread_id", MAX_ID_LEN)?),
+    };
+    let sender_id = required(&object, "sender_id", MAX_ID_LEN)?;
+    let conversation = Conversation::scoped(
+        scope,
+        addressing.group,
+        &chat,
+        thread.as_deref(),
+        &sender_id,
+    );
     let message = NewMessage {
         reply_context: None,
         channel: CHANNEL.to_string(),
         event_id: required(&object, "event_id", MAX_ID_LEN)?,
         message_id: required(&object, "message_id", MAX_ID_LEN)?,
-        conversation_id: required(&object, "conversation_id", MAX_ID_LEN)?,
-        sender_id: required(&object, "sender_id", MAX_ID_LEN)?,
+        conversation_id: conversation.key(),
+        sender_id,
         sender_name,
         text,
         trace_context: None,
@@ -236,12 +261,16 @@ impl GenericChannel {
             ));
         }
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+        let conversation = Conversation::parse(&reply.conversation_id);
         let mut body = json!({
             "task_id": reply.task_id,
-            "conversation_id": reply.conversation_id,
+            "conversation_id": conversation.chat,
             "in_reply_to": reply.in_reply_to,
             "type": reply.reply_type.as_str(),
         });
+        if let Some(thread) = conversation.thread {
+            body["thread_id"] = json!(thread);
+        }
         for field in ["text", "card"] {
             if let Some(v) = content.get(field).filter(|v| !v.is_null()) {
                 body[field] = v.clone();
@@ -321,20 +350,64 @@ impl Platform for GenericChannel {
         }
     }
 
+    /// With `channels.generic.progress`, a streamed answer is posted as progress revisions.
+    fn streams_progress(&self) -> bool {
+        self.config.progress && !self.reply_url.is_empty()
+    }
+
+    /// With `channels.generic.progress`, a typing event as the task is claimed, renewed
+    /// while it runs (each says how long to show it), and one that clears it at the end.
+    fn typing_every(&self) -> Option<std::time::Duration> {
+        self.streams_progress()
+            .then(|| std::time::Duration::from_millis(TYPING_RENEW_MS))
+    }
+
+    fn typing<'a>(
+        &'a self,
+        conversation_id: &'a str,
+        on: bool,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if !self.streams_progress() {
+                return Ok(());
+            }
+            let conversation = Conversation::parse(conversation_id);
+            let mut body = json!({
+                "type": "typing",
+                "conversation_id": conversation.chat,
+                "typing": on,
+                "timeout_ms": if on { TYPING_SHOWN_MS } else { 0 },
+            });
+            if let Some(thread) = conversation.thread {
+                body["thread_id"] = json!(thread);
+            }
+            let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+            let key = format!("typing-{}", uuid::Uuid::new_v4());
+            self.post_signed(&self.reply_url, &key, bytes)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.message)
+        })
+    }
+
     /// With `channels.generic.progress`, a signed progress POST to `reply_url`.
     fn progress<'a>(&'a self, update: &'a Progress) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             if !self.config.progress || self.reply_url.is_empty() {
                 return Ok(());
             }
-            let body = json!({
+            let conversation = Conversation::parse(&update.conversation_id);
+            let mut body = json!({
                 "type": "progress",
                 "task_id": update.task_id,
-                "conversation_id": update.conversation_id,
+                "conversation_id": conversation.chat,
                 "in_reply_to": update.in_reply_to,
                 "revision": update.revision,
                 "text": update.text,
             });
+            if let Some(thread) = conversation.thread {
+                body["thread_id"] = json!(thread);
+            }
             let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
             self.post_signed(&self.reply_url, &update.key, bytes)
                 .await
@@ -365,7 +438,8 @@ impl Platform for GenericChannel {
                     with_task: true,
                 }
             } else {
-                let (message, addressing) = parse(request.body).map_err(Refused::BadRequest)?;
+                let (message, addressing) = parse(request.body, self.config.conversation_scope)
+                    .map_err(Refused::BadRequest)?;
                 match question(
                     self.config.group_reply,
                     &self.config.prefixes,
@@ -433,15 +507,22 @@ mod tests {
 
     #[test]
     fn parse_names_the_field() {
-        let e =
-            parse(br#"{"event_id":"e","message_id":"m","conversation_id":"c","sender_id":"s"}"#)
-                .unwrap_err();
+        let e = parse(
+            br#"{"event_id":"e","message_id":"m","conversation_id":"c","sender_id":"s"}"#,
+            Scope::Auto,
+        )
+        .unwrap_err();
         assert!(e.contains("`text`"), "{e}");
         let e = parse(
             br#"{"event_id":"e","message_id":7,"conversation_id":"c","sender_id":"s","text":"t"}"#,
+            Scope::Auto,
         )
         .unwrap_err();
         assert!(e.contains("`message_id`"), "{e}");
-        assert!(parse(b"not json").unwrap_err().contains("JSON"));
+        assert!(
+            parse(b"not json", Scope::Auto)
+                .unwrap_err()
+                .contains("JSON")
+        );
     }
 }

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, question};
+use super::platform::{Addressing, Conversation, Scope, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -53,6 +53,10 @@ pub struct LarkChannelConfig {
     /// Prefixes that make a group message a question (e.g. "/ask").
     #[serde(default)]
     pub prefixes: Vec<String>,
+    /// How messages are grouped into conversations: "auto" (a p2p chat per chat; a group
+    /// per thread: a question outside one opens a thread), "chat", "thread", "user".
+    #[serde(default)]
+    pub conversation_scope: Scope,
 }
 
 impl LarkChannelConfig {
@@ -170,12 +174,26 @@ pub fn parse_event(
         .as_str()
         .unwrap_or("")
         .to_string();
+    let message_id = field("message_id")?;
+    // A message in a thread names its root (`root_id`); a question outside one opens a
+    // thread rooted at itself (the answer is a reply `reply_in_thread`).
+    let thread = message["root_id"]
+        .as_str()
+        .filter(|r| !r.is_empty())
+        .unwrap_or(&message_id);
+    let conversation = Conversation::scoped(
+        config.conversation_scope,
+        addressing.group,
+        &field("chat_id")?,
+        Some(thread),
+        &sender,
+    );
     Ok(Inbound::Message(NewMessage {
         reply_context: None,
         channel: CHANNEL.into(),
         event_id: event_id.to_string(),
-        message_id: field("message_id")?,
-        conversation_id: field("chat_id")?,
+        message_id,
+        conversation_id: conversation.key(),
         sender_id: sender,
         sender_name: None,
         text,
@@ -357,7 +375,11 @@ impl LarkChannel {
             "{}/open-apis/im/v1/messages/{}/reply",
             self.api, reply.in_reply_to
         );
-        let body = json!({ "msg_type": msg_type, "content": body_content, "uuid": uuid });
+        let mut body = json!({ "msg_type": msg_type, "content": body_content, "uuid": uuid });
+        if Conversation::parse(&reply.conversation_id).thread.is_some() {
+            // Into the question's thread (opening one under it when it is in none).
+            body["reply_in_thread"] = json!(true);
+        }
         self.call("message reply", reqwest::Method::POST, url, &body)
             .await
             .map(|answer| Delivered {

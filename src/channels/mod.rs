@@ -102,9 +102,19 @@ impl Channels {
         self.platforms.get(name)
     }
 
-    /// The least time between two sends into one chat of `channel` (0 = no pacing).
-    pub fn chat_interval_ms(&self, channel: &str) -> u64 {
-        self.get(channel).map_or(0, |p| p.chat_interval_ms())
+    /// A send slot now (`Ok`) in the chat of the conversation `conversation_id` of
+    /// `channel`, or the time its pace allows one: sends are paced per chat, whatever
+    /// conversations (threads, members) the chat holds.
+    pub fn admit(&self, channel: &str, conversation_id: &str, now: i64) -> Result<(), i64> {
+        let Some(platform) = self.get(channel) else {
+            return Ok(());
+        };
+        let interval = platform.chat_interval_ms();
+        if interval == 0 {
+            return Ok(());
+        }
+        let chat = platform.conversation(conversation_id).chat;
+        self.pacer.admit(channel, &chat, interval, now)
     }
 
     /// Whether a re-send of a reply on `channel` could show it twice (see
@@ -137,6 +147,11 @@ impl Channels {
             Some(platform) => platform.typing(conversation_id, on).await,
             None => Ok(()),
         }
+    }
+
+    /// Whether a streamed answer on `channel` is shown as progress lines.
+    pub fn streams_progress(&self, channel: &str) -> bool {
+        self.get(channel).is_some_and(|p| p.streams_progress())
     }
 
     /// Whether replies on `channel` need their message's `reply_context`.

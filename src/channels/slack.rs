@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, GroupReply, question};
+use super::platform::{Addressing, Conversation, GroupReply, Scope, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -48,6 +48,10 @@ pub struct SlackChannelConfig {
     /// Prefixes that make a group message a question (e.g. "/ask").
     #[serde(default)]
     pub prefixes: Vec<String>,
+    /// How messages are grouped into conversations: "auto" (a direct chat per chat, a
+    /// channel per thread: every question in a channel opens one), "chat", "thread", "user".
+    #[serde(default)]
+    pub conversation_scope: Scope,
 }
 
 impl SlackChannelConfig {
@@ -119,6 +123,7 @@ pub fn parse_event(
     bot_user_id: &str,
     group_reply: GroupReply,
     prefixes: &[String],
+    scope: Scope,
 ) -> Result<Inbound, Refused> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
@@ -158,6 +163,7 @@ pub fn parse_event(
             };
             let channel = field("channel")?;
             let ts = field("ts")?;
+            // A question outside a thread opens one: the answer goes under it.
             let thread = event["thread_ts"].as_str().unwrap_or(&ts).to_string();
             let raw = field("text")?;
             // A direct message is `channel_type` "im" (a D… channel); a mention is an
@@ -187,7 +193,13 @@ pub fn parse_event(
                 // A mention arrives as both `message` and `app_mention` (two event ids, one
                 // message): the channel+ts key makes them one task.
                 message_id: format!("{channel}:{ts}"),
-                conversation_id: format!("{channel}:{thread}"),
+                conversation_id: conversation_key(&Conversation::scoped(
+                    scope,
+                    addressing.group,
+                    &channel,
+                    Some(&thread),
+                    user,
+                )),
                 sender_id: user.to_string(),
                 sender_name: None,
                 text,
@@ -195,6 +207,29 @@ pub fn parse_event(
             }))
         }
         _ => Ok(Inbound::Ignore("unknown request type")),
+    }
+}
+
+/// The key of a Slack conversation: a thread's is `<channel>:<thread_ts>`, as it has been
+/// since the first release (so a thread begun before scopes goes on in the same
+/// conversation); a channel's or a member's is `Conversation::key`.
+fn conversation_key(conversation: &Conversation) -> String {
+    match &conversation.thread {
+        Some(thread) => format!("{}:{thread}", conversation.chat),
+        None => conversation.key(),
+    }
+}
+
+/// The Slack conversation a stored `conversation_id` names (`conversation_key` read back).
+pub fn conversation(id: &str) -> Conversation {
+    let parsed = Conversation::parse(id);
+    match (&parsed.thread, &parsed.user, id.split_once(':')) {
+        (None, None, Some((channel, thread))) => Conversation {
+            chat: channel.to_string(),
+            thread: Some(thread.to_string()),
+            user: None,
+        },
+        _ => parsed,
     }
 }
 
@@ -264,11 +299,10 @@ impl SlackChannel {
         })
     }
 
+    /// The channel and thread (empty: none) a reply goes to.
     fn target(reply: &ReplyRow) -> (String, String) {
-        match reply.conversation_id.split_once(':') {
-            Some((channel, thread)) => (channel.to_string(), thread.to_string()),
-            None => (reply.conversation_id.clone(), String::new()),
-        }
+        let conversation = conversation(&reply.conversation_id);
+        (conversation.chat, conversation.thread.unwrap_or_default())
     }
 
     /// Looks in the reply's thread for a message carrying its key (a send whose answer was
@@ -433,6 +467,7 @@ impl Platform for SlackChannel {
                     &self.config.bot_user_id,
                     self.config.group_reply,
                     &self.config.prefixes,
+                    self.config.conversation_scope,
                 )?
             }))
         })
@@ -471,6 +506,10 @@ impl Platform for SlackChannel {
         self.config.per_chat_interval_ms
     }
 
+    fn conversation(&self, conversation_id: &str) -> Conversation {
+        conversation(conversation_id)
+    }
+
     /// The assistant thread status, where configured (`assistant_status`).
     fn typing_every(&self) -> Option<Duration> {
         (!self.config.assistant_status.is_empty()).then(|| Duration::from_secs(60))
@@ -479,7 +518,8 @@ impl Platform for SlackChannel {
     /// `assistant.threads.setStatus` in the question's thread; an empty status clears it.
     fn typing<'a>(&'a self, conversation: &'a str, on: bool) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let Some((channel, thread)) = conversation.split_once(':') else {
+            let conversation = self::conversation(conversation);
+            let (channel, Some(thread)) = (conversation.chat, conversation.thread) else {
                 // Not in a thread: there is no assistant thread to show a status in.
                 return Ok(());
             };

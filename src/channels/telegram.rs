@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, GroupReply, question};
+use super::platform::{Addressing, Conversation, GroupReply, Scope, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -40,6 +40,10 @@ pub struct TelegramChannelConfig {
     /// Prefixes that make a group message a question (e.g. "/ask").
     #[serde(default)]
     pub prefixes: Vec<String>,
+    /// How messages are grouped into conversations: "auto" (a private chat per chat; a
+    /// group per forum topic, else per member), "chat", "thread", "user".
+    #[serde(default)]
+    pub conversation_scope: Scope,
 }
 
 impl TelegramChannelConfig {
@@ -72,6 +76,7 @@ pub fn parse(
     bot_username: &str,
     group_reply: GroupReply,
     prefixes: &[String],
+    scope: Scope,
 ) -> Result<Inbound, Refused> {
     let update: Value = serde_json::from_slice(body)
         .map_err(|e| Refused::BadRequest(format!("body is not valid JSON: {e}")))?;
@@ -135,7 +140,22 @@ pub fn parse(
         channel: CHANNEL.into(),
         event_id: update_id.to_string(),
         message_id: format!("{chat}:{message_id}"),
-        conversation_id: chat.to_string(),
+        // Threads are forum topics (`message_thread_id` of a topic message); the replies
+        // of an ordinary group carry a `message_thread_id` too, which is no thread.
+        conversation_id: Conversation::scoped(
+            scope,
+            addressing.group,
+            &chat.to_string(),
+            message["is_topic_message"]
+                .as_bool()
+                .unwrap_or(false)
+                .then(|| message["message_thread_id"].as_i64())
+                .flatten()
+                .map(|t| t.to_string())
+                .as_deref(),
+            &sender.to_string(),
+        )
+        .key(),
         sender_id: sender.to_string(),
         sender_name: from["username"]
             .as_str()
@@ -218,7 +238,11 @@ impl TelegramChannel {
     fn message_body(reply: &ReplyRow) -> Result<Value, DeliveryError> {
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("").to_string();
-        let mut body = json!({ "chat_id": reply.conversation_id, "text": text });
+        let conversation = Conversation::parse(&reply.conversation_id);
+        let mut body = json!({ "chat_id": conversation.chat, "text": text });
+        if let Some(thread) = conversation.thread.and_then(|t| t.parse::<i64>().ok()) {
+            body["message_thread_id"] = thread.into();
+        }
         if let Some(card) = content.get("card").filter(|c| c.is_object()) {
             let rendered = super::cards::render(CHANNEL, card, &text, &reply.idempotency_key)
                 .map_err(DeliveryError::retry)?;
@@ -324,6 +348,7 @@ impl Platform for TelegramChannel {
                 &self.config.bot_username,
                 self.config.group_reply,
                 &self.config.prefixes,
+                self.config.conversation_scope,
             )?))
         })
     }
@@ -373,16 +398,21 @@ impl Platform for TelegramChannel {
         Some(Duration::from_secs(4))
     }
 
-    fn typing<'a>(&'a self, chat: &'a str, on: bool) -> BoxFuture<'a, Result<(), String>> {
+    fn typing<'a>(&'a self, conversation: &'a str, on: bool) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             if !on {
                 // Telegram has no call to clear it: it ends by itself or with the answer.
                 return Ok(());
             }
+            let conversation = Conversation::parse(conversation);
+            let mut body = json!({ "chat_id": conversation.chat, "action": "typing" });
+            if let Some(thread) = conversation.thread.and_then(|t| t.parse::<i64>().ok()) {
+                body["message_thread_id"] = thread.into();
+            }
             let response = self
                 .http
                 .post(format!("{}/sendChatAction", self.api))
-                .json(&json!({ "chat_id": chat, "action": "typing" }))
+                .json(&body)
                 .send()
                 .await
                 .map_err(|e| {
@@ -417,22 +447,22 @@ mod tests {
     #[test]
     fn parses_messages_and_callbacks() {
         let body = br#"{"update_id": 10, "message": {"message_id": 5, "from": {"id": 42, "is_bot": false, "first_name": "Ada"}, "chat": {"id": -100, "type": "group"}, "date": 1, "text": "@helper_bot what is up"}}"#;
-        match parse(body, "helper_bot", GroupReply::Mention, &[]).unwrap() {
+        match parse(body, "helper_bot", GroupReply::Mention, &[], Scope::Auto).unwrap() {
             Inbound::Message(m) => {
                 assert_eq!(m.text, "what is up");
                 assert_eq!(m.message_id, "-100:5");
-                assert_eq!(m.conversation_id, "-100");
+                assert_eq!(m.conversation_id, "-100#u=42", "a group per member");
                 assert_eq!(m.event_id, "10");
             }
             other => panic!("{other:?}"),
         }
         let bot = br#"{"update_id": 11, "message": {"message_id": 6, "from": {"id": 1, "is_bot": true}, "chat": {"id": 1}, "text": "hi"}}"#;
         assert!(matches!(
-            parse(bot, "", GroupReply::Mention, &[]).unwrap(),
+            parse(bot, "", GroupReply::Mention, &[], Scope::Auto).unwrap(),
             Inbound::Ignore(_)
         ));
         let cb = br#"{"update_id": 12, "callback_query": {"id": "cq1", "from": {"id": 42, "is_bot": false}, "data": "approve:7.3.1.5f1d2a9c0b7e"}}"#;
-        match parse(cb, "", GroupReply::Mention, &[]).unwrap() {
+        match parse(cb, "", GroupReply::Mention, &[], Scope::Auto).unwrap() {
             Inbound::Action { action, ack, .. } => {
                 assert_eq!(
                     (

@@ -1,7 +1,9 @@
 //! What the chat sees while a task runs, before its answer: the platform's typing
 //! indicator (`Typing`), and on platforms that can edit a sent message a placeholder that
-//! becomes the answer, edited with the streamed text as it comes (`Feedback`); on the
-//! console, the streamed text so far, which its page polls.
+//! becomes the answer, edited with the streamed text as it comes (`Feedback`); on platforms
+//! that take progress lines instead (the generic channel with `progress = true`), the
+//! streamed text so far as numbered progress revisions; on the console, the streamed text
+//! so far, which its page polls.
 //!
 //! Exactly one message per question holds through crashes because the placeholder is an
 //! outbox row under the run's reply key (`Store::queue_placeholder`): the outbox sends it
@@ -38,10 +40,25 @@ pub struct Feedback {
     stream_every: Option<Duration>,
     /// The platform shows "typing…" meanwhile: the placeholder waits for streamed text.
     typing: bool,
-    /// The console: no placeholder; the text so far is kept for the page to poll.
-    live: bool,
+    mode: Mode,
     state: Mutex<State>,
 }
+
+/// How the text so far is shown.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// In a placeholder message that is edited and becomes the answer.
+    Placeholder,
+    /// As progress lines (`Platform::progress`) of revisions 1, 2, …, the answer following
+    /// as its own reply.
+    Progress,
+    /// The console: kept for the page to poll.
+    Live,
+}
+
+/// The longest a progress line may hold up its run: a slow receiver costs at most this, and
+/// a failure only a log line.
+pub const PROGRESS_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct State {
@@ -55,6 +72,8 @@ struct State {
     shown: String,
     /// The text so far (streamed, or a workflow node's progress line).
     latest: String,
+    /// The last progress revision posted (`Mode::Progress`).
+    revision: i64,
     /// The job in flight (one at a time), and whether it must be awaited before the answer
     /// (a queueing or an edit; a lookup is simply stopped).
     busy: Option<(JoinHandle<()>, bool)>,
@@ -63,9 +82,10 @@ struct State {
 }
 
 impl Feedback {
-    /// The feedback of a run of `task` (answering the platform message `in_reply_to`) on a
+    /// The feedback of a run of `task` (answering the platform message `in_reply_to`): on a
     /// platform that can edit, unless the agent's placeholder (`agent_placeholder`, else
-    /// `replies.placeholder`) is empty.
+    /// `replies.placeholder`) is empty; on one that streams progress lines, or the console,
+    /// when answers stream (`replies.stream_edit_ms`).
     pub fn start(
         svc: &Arc<Worker>,
         fence: &Fence,
@@ -77,11 +97,16 @@ impl Feedback {
         let placeholder = agent_placeholder
             .unwrap_or(&replies.placeholder)
             .to_string();
-        let live = task.channel == crate::channels::console::CHANNEL;
-        if live && replies.stream_edit_ms == 0 {
+        let mode = if task.channel == crate::channels::console::CHANNEL {
+            Mode::Live
+        } else if !placeholder.trim().is_empty() && svc.channels.can_edit(&task.channel) {
+            Mode::Placeholder
+        } else if svc.channels.streams_progress(&task.channel) {
+            Mode::Progress
+        } else {
             return None;
-        }
-        if !live && (placeholder.trim().is_empty() || !svc.channels.can_edit(&task.channel)) {
+        };
+        if mode != Mode::Placeholder && replies.stream_edit_ms == 0 {
             return None;
         }
         let typing = typing_every(svc, &task.channel).is_some();
@@ -98,7 +123,7 @@ impl Feedback {
             stream_every: (replies.stream_edit_ms > 0)
                 .then(|| Duration::from_millis(replies.stream_edit_ms)),
             typing,
-            live,
+            mode,
             state: Mutex::new(State::default()),
         });
         Some(feedback)
@@ -107,7 +132,7 @@ impl Feedback {
     /// Sends the placeholder once `placeholder_after_ms` has passed, unless the platform
     /// shows typing (then streamed text brings it). Abort the handle when the run ends.
     pub fn timer(self: &Arc<Self>) -> Option<JoinHandle<()>> {
-        if self.typing || self.live {
+        if self.typing || self.mode != Mode::Placeholder {
             return None;
         }
         let me = self.clone();
@@ -125,9 +150,16 @@ impl Feedback {
         self.stream_every.is_some()
     }
 
+    /// Whether a workflow node's progress line is shown here (in the placeholder, or on
+    /// the console); where the text so far goes as progress lines, the node's line is
+    /// posted as one by the node itself.
+    pub fn shows_progress_lines(&self) -> bool {
+        self.mode != Mode::Progress
+    }
+
     /// The answer so far (or a progress line): shown when the pace allows.
     pub fn show(self: &Arc<Self>, text: &str) {
-        if self.live {
+        if self.mode == Mode::Live {
             // Forgotten when the run ends (`RunningTasks::track`).
             self.svc.running.set_live_text(self.fence.task_id, text);
             return;
@@ -171,7 +203,16 @@ impl Feedback {
             return;
         }
         let now = Instant::now();
-        let job = if !state.queued {
+        let job = if self.mode == Mode::Progress {
+            let every = self.stream_every.unwrap_or_default();
+            if state.latest == state.shown || state.last_edit.is_some_and(|t| now - t < every) {
+                return;
+            }
+            state.last_edit = Some(now);
+            state.shown = state.latest.clone();
+            state.revision += 1;
+            Job::Progress(state.revision, state.latest.clone())
+        } else if !state.queued {
             let due = now.duration_since(self.started) >= self.after;
             if !due || (self.typing && state.latest.is_empty()) {
                 return;
@@ -252,11 +293,9 @@ impl Feedback {
                 Err(e) => tracing::debug!(error = %e, "placeholder lookup failed"),
             },
             Job::Edit(message_id, text) => {
-                let interval = svc.channels.chat_interval_ms(&self.channel);
                 if svc
                     .channels
-                    .pacer
-                    .admit(&self.channel, &self.conversation_id, interval, now_ms())
+                    .admit(&self.channel, &self.conversation_id, now_ms())
                     .is_err()
                 {
                     // The chat's pace is used up: the next text tries again.
@@ -266,6 +305,22 @@ impl Feedback {
                 let edit = self.partial_reply(message_id, text);
                 if let Err(e) = svc.channels.edit(&edit).await {
                     tracing::debug!(error = %e, "streamed edit not shown");
+                }
+            }
+            Job::Progress(revision, text) => {
+                let update = crate::channels::platform::Progress {
+                    key: format!("{}-progress-{revision}", self.key),
+                    task_id: self.fence.task_id,
+                    conversation_id: self.conversation_id.clone(),
+                    in_reply_to: self.in_reply_to.clone(),
+                    revision,
+                    text,
+                };
+                let sent = svc.channels.progress(&self.channel, &update);
+                match tokio::time::timeout(PROGRESS_WAIT, sent).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(revision, error = %e, "progress not shown"),
+                    Err(_) => tracing::debug!(revision, "progress not shown in time"),
                 }
             }
         }
@@ -305,6 +360,8 @@ enum Job {
     Find,
     /// Edit the placeholder to this text.
     Edit(String, String),
+    /// Post the text so far as this progress revision.
+    Progress(i64, String),
 }
 
 /// How often the typing indicator of `channel` is renewed, when it is shown at all

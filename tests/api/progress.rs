@@ -188,3 +188,92 @@ async fn a_progress_line_shows_in_the_placeholder_on_slack() {
     );
     flow.app.stop().await;
 }
+
+/// Issue 33, part 5: with `channels.generic.progress`, the in-house IM gets live feedback
+/// for a single-turn answer too: a `typing` event as the task is claimed (and one clearing
+/// it at the end), and the streamed answer as progress revisions — the text so far,
+/// `revision` 1, 2, … at most every `replies.stream_edit_ms`, keys
+/// `agent-task-<id>-progress-<n>` — all before the final reply, which is unchanged. Off,
+/// nothing but the reply is posted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_single_turn_answer_reaches_the_generic_channel_as_progress_revisions() {
+    use crate::strict_model::SlowStreamingModel;
+    const ANSWER: &str = "The travel policy: book economy, keep receipts, file within 30 days.";
+    for progress in [true, false] {
+        let model = SlowStreamingModel::start(ANSWER, 6, Duration::from_millis(120)).await;
+        let model_uri = model.uri.clone();
+        let app = TestApp::spawn_with(
+            wiremock::MockServer::start().await,
+            accepting_receiver().await,
+            move |c| {
+                c.llm.base_url = format!("{model_uri}/v1");
+                c.channels.generic.progress = progress;
+                c.replies.stream_edit_ms = 300;
+            },
+        )
+        .await;
+        let mut question = message("c-live", 1, "the travel policy?");
+        question["thread_id"] = json!("th-9");
+        question["chat_type"] = json!("group");
+        question["mentioned"] = json!(true);
+        let id = task_id_of(app.post_message(&question).await).await;
+        let task = app.wait_replied(id, WAIT).await;
+        assert_eq!(task["reply"]["content"]["text"], ANSWER);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let posts = received_replies(&app.receiver).await;
+        let reply_at = posts
+            .iter()
+            .position(|(k, _)| *k == format!("agent-task-{id}"))
+            .unwrap();
+        assert_eq!(posts[reply_at].1["text"], ANSWER, "the reply is unchanged");
+        if !progress {
+            assert_eq!(posts.len(), 1, "{posts:?}");
+            app.stop().await;
+            continue;
+        }
+        let typing: Vec<&Value> = posts
+            .iter()
+            .filter(|(_, b)| b["type"] == "typing")
+            .map(|(_, b)| b)
+            .collect();
+        assert_eq!(
+            *typing[0],
+            json!({"type": "typing", "conversation_id": "c-live", "thread_id": "th-9",
+                   "typing": true, "timeout_ms": 30000})
+        );
+        let first_post = posts
+            .iter()
+            .position(|(_, b)| b["type"] == "typing")
+            .unwrap();
+        assert_eq!(first_post, 0, "typing comes first: {posts:?}");
+        let revisions: Vec<&(String, Value)> = posts
+            .iter()
+            .filter(|(_, b)| b["type"] == "progress")
+            .collect();
+        assert!(revisions.len() >= 2, "{posts:?}");
+        for (n, (key, body)) in revisions.iter().enumerate() {
+            let n = n as i64 + 1;
+            assert_eq!(*key, format!("agent-task-{id}-progress-{n}"));
+            assert_eq!(body["revision"], n);
+            assert_eq!(body["conversation_id"], "c-live");
+            assert_eq!(body["thread_id"], "th-9");
+            assert_eq!(body["in_reply_to"], "msg-c-live-1");
+            let text = body["text"].as_str().unwrap();
+            assert!(ANSWER.starts_with(text) && !text.is_empty(), "{text}");
+        }
+        let texts: Vec<usize> = revisions
+            .iter()
+            .map(|(_, b)| b["text"].as_str().unwrap().len())
+            .collect();
+        assert!(texts.windows(2).all(|w| w[0] < w[1]), "growing: {texts:?}");
+        let last_progress = posts
+            .iter()
+            .rposition(|(_, b)| b["type"] == "progress")
+            .unwrap();
+        assert!(
+            last_progress < reply_at,
+            "progress before the reply: {posts:?}"
+        );
+        app.stop().await;
+    }
+}

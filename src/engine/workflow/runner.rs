@@ -5,6 +5,7 @@
 //! the first step that did not finish. A non-idempotent step found PENDING after a crash is
 //! not guessed at: it becomes UNKNOWN and the task waits for a human.
 
+use crate::engine::feedback::PROGRESS_WAIT;
 use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
@@ -66,9 +67,6 @@ pub(super) struct Compensable {
     pub(super) args: Value,
     pub(super) result: Value,
 }
-
-/// The longest a progress line may hold up its node.
-const PROGRESS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(super) struct Runner<'a> {
     pub(super) svc: &'a Worker,
@@ -258,7 +256,12 @@ impl<'a> Runner<'a> {
             Err(Stop::Run(_)) => return,
         };
         // Where the platform can edit, the line shows in the run's placeholder.
-        if let Some(feedback) = &self.ctx.feedback {
+        if let Some(feedback) = self
+            .ctx
+            .feedback
+            .as_ref()
+            .filter(|f| f.shows_progress_lines())
+        {
             feedback.show(&text);
         }
         let task = &self.ctx.task;

@@ -185,7 +185,7 @@ impl Respond for SlackMessages {
 }
 
 /// Lark: replies to a message (`POST /im/v1/messages/{id}/reply`, `uuid` dropping a repeat
-/// within the hour) and card updates (`PATCH /im/v1/messages/{id}`), ids `om_<n>`.
+/// within the hour, an optional boolean `reply_in_thread`) and card updates (`PATCH /im/v1/messages/{id}`), ids `om_<n>`.
 #[derive(Clone, Default)]
 pub(crate) struct LarkMessages(Shared);
 
@@ -248,6 +248,10 @@ impl Respond for LarkMessages {
             .is_some_and(|u| u.chars().count() > 50)
         {
             return refuse(230001, "uuid is longer than 50 characters");
+        }
+        // `reply_in_thread`: an optional boolean (reply in the message's thread, opening one).
+        if body.get("reply_in_thread").is_some_and(|v| !v.is_boolean()) {
+            return refuse(230001, "reply_in_thread must be a boolean");
         }
         let uuid = body["uuid"].as_str().map(str::to_string);
         let id = match uuid.as_ref().and_then(|u| messages.keys.get(u)) {

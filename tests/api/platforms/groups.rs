@@ -229,6 +229,23 @@ async fn the_generic_channel_takes_chat_type_mentioned_and_reply_to_bot() {
     app.stop().await;
 }
 
+/// The ids of the tasks of the conversation `key`, oldest first.
+pub(crate) async fn conversation_tasks(app: &TestApp, key: &str) -> Vec<i64> {
+    let query = format!(
+        "conversation={}",
+        url::form_urlencoded::byte_serialize(key.as_bytes()).collect::<String>()
+    );
+    let tasks: Value = app.list(&query).await.json().await.unwrap();
+    let mut ids: Vec<i64> = tasks["tasks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{tasks}"))
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    ids.sort();
+    ids
+}
+
 fn mx_text(room: &str, event_id: &str, content: Value) -> Value {
     json!({"type": "m.room.message", "room_id": room, "sender": "@ada:hs", "event_id": event_id,
            "origin_server_ts": 1, "content": content})
@@ -299,32 +316,37 @@ async fn matrix_rooms_answer_mentions_and_replies_direct_chats_always() {
         200
     );
     assert_eq!(counts(&app).await, (4, 4));
-    let tasks: Value = app
-        .list("conversation=!team:hs")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let first = tasks["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_i64().unwrap())
-        .min()
-        .unwrap();
-    let answered = app.wait_replied(first, WAIT).await;
+    // Each question in the room opened a thread: its own conversation, answered in it.
+    let first = conversation_tasks(&app, "!team:hs#t=$q1").await;
+    assert_eq!(first.len(), 1);
+    let answered = app.wait_replied(first[0], WAIT).await;
     let answer_event = answered["reply"]["platform_message_id"]
         .as_str()
         .unwrap_or_else(|| panic!("no event id: {answered}"))
         .to_string();
-    // A reply to the bot's answer (with the quoted fallback) is a question; a reply to a
-    // member's message is chatter.
+    let sent: Vec<Value> = hs
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.method.as_str() == "PUT" && r.url.path().contains("/send/"))
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    assert!(
+        sent.iter().any(|b| b["m.relates_to"]
+            == json!({"rel_type": "m.thread", "event_id": "$q1", "is_falling_back": true,
+                      "m.in_reply_to": {"event_id": "$q1"}})),
+        "the answer goes into the question's thread: {sent:?}"
+    );
+    // A reply to the bot's answer in its thread (with the quoted fallback) is a question
+    // of that thread's conversation; a reply to a member's message is chatter.
     let reply = mx_text(
         "!team:hs",
         "$q5",
         json!({"msgtype": "m.text",
         "body": "> <@assistd:hs> answer to: where is room 4?\n\nand room 5?",
-        "m.relates_to": {"m.in_reply_to": {"event_id": answer_event}}}),
+        "m.relates_to": {"rel_type": "m.thread", "event_id": "$q1", "is_falling_back": false,
+            "m.in_reply_to": {"event_id": answer_event}}}),
     );
     let other = mx_text(
         "!team:hs",
@@ -337,18 +359,12 @@ async fn matrix_rooms_answer_mentions_and_replies_direct_chats_always() {
         200
     );
     assert_eq!(counts(&app).await, (5, 5));
-    let tasks: Value = app
-        .list("conversation=!team:hs")
-        .await
-        .json()
-        .await
-        .unwrap();
     let mut texts = Vec::new();
-    for t in tasks["tasks"].as_array().unwrap() {
-        let task = app.get_task(t["id"].as_i64().unwrap()).await;
+    for id in conversation_tasks(&app, "!team:hs#t=$q1").await {
+        let task = app.get_task(id).await;
         texts.push(task["message"]["text"].as_str().unwrap_or("").to_string());
     }
-    assert!(texts.iter().any(|t| t == "and room 5?"), "{texts:?}");
+    assert_eq!(texts, ["where is room 4?", "and room 5?"]);
 
     // An invite marked is_direct: the bot joins and records the room in m.direct; from
     // then on the room is a direct chat, answered without a mention.
@@ -358,7 +374,14 @@ async fn matrix_rooms_answer_mentions_and_replies_direct_chats_always() {
     assert_eq!(app.matrix_txn("t4", json!([invite])).await.status(), 200);
     assert_eq!(
         rooms.direct()["@ada:hs"],
-        json!(["!r:hs", "!room:hs", "!s:hs", "!dm:hs"])
+        json!([
+            "!r:hs",
+            "!room:hs",
+            "!s:hs",
+            "!nul:hs",
+            "!batch:hs",
+            "!dm:hs"
+        ])
     );
     let direct = mx_text("!dm:hs", "$q6", text("what is the VPN address?"));
     assert_eq!(app.matrix_txn("t5", json!([direct])).await.status(), 200);

@@ -137,13 +137,13 @@ pub(crate) async fn matrix_homeserver() -> MockServer {
 
 /// The room-send double (`chat_doubles::MatrixRoomSends`) and the room-state double
 /// (`chat_doubles::MatrixRooms`) on `hs`, below any more specific mock (priorities 5, 6).
-/// The rooms the tests write in (`!r:hs`, `!room:hs`, `!s:hs`) are direct chats with
-/// @ada:hs; returns the room state, for tests that make other rooms.
+/// The rooms the tests write in (`!r:hs`, `!room:hs`, `!s:hs`, `!nul:hs`, `!batch:hs`) are
+/// direct chats with @ada:hs; returns the room state, for tests that make other rooms.
 pub(crate) async fn mount_room_sends(hs: &MockServer) -> super::chat_doubles::MatrixRooms {
     use wiremock::matchers::path_regex;
     let sends = super::chat_doubles::MatrixRoomSends::default();
     let rooms = super::chat_doubles::MatrixRooms::new(&sends);
-    for room in ["!r:hs", "!room:hs", "!s:hs"] {
+    for room in ["!r:hs", "!room:hs", "!s:hs", "!nul:hs", "!batch:hs"] {
         rooms.room(room, &["@ada:hs"], Some("@ada:hs"));
     }
     Mock::given(method("PUT"))

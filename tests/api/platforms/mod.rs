@@ -11,12 +11,13 @@ use crate::helpers::*;
 
 mod chat_doubles;
 mod dingtalk;
-mod groups;
+pub(crate) mod groups;
 mod lark;
 mod long_answers;
 pub(crate) mod matrix;
 mod pacing;
 mod placeholders;
+mod scopes;
 mod secrets;
 mod slack;
 mod telegram;

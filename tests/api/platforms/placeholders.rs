@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wiremock::matchers::{method, path, path_regex};
+use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 use super::*;
@@ -150,13 +150,7 @@ async fn telegram_shows_typing_then_one_streamed_message_edited_into_the_answer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_streams_by_replacing_the_placeholder_event() {
     let api = platform_api().await;
-    Mock::given(method("PUT"))
-        .and(path_regex(
-            r"^/_matrix/client/v3/rooms/.*/send/m\.room\.message/.*$",
-        ))
-        .respond_with(super::chat_doubles::MatrixRoomSends::default())
-        .mount(&api)
-        .await;
+    mount_room_sends(&api).await;
     let (app, _model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
     let resp = app
         .matrix_txn(
