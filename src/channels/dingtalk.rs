@@ -221,6 +221,13 @@ pub fn parse(
     }))
 }
 
+/// A markdown message's title: its first line as plain text, at most 20 characters.
+fn markdown_title(markdown: &str) -> String {
+    let plain = super::markdown::plain(markdown);
+    let first = plain.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    first.trim().chars().take(20).collect()
+}
+
 pub struct DingTalkChannel {
     config: DingTalkChannelConfig,
     http: reqwest::Client,
@@ -281,6 +288,16 @@ impl DingTalkChannel {
                     .to_string(),
                 r["api"]["msgParam"].to_string(),
             ),
+            // The model's Markdown as a markdown message (its title is what notifications
+            // and the chat list show).
+            None if super::markdown::has_formatting(&text) => {
+                let title = markdown_title(&text);
+                (
+                    json!({ "msgtype": "markdown", "markdown": { "title": title, "text": text } }),
+                    "sampleMarkdown".to_string(),
+                    json!({ "title": title, "text": text }).to_string(),
+                )
+            }
             None => (
                 json!({ "msgtype": "text", "text": { "content": text } }),
                 "sampleText".to_string(),

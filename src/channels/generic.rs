@@ -276,6 +276,13 @@ impl GenericChannel {
                 body[field] = v.clone();
             }
         }
+        // The text as written (Markdown, as models write), and rendered as HTML for an IM
+        // that shows HTML rather than Markdown.
+        if let Some(text) = content["text"].as_str()
+            && super::markdown::has_formatting(text)
+        {
+            body["html"] = json!(super::markdown::html(text));
+        }
         let bytes = serde_json::to_vec(&body)
             .map_err(|e| DeliveryError::retry(format!("cannot encode reply: {e}")))?;
         self.post_signed(&self.reply_url, &reply.idempotency_key, bytes)

@@ -368,6 +368,11 @@ impl LarkChannel {
         let (msg_type, body_content) = match card {
             Some(card) => ("interactive", card.to_string()),
             None if reply.placeholder => ("interactive", Self::editable_card(reply)?.to_string()),
+            // The model's Markdown as a post with an `md` element, which Lark renders.
+            None if super::markdown::has_formatting(text) => (
+                "post",
+                json!({ "zh_cn": { "content": [[{ "tag": "md", "text": text }]] } }).to_string(),
+            ),
             None => ("text", json!({ "text": text }).to_string()),
         };
         let uuid: String = reply.idempotency_key.chars().take(UUID_MAX).collect();
@@ -380,11 +385,24 @@ impl LarkChannel {
             // Into the question's thread (opening one under it when it is in none).
             body["reply_in_thread"] = json!(true);
         }
-        self.call("message reply", reqwest::Method::POST, url, &body)
+        let answer = match self
+            .call("message reply", reqwest::Method::POST, url.clone(), &body)
             .await
-            .map(|answer| Delivered {
-                platform_message_id: answer["data"]["message_id"].as_str().map(str::to_string),
-            })
+        {
+            // The post refused for its content (230001): once more as plain text.
+            Err(e) if msg_type == "post" && e.message.contains("code 230001") => {
+                tracing::warn!(error = %e.message, "formatting refused; sending as plain text");
+                body["msg_type"] = json!("text");
+                body["content"] =
+                    json!(json!({ "text": super::markdown::plain(text) }).to_string());
+                self.call("message reply", reqwest::Method::POST, url, &body)
+                    .await
+            }
+            other => other,
+        };
+        answer.map(|answer| Delivered {
+            platform_message_id: answer["data"]["message_id"].as_str().map(str::to_string),
+        })
     }
 
     /// Updates the card `message_id` (a placeholder) to `reply`: a card answer as its card,

@@ -27,6 +27,10 @@ mod rooms;
 pub use events::{CHANNEL, Cue, MatrixEvent, parse};
 use rooms::{Rooms, encode};
 
+/// The largest event content sent with its HTML: an event holds 65,536 bytes in all
+/// (client-server API, "Size limits"), the rest is the event's envelope.
+const MAX_CONTENT_BYTES: usize = 60_000;
+
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MatrixChannelConfig {
@@ -148,8 +152,11 @@ impl MatrixChannel {
     #[tracing::instrument(skip_all, fields(task_id = reply.task_id, key = %reply.idempotency_key))]
     pub async fn edit(&self, reply: &ReplyRow, event_id: &str) -> Result<Delivered, DeliveryError> {
         let new_content = Self::message_content(reply)?;
-        let mut body = new_content.clone();
-        body["body"] = json!(format!("* {}", new_content["body"].as_str().unwrap_or("")));
+        // The fallback for clients without edits: the new text marked `* `, plain.
+        let mut body = json!({
+            "msgtype": new_content["msgtype"],
+            "body": format!("* {}", new_content["body"].as_str().unwrap_or("")),
+        });
         body["m.new_content"] = new_content;
         body["m.relates_to"] = json!({ "rel_type": "m.replace", "event_id": event_id });
         let digest = hex::encode(sha2::Sha256::digest(reply.content.as_bytes()));
@@ -170,7 +177,38 @@ impl MatrixChannel {
                 .map_err(DeliveryError::retry)?,
             None => None,
         };
-        Ok(rendered.unwrap_or_else(|| json!({ "msgtype": "m.text", "body": text })))
+        Ok(rendered.unwrap_or_else(|| {
+            let mut message = json!({ "msgtype": "m.text", "body": text });
+            if super::markdown::has_formatting(text) {
+                // The Markdown as HTML beside the plain body (`org.matrix.custom.html`).
+                message["format"] = json!("org.matrix.custom.html");
+                message["formatted_body"] = json!(super::markdown::html(text));
+            }
+            message
+        }))
+    }
+
+    /// `content` without its HTML (`format`, `formatted_body`, also in `m.new_content`)
+    /// when the event would outgrow what a homeserver takes: the plain body always fits.
+    fn fitted(content: &Value) -> std::borrow::Cow<'_, Value> {
+        let size = serde_json::to_string(content).map_or(0, |s| s.len());
+        let has_html = content.get("formatted_body").is_some()
+            || content["m.new_content"].get("formatted_body").is_some();
+        if size <= MAX_CONTENT_BYTES || !has_html {
+            return std::borrow::Cow::Borrowed(content);
+        }
+        let mut plain = content.clone();
+        let strip = |v: &mut Value| {
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("format");
+                fields.remove("formatted_body");
+            }
+        };
+        strip(&mut plain);
+        if let Some(new) = plain.get_mut("m.new_content") {
+            strip(new);
+        }
+        std::borrow::Cow::Owned(plain)
     }
 
     /// `PUT /rooms/{room}/send/m.room.message/{txn}` into the reply's room.
@@ -190,7 +228,7 @@ impl MatrixChannel {
             .http
             .put(url)
             .bearer_auth(&self.as_token)
-            .json(body)
+            .json(&*Self::fitted(body))
             .send()
             .await
             .map_err(|e| {

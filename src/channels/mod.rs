@@ -15,6 +15,7 @@ pub mod console;
 pub mod dingtalk;
 pub mod generic;
 pub mod lark;
+pub mod markdown;
 pub mod matrix;
 pub mod parts;
 pub mod platform;

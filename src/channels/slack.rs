@@ -377,7 +377,16 @@ impl SlackChannel {
         let (channel, _) = Self::target(reply);
         let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
         let text = content["text"].as_str().unwrap_or("").to_string();
-        let mut body = json!({ "channel": channel, "text": text });
+        // The model's Markdown as mrkdwn; any text with `&`, `<`, `>` escaped, as Slack
+        // requires of a `text` field.
+        let shown = if super::markdown::has_formatting(&text) {
+            super::markdown::slack_mrkdwn(&text)
+        } else {
+            text.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        };
+        let mut body = json!({ "channel": channel, "text": shown });
         if let Some(card) = content.get("card").filter(|c| c.is_object())
             && let Some(blocks) = super::cards::render(CHANNEL, card, &text, &reply.idempotency_key)
                 .map_err(DeliveryError::retry)?

@@ -240,6 +240,13 @@ impl TelegramChannel {
         let text = content["text"].as_str().unwrap_or("").to_string();
         let conversation = Conversation::parse(&reply.conversation_id);
         let mut body = json!({ "chat_id": conversation.chat, "text": text });
+        if content.get("card").is_none_or(Value::is_null) && super::markdown::has_formatting(&text)
+        {
+            // The model's Markdown in Telegram's HTML parse mode (entities count after
+            // parsing, so the text limit holds as for the plain text).
+            body["text"] = json!(super::markdown::telegram_html(&text));
+            body["parse_mode"] = json!("HTML");
+        }
         if let Some(thread) = conversation.thread.and_then(|t| t.parse::<i64>().ok()) {
             body["message_thread_id"] = thread.into();
         }
@@ -267,7 +274,33 @@ impl TelegramChannel {
             body["reply_parameters"] =
                 json!({ "message_id": mid, "allow_sending_without_reply": true });
         }
-        self.call("sendMessage", &body).await
+        self.call_formatted("sendMessage", body, reply).await
+    }
+
+    /// A call with formatted text, sent once more as plain text when Telegram refuses the
+    /// formatting ("can't parse entities"; nothing was shown, so the resend is safe).
+    async fn call_formatted(
+        &self,
+        method: &str,
+        mut body: Value,
+        reply: &ReplyRow,
+    ) -> Result<Delivered, DeliveryError> {
+        match self.call(method, &body).await {
+            Err(e)
+                if body.get("parse_mode").is_some()
+                    && e.message.contains("can't parse entities") =>
+            {
+                tracing::warn!(error = %e.message, "formatting refused; sending as plain text");
+                let content: Value = serde_json::from_str(&reply.content).unwrap_or(Value::Null);
+                let text = content["text"].as_str().unwrap_or("");
+                body["text"] = json!(super::markdown::plain(text));
+                if let Some(fields) = body.as_object_mut() {
+                    fields.remove("parse_mode");
+                }
+                self.call(method, &body).await
+            }
+            other => other,
+        }
     }
 
     /// `editMessageText` of the bot's message `message_id` in the reply's chat. An edit to
@@ -284,7 +317,7 @@ impl TelegramChannel {
             .parse::<i64>()
             .map_err(|_| DeliveryError::retry(format!("not a Telegram message id: {message_id}")))?
             .into();
-        match self.call("editMessageText", &body).await {
+        match self.call_formatted("editMessageText", body, reply).await {
             Err(e) if e.message.contains("message is not modified") => Ok(Delivered {
                 platform_message_id: Some(message_id.to_string()),
             }),

@@ -45,6 +45,10 @@ pub struct WeComChannelConfig {
     pub per_chat_interval_ms: u64,
     /// Accepted age of a callback's `timestamp`, in seconds.
     pub timestamp_tolerance_secs: u64,
+    /// Send an answer written in Markdown as a `markdown` message (shown formatted in the
+    /// WeCom client only; in WeChat a markdown message is not shown, so off by default).
+    #[serde(default)]
+    pub markdown: bool,
 }
 
 impl WeComChannelConfig {
@@ -405,6 +409,10 @@ impl WeComChannel {
                     Some(card) => {
                         body["msgtype"] = json!("template_card");
                         body["template_card"] = card;
+                    }
+                    None if self.config.markdown && super::markdown::has_formatting(&text) => {
+                        body["msgtype"] = json!("markdown");
+                        body["markdown"] = json!({ "content": text });
                     }
                     None => {
                         body["msgtype"] = json!("text");

@@ -40,6 +40,106 @@ fn body_of(request: &Request) -> Value {
     serde_json::from_slice(&request.body).unwrap_or(Value::Null)
 }
 
+/// The visible text of a message in Telegram's HTML parse mode (Bot API, "Formatting
+/// options", HTML style), or why Telegram refuses it: only the tags it lists (`b`, `strong`,
+/// `i`, `em`, `u`, `ins`, `s`, `strike`, `del`, `span class="tg-spoiler"`, `tg-spoiler`, `a
+/// href`, `code`, `pre`, `blockquote`, `tg-emoji`), each closed in order; every `<`, `>` and
+/// `&` that is not part of a tag or an entity must be written as an entity, and only `&lt;`,
+/// `&gt;`, `&amp;`, `&quot;` and numeric entities are known.
+pub(crate) fn telegram_html_entities(text: &str) -> Result<String, String> {
+    const TAGS: [&str; 15] = [
+        "b",
+        "strong",
+        "i",
+        "em",
+        "u",
+        "ins",
+        "s",
+        "strike",
+        "del",
+        "span",
+        "tg-spoiler",
+        "a",
+        "code",
+        "pre",
+        "blockquote",
+    ];
+    let mut visible = String::new();
+    let mut open: Vec<String> = Vec::new();
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        let at = text.len() - rest.len();
+        match c {
+            '<' => {
+                let end = rest
+                    .find('>')
+                    .ok_or(format!("unclosed start tag at byte offset {at}"))?;
+                let tag = &rest[1..end];
+                if let Some(name) = tag.strip_prefix('/') {
+                    let name = name.trim().to_lowercase();
+                    match open.pop() {
+                        Some(top) if top == name => {}
+                        Some(top) => {
+                            return Err(format!(
+                                "Can't find end tag corresponding to start tag \"{top}\""
+                            ));
+                        }
+                        None => return Err(format!("Unexpected end tag at byte offset {at}")),
+                    }
+                } else {
+                    let name = tag.split_whitespace().next().unwrap_or("").to_lowercase();
+                    if !TAGS.contains(&name.as_str()) && name != "tg-emoji" {
+                        return Err(format!(
+                            "Unsupported start tag \"{name}\" at byte offset {at}"
+                        ));
+                    }
+                    open.push(name);
+                }
+                rest = &rest[end + 1..];
+            }
+            '>' => return Err(format!("character '>' is reserved at byte offset {at}")),
+            '&' => {
+                let end = rest
+                    .find(';')
+                    .filter(|e| *e <= 10)
+                    .ok_or(format!("character '&' is reserved at byte offset {at}"))?;
+                let decoded = match &rest[1..end] {
+                    "lt" => '<',
+                    "gt" => '>',
+                    "amp" => '&',
+                    "quot" => '"',
+                    numeric if numeric.starts_with('#') => {
+                        let n = numeric[1..]
+                            .strip_prefix(['x', 'X'])
+                            .map(|h| u32::from_str_radix(h, 16))
+                            .unwrap_or_else(|| numeric[1..].parse());
+                        n.ok()
+                            .and_then(char::from_u32)
+                            .ok_or(format!("bad numeric entity at byte offset {at}"))?
+                    }
+                    other => {
+                        return Err(format!(
+                            "Unsupported HTML entity \"&{other};\" at byte offset {at}"
+                        ));
+                    }
+                };
+                visible.push(decoded);
+                rest = &rest[end + 1..];
+            }
+            c => {
+                visible.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    match open.pop() {
+        Some(top) => Err(format!(
+            "Can't find end tag corresponding to start tag \"{top}\""
+        )),
+        None => Ok(visible),
+    }
+}
+
 /// Telegram `sendMessage` and `editMessageText` on one message store; ids start at 99.
 #[derive(Clone, Default)]
 pub(crate) struct TelegramMessages(Shared);
@@ -60,15 +160,24 @@ impl Respond for TelegramMessages {
         let Some(text) = body["text"].as_str().filter(|t| !t.trim().is_empty()) else {
             return refuse("message text is empty");
         };
+        let visible = match body["parse_mode"].as_str() {
+            None => text.to_string(),
+            Some("HTML") => match telegram_html_entities(text) {
+                Ok(visible) => visible,
+                Err(e) => return refuse(&format!("can't parse entities: {e}")),
+            },
+            Some(other) => return refuse(&format!("unsupported parse_mode {other}")),
+        };
         // "1-4096 characters after entities parsing", counted as UTF-16 code units.
-        if text.encode_utf16().count() > 4096 {
+        if visible.encode_utf16().count() > 4096 {
             return refuse(if request.url.path().ends_with("/editMessageText") {
                 "MESSAGE_TOO_LONG"
             } else {
                 "message is too long"
             });
         }
-        let shown = json!({ "text": text, "reply_markup": body["reply_markup"] });
+        let shown =
+            json!({ "text": text, "reply_markup": body["reply_markup"], "visible": visible });
         let mut messages = self.0.lock().unwrap();
         let id = if request.url.path().ends_with("/editMessageText") {
             let id = match &body["message_id"] {
@@ -184,6 +293,38 @@ impl Respond for SlackMessages {
     }
 }
 
+/// Lark's rich text (`post`) content: `{"<locale>": {"title"?, "content": [[{"tag": …}]]}}`,
+/// tags `text`, `a`, `at`, `img`, `media`, `emotion`, `hr`, `code_block` and `md` (Markdown,
+/// which Lark renders), each paragraph an array of elements.
+fn lark_post_valid(content: &Value) -> bool {
+    const TAGS: [&str; 9] = [
+        "text",
+        "a",
+        "at",
+        "img",
+        "media",
+        "emotion",
+        "hr",
+        "code_block",
+        "md",
+    ];
+    let Some(locales) = content.as_object().filter(|o| !o.is_empty()) else {
+        return false;
+    };
+    locales.values().all(|locale| {
+        locale["content"].as_array().is_some_and(|paragraphs| {
+            paragraphs.iter().all(|p| {
+                p.as_array().is_some_and(|elements| {
+                    elements.iter().all(|e| {
+                        e["tag"].as_str().is_some_and(|t| TAGS.contains(&t))
+                            && (e["tag"] != "md" || e["text"].is_string())
+                    })
+                })
+            })
+        })
+    })
+}
+
 /// Lark: replies to a message (`POST /im/v1/messages/{id}/reply`, `uuid` dropping a repeat
 /// within the hour, an optional boolean `reply_in_thread`) and card updates (`PATCH /im/v1/messages/{id}`), ids `om_<n>`.
 #[derive(Clone, Default)]
@@ -248,6 +389,10 @@ impl Respond for LarkMessages {
             .is_some_and(|u| u.chars().count() > 50)
         {
             return refuse(230001, "uuid is longer than 50 characters");
+        }
+        // A post: locales, each with `content`, paragraphs of elements with a known `tag`.
+        if body["msg_type"] == "post" && !lark_post_valid(&content) {
+            return refuse(230001, "invalid message content");
         }
         // `reply_in_thread`: an optional boolean (reply in the message's thread, opening one).
         if body.get("reply_in_thread").is_some_and(|v| !v.is_boolean()) {
@@ -675,39 +820,48 @@ impl Respond for DingTalkCards {
     }
 }
 
-/// A send API that takes a text of bounded length at `pointer` in its JSON body and answers
-/// `ok` or, over the bound, `refusal`. WeCom's `message/send` (text and markdown `content`:
-/// "最长不超过2048个字节", UTF-8 bytes; WeCom cuts a longer one, and the double refuses it with
-/// 45002 "content size out of limit" so that a cut answer cannot pass unseen), DingTalk's
-/// session webhook (2,000 characters a message, as DingTalk's own connector splits them).
+/// A send API that takes a text of bounded length, as a `text` message (`text.content`) or
+/// a `markdown` one (`markdown_text`; DingTalk's also needs a `markdown.title`), and
+/// answers `ok`, over the bound `refusal`, and `invalid` for a message without its text.
+/// WeCom's `message/send` (text and markdown `content`: "最长不超过2048个字节", UTF-8 bytes;
+/// WeCom cuts a longer one, and the double refuses it with 45002 "content size out of
+/// limit" so that a cut answer cannot pass unseen), DingTalk's session webhook (2,000
+/// characters a message, as DingTalk's own connector splits them; markdown `title` and
+/// `text` required).
 #[derive(Clone)]
 pub(crate) struct TextLengthLimit {
-    pub pointer: &'static str,
+    pub markdown_text: &'static str,
+    pub markdown_title: Option<&'static str>,
     pub max: usize,
     /// Count UTF-8 bytes (else characters).
     pub bytes: bool,
     pub ok: Value,
     pub refusal: Value,
+    pub invalid: Value,
 }
 
 impl TextLengthLimit {
     pub(crate) fn wecom() -> Self {
         TextLengthLimit {
-            pointer: "/text/content",
+            markdown_text: "/markdown/content",
+            markdown_title: None,
             max: 2048,
             bytes: true,
             ok: json!({"errcode": 0, "errmsg": "ok", "msgid": "m-1"}),
             refusal: json!({"errcode": 45002, "errmsg": "content size out of limit"}),
+            invalid: json!({"errcode": 44004, "errmsg": "empty content"}),
         }
     }
 
     pub(crate) fn dingtalk_session() -> Self {
         TextLengthLimit {
-            pointer: "/text/content",
+            markdown_text: "/markdown/text",
+            markdown_title: Some("/markdown/title"),
             max: 2000,
             bytes: false,
             ok: json!({"errcode": 0, "errmsg": "ok"}),
             refusal: json!({"errcode": 460101, "errmsg": "message too long"}),
+            invalid: json!({"errcode": 40035, "errmsg": "缺少参数 json"}),
         }
     }
 }
@@ -715,11 +869,21 @@ impl TextLengthLimit {
 impl Respond for TextLengthLimit {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let body = body_of(request);
-        let text = body
-            .pointer(self.pointer)
-            .or_else(|| body.pointer("/markdown/content"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let field = |pointer: &str| {
+            body.pointer(pointer)
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+        };
+        let text = match body["msgtype"].as_str() {
+            Some("text") => field("/text/content"),
+            Some("markdown") => field(self.markdown_text)
+                .filter(|_| self.markdown_title.is_none_or(|t| field(t).is_some())),
+            // Cards and other kinds are not this double's.
+            _ => Some(""),
+        };
+        let Some(text) = text else {
+            return ResponseTemplate::new(200).set_body_json(self.invalid.clone());
+        };
         let length = if self.bytes {
             text.len()
         } else {

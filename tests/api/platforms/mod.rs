@@ -14,6 +14,7 @@ mod dingtalk;
 pub(crate) mod groups;
 mod lark;
 mod long_answers;
+mod markdown;
 pub(crate) mod matrix;
 mod pacing;
 mod placeholders;
