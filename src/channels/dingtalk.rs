@@ -18,7 +18,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, Conversation, GroupReply, Scope, question};
+use super::platform::{Addressing, Conversation, GroupReply, Scope, chatter, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Once, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -60,6 +60,10 @@ pub struct DingTalkChannelConfig {
     /// groups have no threads, so a group per member), "chat", "user".
     #[serde(default)]
     pub conversation_scope: Scope,
+    /// How many group messages not addressed to the bot are kept per chat as context for
+    /// the next question there (0, the default: none).
+    #[serde(default)]
+    pub group_context: usize,
 }
 
 impl DingTalkChannelConfig {
@@ -180,8 +184,13 @@ pub fn parse(
         reply_to_bot: false,
     };
     let Some(text) = question(group_reply, prefixes, addressing, &text) else {
-        return Ok(Inbound::Ignore(
-            "a group message not addressed to the robot",
+        let who = staff.as_deref().unwrap_or(&sender);
+        let name = v["senderNick"].as_str();
+        return Ok(chatter(
+            CHANNEL,
+            &field("conversationId")?,
+            (who, name),
+            &text,
         ));
     };
     let msg_id = field("msgId")?;
@@ -488,6 +497,10 @@ impl DingTalkChannel {
 
 impl Platform for DingTalkChannel {
     super::platform::platform_basics!(DingTalkChannel);
+
+    fn group_context(&self) -> usize {
+        self.config.group_context
+    }
 
     fn can_edit(&self) -> bool {
         !self.config.card_template_id.is_empty()

@@ -50,6 +50,10 @@ pub struct GenericChannelConfig {
     /// per `thread_id` when the message has one, else per sender), "chat", "thread", "user".
     #[serde(default)]
     pub conversation_scope: Scope,
+    /// How many group messages not addressed to the bot are kept per chat as context for
+    /// the next question there (0, the default: none).
+    #[serde(default)]
+    pub group_context: usize,
 }
 
 /// How long the IM shows a typing event, unless renewed or cleared, in ms.
@@ -350,6 +354,10 @@ impl GenericChannel {
 impl Platform for GenericChannel {
     super::platform::platform_basics!(GenericChannel);
 
+    fn group_context(&self) -> usize {
+        self.config.group_context
+    }
+
     fn text_limit(&self) -> TextLimit {
         match self.config.max_text_chars {
             0 => TextLimit::NONE,
@@ -454,7 +462,13 @@ impl Platform for GenericChannel {
                     &message.text,
                 ) {
                     Some(text) => Inbound::Message(NewMessage { text, ..message }),
-                    None => Inbound::Ignore("a group message not addressed to the bot"),
+                    None => {
+                        let chat = Conversation::parse(&message.conversation_id).chat;
+                        Inbound::Chatter(NewMessage {
+                            conversation_id: chat,
+                            ..message
+                        })
+                    }
                 }
             }))
         })

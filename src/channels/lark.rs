@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, Conversation, Scope, question};
+use super::platform::{Addressing, Conversation, Scope, chatter, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -57,6 +57,10 @@ pub struct LarkChannelConfig {
     /// per thread: a question outside one opens a thread), "chat", "thread", "user".
     #[serde(default)]
     pub conversation_scope: Scope,
+    /// How many group messages not addressed to the bot are kept per chat as context for
+    /// the next question there (0, the default: none).
+    #[serde(default)]
+    pub group_context: usize,
 }
 
 impl LarkChannelConfig {
@@ -167,13 +171,13 @@ pub fn parse_event(
     if text.is_empty() {
         return Ok(Inbound::Ignore("empty after removing mentions"));
     }
-    let Some(text) = question(config.group_reply, &config.prefixes, addressing, &text) else {
-        return Ok(Inbound::Ignore("a group message not addressed to the bot"));
-    };
     let sender = event["sender"]["sender_id"]["open_id"]
         .as_str()
         .unwrap_or("")
         .to_string();
+    let Some(text) = question(config.group_reply, &config.prefixes, addressing, &text) else {
+        return Ok(chatter(CHANNEL, &field("chat_id")?, (&sender, None), &text));
+    };
     let message_id = field("message_id")?;
     // A message in a thread names its root (`root_id`); a question outside one opens a
     // thread rooted at itself (the answer is a reply `reply_in_thread`).
@@ -486,6 +490,10 @@ impl LarkChannel {
 
 impl Platform for LarkChannel {
     super::platform::platform_basics!(LarkChannel);
+
+    fn group_context(&self) -> usize {
+        self.config.group_context
+    }
 
     fn can_edit(&self) -> bool {
         true

@@ -57,6 +57,10 @@ pub struct MatrixChannelConfig {
     /// "user".
     #[serde(default)]
     pub conversation_scope: Scope,
+    /// How many group messages not addressed to the bot are kept per chat as context for
+    /// the next question there (0, the default: none).
+    #[serde(default)]
+    pub group_context: usize,
 }
 
 impl MatrixChannelConfig {
@@ -266,6 +270,10 @@ impl MatrixChannel {
 impl Platform for MatrixChannel {
     super::platform::platform_basics!(MatrixChannel);
 
+    fn group_context(&self) -> usize {
+        self.config.group_context
+    }
+
     fn can_edit(&self) -> bool {
         true
     }
@@ -326,8 +334,8 @@ impl Platform for MatrixChannel {
                             refuse(503, "M_UNKNOWN", "the homeserver could not be asked about the room")
                         })?;
                         match question {
-                            Some(message) => Inbound::Message(message),
-                            None => Inbound::Ignore("a room message not addressed to the bot"),
+                            Ok(message) => Inbound::Message(message),
+                            Err(chatter) => Inbound::Chatter(chatter),
                         }
                     }
                     MatrixEvent::Members(room) => {

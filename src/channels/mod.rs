@@ -150,6 +150,19 @@ impl Channels {
         }
     }
 
+    /// How many unaddressed group messages `channel` keeps per chat as context (0: none).
+    pub fn group_context(&self, channel: &str) -> usize {
+        self.get(channel).map_or(0, |p| p.group_context())
+    }
+
+    /// The conversation the stored `conversation_id` of `channel` names.
+    pub fn conversation(&self, channel: &str, conversation_id: &str) -> platform::Conversation {
+        match self.get(channel) {
+            Some(p) => p.conversation(conversation_id),
+            None => platform::Conversation::parse(conversation_id),
+        }
+    }
+
     /// Whether a streamed answer on `channel` is shown as progress lines.
     pub fn streams_progress(&self, channel: &str) -> bool {
         self.get(channel).is_some_and(|p| p.streams_progress())

@@ -128,6 +128,10 @@ pub enum Inbound {
         /// Answer with the task's state (the generic API) rather than the outcome in words.
         with_task: bool,
     },
+    /// A group message not addressed to the bot (its conversation: the chat): acknowledged,
+    /// and kept as context for the chat's next question when the platform keeps some
+    /// (`Platform::group_context`).
+    Chatter(NewMessage),
     /// A handshake answered directly (URL verification).
     Respond(Fixed),
     /// Verified but nothing to do (the bot's own message, an edit, an unknown event).
@@ -317,6 +321,22 @@ impl Conversation {
     pub fn is_marked(chat: &str) -> bool {
         chat.contains(THREAD_MARK) || chat.contains(USER_MARK)
     }
+}
+
+/// A group message by `sender` in `chat` that is not addressed to the bot: acknowledged,
+/// and kept as the chat's context where the platform keeps some.
+pub fn chatter(channel: &str, chat: &str, sender: (&str, Option<&str>), text: &str) -> Inbound {
+    Inbound::Chatter(NewMessage {
+        channel: channel.to_string(),
+        event_id: String::new(),
+        message_id: String::new(),
+        conversation_id: chat.to_string(),
+        sender_id: sender.0.to_string(),
+        sender_name: sender.1.map(str::to_string),
+        text: text.to_string(),
+        reply_context: None,
+        trace_context: None,
+    })
 }
 
 /// Per-chat send pacing for platforms that limit sends per chat (Lark 5/s, Telegram and
@@ -564,6 +584,12 @@ pub trait Platform: Send + Sync {
 
     /// The least time between two sends into one chat, in ms (0 = no pacing).
     fn chat_interval_ms(&self) -> u64 {
+        0
+    }
+
+    /// How many group messages not addressed to the bot are kept per chat as context for
+    /// the next question there (`channels.<platform>.group_context`; 0: none).
+    fn group_context(&self) -> usize {
         0
     }
 

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, Conversation, GroupReply, Scope, question};
+use super::platform::{Addressing, Conversation, GroupReply, Scope, chatter, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -52,6 +52,10 @@ pub struct SlackChannelConfig {
     /// channel per thread: every question in a channel opens one), "chat", "thread", "user".
     #[serde(default)]
     pub conversation_scope: Scope,
+    /// How many group messages not addressed to the bot are kept per chat as context for
+    /// the next question there (0, the default: none).
+    #[serde(default)]
+    pub group_context: usize,
 }
 
 impl SlackChannelConfig {
@@ -184,7 +188,7 @@ pub fn parse_event(
                 return Ok(Inbound::Ignore("empty after removing mentions"));
             }
             let Some(text) = question(group_reply, prefixes, addressing, &text) else {
-                return Ok(Inbound::Ignore("a group message not addressed to the bot"));
+                return Ok(chatter(CHANNEL, &channel, (user, None), &text));
             };
             Ok(Inbound::Message(NewMessage {
                 reply_context: None,
@@ -453,6 +457,10 @@ const PERMANENT_ERRORS: &[&str] = &[
 
 impl Platform for SlackChannel {
     super::platform::platform_basics!(SlackChannel);
+
+    fn group_context(&self) -> usize {
+        self.config.group_context
+    }
 
     fn inbound<'a>(
         &'a self,

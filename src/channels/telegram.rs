@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, Conversation, GroupReply, Scope, question};
+use super::platform::{Addressing, Conversation, GroupReply, Scope, chatter, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, require_settings,
@@ -44,6 +44,10 @@ pub struct TelegramChannelConfig {
     /// group per forum topic, else per member), "chat", "thread", "user".
     #[serde(default)]
     pub conversation_scope: Scope,
+    /// How many group messages not addressed to the bot are kept per chat as context for
+    /// the next question there (0, the default: none).
+    #[serde(default)]
+    pub group_context: usize,
 }
 
 impl TelegramChannelConfig {
@@ -132,8 +136,17 @@ pub fn parse(
     if text.is_empty() {
         return Ok(Inbound::Ignore("empty after removing the mention"));
     }
+    let sender_name = from["username"]
+        .as_str()
+        .or_else(|| from["first_name"].as_str());
     let Some(text) = question(group_reply, prefixes, addressing, &text) else {
-        return Ok(Inbound::Ignore("a group message not addressed to the bot"));
+        let sender = sender.to_string();
+        return Ok(chatter(
+            CHANNEL,
+            &chat.to_string(),
+            (&sender, sender_name),
+            &text,
+        ));
     };
     Ok(Inbound::Message(NewMessage {
         reply_context: None,
@@ -157,10 +170,7 @@ pub fn parse(
         )
         .key(),
         sender_id: sender.to_string(),
-        sender_name: from["username"]
-            .as_str()
-            .or_else(|| from["first_name"].as_str())
-            .map(str::to_string),
+        sender_name: sender_name.map(str::to_string),
         text,
         trace_context: None,
     }))
@@ -368,6 +378,10 @@ impl TelegramChannel {
 
 impl Platform for TelegramChannel {
     super::platform::platform_basics!(TelegramChannel);
+
+    fn group_context(&self) -> usize {
+        self.config.group_context
+    }
 
     fn inbound<'a>(
         &'a self,

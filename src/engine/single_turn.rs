@@ -70,6 +70,13 @@ pub async fn run(
         }
     }
     messages.extend(recent);
+    // The group's chatter before the question, as context just before it.
+    if let Some(chatter) = group_context(svc, ctx).await?
+        && let Some(question) = messages.pop()
+    {
+        messages.push(chatter);
+        messages.push(question);
+    }
     let request = ChatRequest {
         model,
         messages,
@@ -109,6 +116,43 @@ pub async fn run(
     tracing::info!(status = %outcome.status, "task finished");
     svc.wake.replies.notify_one();
     Ok(())
+}
+
+/// Longest kept group message shown as context, in characters.
+const CHATTER_CHARS: usize = 500;
+
+/// The messages of the task's group chat that were not addressed to the bot, up to the
+/// question (the last `channels.<platform>.group_context`), as one message; `None` when the
+/// platform keeps none or there are none.
+async fn group_context(svc: &Worker, ctx: &TaskContext) -> Result<Option<ChatMessage>, RunError> {
+    let (task, message) = (&ctx.task, &ctx.message);
+    let keep = svc.channels.group_context(&task.channel);
+    if keep == 0 {
+        return Ok(None);
+    }
+    let chat = svc
+        .channels
+        .conversation(&task.channel, &task.conversation_id)
+        .chat;
+    let kept = svc
+        .store
+        .group_context(&task.channel, &chat, message.received_at, keep as i64)
+        .await?;
+    if kept.is_empty() {
+        return Ok(None);
+    }
+    let lines: Vec<String> = kept
+        .iter()
+        .map(|m| {
+            let who = m.sender_name.as_deref().unwrap_or(&m.sender_id);
+            let text: String = m.text.chars().take(CHATTER_CHARS).collect();
+            format!("{who}: {text}")
+        })
+        .collect();
+    Ok(Some(ChatMessage::user(format!(
+        "For context, the latest messages in this group chat that were not addressed to you:\n{}",
+        lines.join("\n")
+    ))))
 }
 
 /// The conversation's recent turns up to and including the question: the user's messages

@@ -19,7 +19,7 @@ use super::context::ApiContext;
 use super::error::ApiError;
 use crate::channels::platform::{Fixed, Inbound, InboundRequest, Parsed, Platform, Refused};
 use crate::control::{DecisionResult, reaction_decision};
-use crate::domain::now_ms;
+use crate::domain::{NewMessage, now_ms};
 use crate::intake::{
     IntakeError, OnceCheck, accept_message, accept_messages, check_once, done_once,
 };
@@ -247,8 +247,42 @@ async fn handle_inbound(
             Ok(Json(json!({ "result": "joined" })).into_response())
         }
         Inbound::Respond(fixed) => Ok(fixed_response(fixed)),
+        Inbound::Chatter(message) => {
+            let kept = keep_chatter(svc, platform, &message).await?;
+            let reason = if kept {
+                "a group message not addressed to the bot; kept as context"
+            } else {
+                "a group message not addressed to the bot"
+            };
+            Ok(Json(json!({ "ignored": reason })).into_response())
+        }
         Inbound::Ignore(reason) => Ok(Json(json!({ "ignored": reason })).into_response()),
     }
+}
+
+/// Keeps a group message not addressed to the bot as context of its chat, when the platform
+/// keeps some (`group_context`); whether it was kept.
+async fn keep_chatter(
+    svc: &ApiContext,
+    platform: &dyn Platform,
+    message: &NewMessage,
+) -> Result<bool, ApiError> {
+    let keep = platform.group_context();
+    if keep == 0 {
+        return Ok(false);
+    }
+    let chat = platform.conversation(&message.conversation_id).chat;
+    let chatter = crate::store::context::Chatter {
+        channel: platform.name(),
+        chat_id: &chat,
+        sender_id: &message.sender_id,
+        sender_name: message.sender_name.as_deref(),
+        text: &message.text,
+    };
+    svc.store
+        .keep_context(&chatter, keep as i64, now_ms())
+        .await?;
+    Ok(true)
 }
 
 /// A reaction to an approval request is a decision; to anything else, just a reaction.
@@ -294,6 +328,9 @@ async fn transaction(
                 target,
             } => {
                 react(svc, platform, &approver, approve, &target).await?;
+            }
+            Inbound::Chatter(message) => {
+                keep_chatter(svc, platform, &message).await?;
             }
             Inbound::Respond(_) | Inbound::Ignore(_) => {}
         }

@@ -432,8 +432,9 @@ pub async fn orphan_reclaim(svc: &Jobs, batch: i64, now: i64) -> Result<JobCount
     })
 }
 
-/// Removes bulky content of finished tasks older than the TTL, and job runs older than it
-/// (every tick of every job leaves one, so they would grow without end).
+/// Removes bulky content of finished tasks older than the TTL, job runs older than it
+/// (every tick of every job leaves one, so they would grow without end), and group chatter
+/// kept as context older than it.
 pub async fn retention(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, String> {
     let ttl = svc.config.scheduler.jobs.retention.ttl_days as i64 * 86_400_000;
     let (scanned, affected) = store_err(svc.store.purge_finished(now - ttl, batch, now)).await?;
@@ -442,6 +443,11 @@ pub async fn retention(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, St
     let pruned = store_err(svc.store.prune_job_runs(now - ttl, batch)).await?;
     if pruned > 0 {
         tracing::info!(pruned, "old job runs removed");
+    }
+    // Group chatter kept as context goes at the same age as message texts.
+    let chatter = store_err(svc.store.prune_group_context(now - ttl, batch)).await?;
+    if chatter > 0 {
+        tracing::info!(chatter, "old group context removed");
     }
     Ok(JobCounts { scanned, affected })
 }

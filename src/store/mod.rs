@@ -15,6 +15,7 @@ use crate::config::DatabaseConfig;
 
 pub mod agents;
 pub mod blobs;
+pub mod context;
 pub mod group;
 pub mod intake;
 pub mod jobs;

@@ -204,13 +204,13 @@ impl Rooms {
     }
 
     /// The message as a question for the bot (a prefix removed), in the conversation its
-    /// scope gives, or `None`: a room message not addressed to it. The homeserver is asked
+    /// scope gives, or (`Err`) a room message not addressed to it, in the room's. The homeserver is asked
     /// what the room is only when the event itself does not settle it.
     pub(super) async fn question(
         &self,
         mut message: NewMessage,
         cue: Cue,
-    ) -> Result<Option<NewMessage>, String> {
+    ) -> Result<Result<NewMessage, NewMessage>, String> {
         let room = message.conversation_id.clone();
         let group = Addressing {
             group: true,
@@ -242,7 +242,7 @@ impl Rooms {
             }
         };
         let Some(text) = text else {
-            return Ok(None);
+            return Ok(Err(message));
         };
         let scope = self.scope;
         let group = match (scope, direct) {
@@ -263,7 +263,7 @@ impl Rooms {
         message.conversation_id =
             Conversation::scoped(scope, group, &room, Some(thread), &message.sender_id).key();
         message.text = text;
-        Ok(Some(message))
+        Ok(Ok(message))
     }
 
     /// Adds `room` to the bot's `m.direct` account data under `with`, as clients do for

@@ -408,3 +408,121 @@ async fn matrix_rooms_answer_mentions_and_replies_direct_chats_always() {
     assert_eq!(counts(&app).await, (7, 7));
     app.stop().await;
 }
+
+/// `group_context = N`: the last N group messages not addressed to the bot are kept per chat
+/// (acknowledged as kept, no task) and shown to the model before the chat's next question;
+/// other chats' chatter is not; retention removes them at the messages' age; with the
+/// default 0 nothing is kept. Through a Telegram group and a Matrix transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_chatter_is_kept_as_context_for_the_next_question() {
+    let api = platform_api().await;
+    let rooms = mount_room_sends(&api).await;
+    rooms.room("!ctx:hs", &["@ada:hs", "@bo:hs"], None);
+    let uri = api.uri();
+    let app = spawn_platforms(&api, move |c| {
+        c.channels.telegram.group_context = 2;
+        enable_matrix(c, &uri);
+        c.channels.matrix.group_context = 5;
+    })
+    .await;
+    for (n, text) in [
+        (1, "the train is late"),
+        (2, "meeting moved to 3pm"),
+        (3, "lunch at noon"),
+    ] {
+        let said = app
+            .telegram(&tg_update(n, -700, n, 40 + n, text), Some(TG_SECRET))
+            .await;
+        assert_eq!(
+            ignored(said).await,
+            "a group message not addressed to the bot; kept as context"
+        );
+    }
+    // Another group's chatter is its own.
+    ignored(
+        app.telegram(&tg_update(4, -701, 1, 50, "secret plans"), Some(TG_SECRET))
+            .await,
+    )
+    .await;
+    assert_eq!(counts(&app).await, (0, 0));
+    let id = task_id_of(
+        app.telegram(
+            &tg_update(5, -700, 5, 41, "@helper_bot when is the meeting?"),
+            Some(TG_SECRET),
+        )
+        .await,
+    )
+    .await;
+    app.wait_replied(id, WAIT).await;
+    let calls = model_bodies(&app.model).await;
+    let messages = calls.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let n = messages.len();
+    assert_eq!(messages[n - 1]["content"], "when is the meeting?");
+    let context = messages[n - 2]["content"].as_str().unwrap();
+    assert!(
+        context.contains("ada: meeting moved to 3pm\nada: lunch at noon"),
+        "the last two, oldest first: {context}"
+    );
+    assert!(
+        !context.contains("train") && !context.contains("secret plans"),
+        "{context}"
+    );
+
+    // Matrix: chatter in a transaction is kept too.
+    let mx = json!([mx_text(
+        "!ctx:hs",
+        "$c1",
+        json!({"msgtype": "m.text", "body": "deploy is done"})
+    )]);
+    assert_eq!(app.matrix_txn("t-ctx", mx).await.status(), 200);
+    let kept = app
+        .store()
+        .group_context("matrix", "!ctx:hs", i64::MAX, 10)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        (kept[0].sender_id.as_str(), kept[0].text.as_str()),
+        ("@ada:hs", "deploy is done")
+    );
+
+    // Retention removes them at the age of the other messages.
+    let ttl = app.config.scheduler.jobs.retention.ttl_days as i64 * 86_400_000;
+    assistd::scheduler::retention(&app.jobs, 500, assistd::domain::now_ms() + ttl + 1)
+        .await
+        .unwrap();
+    for (channel, chat) in [
+        ("telegram", "-700"),
+        ("telegram", "-701"),
+        ("matrix", "!ctx:hs"),
+    ] {
+        let left = app
+            .store()
+            .group_context(channel, chat, i64::MAX, 10)
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "{channel} {chat}: {left:?}");
+    }
+    app.stop().await;
+
+    // The default keeps nothing.
+    let api = platform_api().await;
+    let app = spawn_platforms(&api, |_| {}).await;
+    let said = app
+        .telegram(&tg_update(1, -700, 1, 41, "lunch at noon"), Some(TG_SECRET))
+        .await;
+    assert_eq!(
+        ignored(said).await,
+        "a group message not addressed to the bot"
+    );
+    let kept = app
+        .store()
+        .group_context("telegram", "-700", i64::MAX, 10)
+        .await
+        .unwrap();
+    assert!(kept.is_empty());
+    app.stop().await;
+}
