@@ -117,7 +117,21 @@ impl App {
     ) -> anyhow::Result<App> {
         let wake = Arc::new(Wake::default());
         let running = Arc::new(RunningTasks::default());
-        let channels = Arc::new(Channels::from_config(&config)?);
+        let jobs = &config.scheduler.jobs;
+        let channels = Arc::new(Channels::new(
+            &config.channels,
+            std::time::Duration::from_secs(config.outbox.timeout_secs),
+            [
+                (
+                    crate::domain::CALLBACK_CHANNEL,
+                    &jobs.confirm_timeout.approval_callback_url,
+                ),
+                (
+                    crate::domain::ORPHAN_ALERT_CHANNEL,
+                    &jobs.orphan_reclaim.alert_url,
+                ),
+            ],
+        )?);
         let journal = Arc::new(
             Journal::start(store.clone(), &config.worker)
                 .with_inline_max(config.journal.inline_max_bytes),

@@ -1,8 +1,57 @@
 //! The chat console: a browser page that is a channel like the others. Its messages go
-//! through intake, tasks and the outbox; its "send" is the outbox row itself, which the page
-//! reads back.
+//! through intake, tasks and the outbox (posted by the page to `/console/messages`, not to a
+//! webhook); its "send" is the outbox row itself, which the page reads back, and the text
+//! of an answer being streamed is kept for the page to poll (`Platform::keeps_live_text`).
 
-use crate::domain::NewMessage;
+use super::platform::{
+    BoxFuture, Delivered, DeliveryError, InboundRequest, Parsed, Platform, Refused, no_route,
+};
+use crate::domain::{NewMessage, ReplyRow};
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleChannelConfig {
+    pub enabled: bool,
+    /// Only answer requests from loopback addresses.
+    pub loopback_only: bool,
+    pub agent: String,
+}
+
+/// The console as a platform.
+pub struct ConsoleChannel {
+    config: ConsoleChannelConfig,
+}
+
+impl ConsoleChannel {
+    pub fn new(config: &ConsoleChannelConfig) -> Self {
+        ConsoleChannel {
+            config: config.clone(),
+        }
+    }
+
+    /// The page reads its replies from the outbox: delivery is the record itself.
+    async fn send(&self, _reply: &ReplyRow) -> Result<Delivered, DeliveryError> {
+        Ok(Delivered {
+            platform_message_id: None,
+        })
+    }
+}
+
+impl Platform for ConsoleChannel {
+    super::platform::platform_basics!(ConsoleChannel);
+
+    /// The console has no webhook: its page posts to `/console/messages`.
+    fn inbound<'a>(
+        &'a self,
+        _request: &'a InboundRequest<'a>,
+    ) -> BoxFuture<'a, Result<Parsed, Refused>> {
+        Box::pin(async { Err(no_route()) })
+    }
+
+    fn keeps_live_text(&self) -> bool {
+        true
+    }
+}
 
 pub const CHANNEL: &str = "console";
 /// Longest console message, in bytes.

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Config;
 use crate::domain::{CALLBACK_CHANNEL, ORPHAN_ALERT_CHANNEL, ReplyRow};
 use platform::{ChatPacer, Delivered, DeliveryError, Platform};
 
@@ -23,6 +22,20 @@ pub mod slack;
 pub mod telegram;
 pub mod wecom;
 
+/// `[channels.*]`: each platform's section, defined with its platform.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelsConfig {
+    pub generic: generic::GenericChannelConfig,
+    pub slack: slack::SlackChannelConfig,
+    pub telegram: telegram::TelegramChannelConfig,
+    pub matrix: matrix::MatrixChannelConfig,
+    pub lark: lark::LarkChannelConfig,
+    pub dingtalk: dingtalk::DingTalkChannelConfig,
+    pub wecom: wecom::WeComChannelConfig,
+    pub console: console::ConsoleChannelConfig,
+}
+
 /// The enabled platforms, by the channel name stored on messages and replies.
 pub struct Channels {
     platforms: BTreeMap<&'static str, Arc<dyn Platform>>,
@@ -36,9 +49,14 @@ pub struct Channels {
 }
 
 impl Channels {
-    pub fn from_config(config: &Config) -> anyhow::Result<Channels> {
-        let c = &config.channels;
-        let timeout = Duration::from_secs(config.outbox.timeout_secs);
+    /// The platforms enabled in `c`, each network call bounded by `timeout`; `callbacks`:
+    /// the URLs of the outbox channels posted through the generic channel's signed
+    /// transport (approval-timeout callbacks, orphan alerts), where set.
+    pub fn new(
+        c: &ChannelsConfig,
+        timeout: Duration,
+        callbacks: [(&'static str, &str); 2],
+    ) -> anyhow::Result<Channels> {
         let mut platforms: BTreeMap<&'static str, Arc<dyn Platform>> = BTreeMap::new();
         let mut add = |p: Arc<dyn Platform>| {
             platforms.insert(p.name(), p);
@@ -73,18 +91,14 @@ impl Channels {
         if c.wecom.enabled {
             add(Arc::new(wecom::WeComChannel::new(&c.wecom, timeout)?));
         }
-        let jobs = &config.scheduler.jobs;
-        let callbacks = [
-            (
-                CALLBACK_CHANNEL,
-                &jobs.confirm_timeout.approval_callback_url,
-            ),
-            (ORPHAN_ALERT_CHANNEL, &jobs.orphan_reclaim.alert_url),
-        ]
-        .into_iter()
-        .filter(|(_, url)| !url.is_empty())
-        .map(|(channel, url)| (channel, url.clone()))
-        .collect();
+        if c.console.enabled {
+            add(Arc::new(console::ConsoleChannel::new(&c.console)));
+        }
+        let callbacks = callbacks
+            .into_iter()
+            .filter(|(_, url)| !url.is_empty())
+            .map(|(channel, url)| (channel, url.to_string()))
+            .collect();
         Ok(Channels {
             platforms,
             generic,
@@ -161,6 +175,11 @@ impl Channels {
             Some(p) => p.conversation(conversation_id),
             None => platform::Conversation::parse(conversation_id),
         }
+    }
+
+    /// Whether the streamed text of an answer on `channel` is kept for its page to poll.
+    pub fn keeps_live_text(&self, channel: &str) -> bool {
+        self.get(channel).is_some_and(|p| p.keeps_live_text())
     }
 
     /// Whether a streamed answer on `channel` is shown as progress lines.
@@ -255,10 +274,6 @@ impl Channels {
                     ))),
                 }
             }
-            // The console page reads its replies from the outbox: delivery is the record itself.
-            console::CHANNEL => Ok(Delivered {
-                platform_message_id: None,
-            }),
             name => match self.get(name) {
                 Some(platform) => platform.send(reply).await,
                 None => Err(DeliveryError::retry(format!(

@@ -610,6 +610,12 @@ pub trait Platform: Send + Sync {
         false
     }
 
+    /// Whether the text of an answer being streamed is kept for the platform's page to poll
+    /// (the console), instead of being sent anywhere.
+    fn keeps_live_text(&self) -> bool {
+        false
+    }
+
     /// Whether a streamed answer is shown as progress lines (`progress`) while it is being
     /// written, on a platform that cannot edit a sent message.
     fn streams_progress(&self) -> bool {

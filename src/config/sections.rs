@@ -20,7 +20,7 @@ pub struct Config {
     pub replies: RepliesConfig,
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
-    pub channels: ChannelsConfig,
+    pub channels: crate::channels::ChannelsConfig,
     pub agents: BTreeMap<String, AgentConfig>,
     pub context: ContextConfig,
     pub redaction: RedactionConfig,
@@ -570,28 +570,6 @@ pub struct TelemetryConfig {
     /// More headers for the export requests (e.g. a collector's API key).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChannelsConfig {
-    pub generic: crate::channels::generic::GenericChannelConfig,
-    pub slack: crate::channels::slack::SlackChannelConfig,
-    pub telegram: crate::channels::telegram::TelegramChannelConfig,
-    pub matrix: crate::channels::matrix::MatrixChannelConfig,
-    pub lark: crate::channels::lark::LarkChannelConfig,
-    pub dingtalk: crate::channels::dingtalk::DingTalkChannelConfig,
-    pub wecom: crate::channels::wecom::WeComChannelConfig,
-    pub console: ConsoleChannelConfig,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConsoleChannelConfig {
-    pub enabled: bool,
-    /// Only answer requests from loopback addresses.
-    pub loopback_only: bool,
-    pub agent: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]

@@ -97,7 +97,7 @@ impl Feedback {
         let placeholder = agent_placeholder
             .unwrap_or(&replies.placeholder)
             .to_string();
-        let mode = if task.channel == crate::channels::console::CHANNEL {
+        let mode = if svc.channels.keeps_live_text(&task.channel) {
             Mode::Live
         } else if !placeholder.trim().is_empty() && svc.channels.can_edit(&task.channel) {
             Mode::Placeholder

@@ -34,7 +34,10 @@ pub fn router(svc: Arc<ApiContext>) -> Router {
         .merge(pages::router())
         .merge(dashboard::router())
         .merge(console::router())
-        .layer(axum::middleware::from_fn(count_webhooks))
+        .layer(axum::middleware::from_fn_with_state(
+            svc.clone(),
+            count_webhooks,
+        ))
         .layer(TraceLayer::new_for_http())
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
@@ -118,20 +121,11 @@ pub fn health_router(svc: Arc<ApiContext>) -> Router {
         .with_state(svc)
 }
 
-/// The channels webhook paths are counted under; any other `/webhooks/<x>` is `other`, so
+/// Counts webhook requests by channel and answer, for `/metrics`: under the name of an
+/// enabled platform (from the registry), any other `/webhooks/<x>` as `other`, so that
 /// unauthenticated requests cannot grow the label set (or put text into the exposition).
-const WEBHOOK_CHANNELS: &[&str] = &[
-    crate::channels::generic::CHANNEL,
-    crate::channels::slack::CHANNEL,
-    crate::channels::telegram::CHANNEL,
-    crate::channels::matrix::CHANNEL,
-    crate::channels::lark::CHANNEL,
-    crate::channels::dingtalk::CHANNEL,
-    crate::channels::wecom::CHANNEL,
-];
-
-/// Counts webhook requests by channel and answer, for `/metrics`.
 async fn count_webhooks(
+    axum::extract::State(svc): axum::extract::State<Arc<ApiContext>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -140,13 +134,7 @@ async fn count_webhooks(
         .path()
         .strip_prefix("/webhooks/")
         .map(|rest| rest.split('/').next().unwrap_or(""))
-        .map(|name| {
-            WEBHOOK_CHANNELS
-                .iter()
-                .find(|known| **known == name)
-                .copied()
-                .unwrap_or("other")
-        });
+        .map(|name| svc.channels.get(name).map_or("other", |p| p.name()));
     let response = next.run(request).await;
     if let Some(channel) = channel {
         crate::metrics::count_webhook(channel, response.status().as_u16());
