@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::parts::{TextLimit, Unit};
-use super::platform::{Addressing, Conversation, Scope, chatter, question};
+use super::platform::{Addressing, Conversation, GroupReply, Scope, chatter, question};
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, Fixed, Inbound, InboundRequest, Parsed, Platform, Refused,
     SettingProblem, TokenAnswer, require_settings,
@@ -50,7 +50,8 @@ pub struct LarkChannelConfig {
     /// When to answer in group chats: "mention" (the default), "prefix" or "all".
     #[serde(default)]
     pub group_reply: super::platform::GroupReply,
-    /// Prefixes that make a group message a question (e.g. "/ask").
+    /// Prefixes that make a group message a question (e.g. "/ask"); a reply to one of the
+    /// bot's messages (`parent_id`, looked up) is a question too under "mention".
     #[serde(default)]
     pub prefixes: Vec<String>,
     /// How messages are grouped into conversations: "auto" (a p2p chat per chat; a group
@@ -114,33 +115,46 @@ pub fn parse_event(
     body: &[u8],
     now_secs: i64,
 ) -> Result<Inbound, Refused> {
+    parse_message_event(config, headers, body, now_secs, false).map(|(item, _)| item)
+}
+
+/// Parses a verified event; a message that replies to another names it (`parent_id`), and
+/// is a reply to the bot when `replied_to_bot` (the caller looked the parent up).
+fn parse_message_event(
+    config: &LarkChannelConfig,
+    headers: (Option<&str>, Option<&str>, Option<&str>),
+    body: &[u8],
+    now_secs: i64,
+    replied_to_bot: bool,
+) -> Result<(Inbound, Option<String>), Refused> {
     let v = open_verified(config, headers, body, now_secs)?;
     if v["type"].as_str() == Some("url_verification") {
         token_matches(config, v["token"].as_str())?;
         let challenge = v["challenge"]
             .as_str()
             .ok_or_else(|| Refused::BadRequest("missing field `challenge`".into()))?;
-        return Ok(Inbound::Respond(Fixed {
+        let answer = Inbound::Respond(Fixed {
             status: 200,
             content_type: "application/json",
             body: json!({ "challenge": challenge }).to_string(),
-        }));
+        });
+        return Ok((answer, None));
     }
     require_signed(config, headers)?;
     token_matches(config, v["header"]["token"].as_str())?;
     if v["header"]["event_type"].as_str() != Some("im.message.receive_v1") {
-        return Ok(Inbound::Ignore("not a message event"));
+        return Ok((Inbound::Ignore("not a message event"), None));
     }
     let event_id = v["header"]["event_id"]
         .as_str()
         .ok_or_else(|| Refused::BadRequest("missing field `header.event_id`".into()))?;
     let event = &v["event"];
     if event["sender"]["sender_type"].as_str() != Some("user") {
-        return Ok(Inbound::Ignore("not sent by a user"));
+        return Ok((Inbound::Ignore("not sent by a user"), None));
     }
     let message = &event["message"];
     if message["message_type"].as_str() != Some("text") {
-        return Ok(Inbound::Ignore("not a text message"));
+        return Ok((Inbound::Ignore("not a text message"), None));
     }
     let field = |name: &str| {
         message[name]
@@ -159,8 +173,12 @@ pub fn parse_event(
             config.bot_open_id.is_empty()
                 || m["id"]["open_id"].as_str() == Some(&config.bot_open_id)
         }),
-        reply_to_bot: false,
+        reply_to_bot: replied_to_bot,
     };
+    let parent = message["parent_id"]
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .map(str::to_string);
     let mut text = content["text"].as_str().unwrap_or("").to_string();
     for mention in message["mentions"].as_array().into_iter().flatten() {
         if let Some(key) = mention["key"].as_str() {
@@ -169,14 +187,15 @@ pub fn parse_event(
     }
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if text.is_empty() {
-        return Ok(Inbound::Ignore("empty after removing mentions"));
+        return Ok((Inbound::Ignore("empty after removing mentions"), None));
     }
     let sender = event["sender"]["sender_id"]["open_id"]
         .as_str()
         .unwrap_or("")
         .to_string();
     let Some(text) = question(config.group_reply, &config.prefixes, addressing, &text) else {
-        return Ok(chatter(CHANNEL, &field("chat_id")?, (&sender, None), &text));
+        let said = chatter(CHANNEL, &field("chat_id")?, (&sender, None), &text);
+        return Ok((said, parent));
     };
     let message_id = field("message_id")?;
     // A message in a thread names its root (`root_id`); a question outside one opens a
@@ -192,17 +211,20 @@ pub fn parse_event(
         Some(thread),
         &sender,
     );
-    Ok(Inbound::Message(NewMessage {
-        reply_context: None,
-        channel: CHANNEL.into(),
-        event_id: event_id.to_string(),
-        message_id,
-        conversation_id: conversation.key(),
-        sender_id: sender,
-        sender_name: None,
-        text,
-        trace_context: None,
-    }))
+    Ok((
+        Inbound::Message(NewMessage {
+            reply_context: None,
+            channel: CHANNEL.into(),
+            event_id: event_id.to_string(),
+            message_id,
+            conversation_id: conversation.key(),
+            sender_id: sender,
+            sender_name: None,
+            text,
+            trace_context: None,
+        }),
+        parent,
+    ))
 }
 
 /// Verifies and parses a `card.action.trigger` callback.
@@ -409,6 +431,26 @@ impl LarkChannel {
         })
     }
 
+    /// Whether the message `message_id` was sent by this app (`GET /im/v1/messages/{id}`:
+    /// its sender is the app). A failed lookup counts as no: the message is then chatter,
+    /// and Lark's 3-second answer deadline is kept.
+    async fn sent_by_app(&self, message_id: &str) -> bool {
+        let url = format!("{}/open-apis/im/v1/messages/{message_id}", self.api);
+        match self
+            .call("message get", reqwest::Method::GET, url, &Value::Null)
+            .await
+        {
+            Ok(answer) => {
+                let sender = &answer["data"]["items"][0]["sender"];
+                sender["sender_type"] == "app" && sender["id"] == self.config.app_id.as_str()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e.message, "lark: the replied-to message could not be read");
+                false
+            }
+        }
+    }
+
     /// Updates the card `message_id` (a placeholder) to `reply`: a card answer as its card,
     /// a text answer as a card with the text (`PATCH /im/v1/messages/{id}`, which updates
     /// shared cards, those sent with `config.update_multi`).
@@ -452,19 +494,19 @@ impl LarkChannel {
         body: &Value,
     ) -> Result<Value, DeliveryError> {
         let token = self.tenant_token().await?;
-        let response = self
-            .http
-            .request(method, url)
-            .bearer_auth(token)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| {
-                DeliveryError::retry(format!(
-                    "{what} failed: {}",
-                    crate::redaction::http_error(e)
-                ))
-            })?;
+        let request = self.http.request(method, url).bearer_auth(token);
+        // A body only where there is one (`Value::Null`: a GET).
+        let request = if body.is_null() {
+            request
+        } else {
+            request.json(body)
+        };
+        let response = request.send().await.map_err(|e| {
+            DeliveryError::retry(format!(
+                "{what} failed: {}",
+                crate::redaction::http_error(e)
+            ))
+        })?;
         let status = response.status();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if status.is_success() && answer["code"].as_i64() == Some(0) {
@@ -519,11 +561,28 @@ impl Platform for LarkChannel {
                 request.header(SIGNATURE_HEADER),
             );
             let now = request.now_ms / 1000;
-            Ok(Parsed::one(if card {
-                parse_card_action(&self.config, parts, request.body, now)?
-            } else {
-                parse_event(&self.config, parts, request.body, now)?
-            }))
+            if card {
+                return Ok(Parsed::one(parse_card_action(
+                    &self.config,
+                    parts,
+                    request.body,
+                    now,
+                )?));
+            }
+            let (item, parent) =
+                parse_message_event(&self.config, parts, request.body, now, false)?;
+            // A group message that replies to one of the bot's messages is a question: its
+            // parent is looked up only when nothing else made it one.
+            let item = match (item, parent) {
+                (Inbound::Chatter(_), Some(parent))
+                    if self.config.group_reply == GroupReply::Mention
+                        && self.sent_by_app(&parent).await =>
+                {
+                    parse_message_event(&self.config, parts, request.body, now, true)?.0
+                }
+                (item, _) => item,
+            };
+            Ok(Parsed::one(item))
         })
     }
 

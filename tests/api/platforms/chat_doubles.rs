@@ -326,7 +326,8 @@ fn lark_post_valid(content: &Value) -> bool {
 }
 
 /// Lark: replies to a message (`POST /im/v1/messages/{id}/reply`, `uuid` dropping a repeat
-/// within the hour, an optional boolean `reply_in_thread`) and card updates (`PATCH /im/v1/messages/{id}`), ids `om_<n>`.
+/// within the hour, an optional boolean `reply_in_thread`), getting one (`GET
+/// /im/v1/messages/{id}`, its sender the app) and card updates (`PATCH /im/v1/messages/{id}`), ids `om_<n>`.
 #[derive(Clone, Default)]
 pub(crate) struct LarkMessages(Shared);
 
@@ -342,6 +343,19 @@ impl Respond for LarkMessages {
         if !authed {
             return ResponseTemplate::new(400)
                 .set_body_json(json!({"code": 99991663, "msg": "Invalid access token"}));
+        }
+        if request.method.as_str() == "GET" {
+            // Get a message: the app's own messages, as sent through this double.
+            let id = request.url.path().rsplit('/').next().unwrap_or("");
+            let messages = self.0.lock().unwrap();
+            return match messages.by_id.get(id) {
+                Some(held) => ResponseTemplate::new(200).set_body_json(json!({
+                    "code": 0, "msg": "success", "data": {"items": [{
+                        "message_id": id, "msg_type": held.kind,
+                        "sender": {"id": "cli_x", "id_type": "app_id", "sender_type": "app"},
+                        "body": {"content": held.content.to_string()}}]}})),
+                None => refuse(230011, "the message was not found"),
+            };
         }
         let body = body_of(request);
         // A card's request body holds at most 30 KB, a text or post message's 150 KB.

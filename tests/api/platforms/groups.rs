@@ -526,3 +526,38 @@ async fn group_chatter_is_kept_as_context_for_the_next_question() {
     assert!(kept.is_empty());
     app.stop().await;
 }
+
+/// Lark: a group message replying to one of the bot's messages (`parent_id`, looked up with
+/// `GET /im/v1/messages/{id}`: its sender is the app) is a question without a mention; a
+/// reply to a member's message is chatter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lark_replies_to_the_bot_are_questions() {
+    let api = platform_api().await;
+    mount_lark(&api).await;
+    let uri = api.uri();
+    let app = spawn_platforms(&api, move |c| enable_lark(c, &uri, "default")).await;
+    let asked = lark_message("ev-r1", "om_r1", "user", "@_user_1 年假有几天？");
+    let first = task_id_of(app.lark("/webhooks/lark", &asked, LARK_KEY, now()).await).await;
+    let answered = app.wait_replied(first, WAIT).await;
+    let answer = answered["reply"]["platform_message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut reply = lark_message("ev-r2", "om_r2", "user", "病假呢？");
+    reply["event"]["message"]["mentions"] = json!([]);
+    reply["event"]["message"]["parent_id"] = json!(answer);
+    reply["event"]["message"]["root_id"] = json!("om_r1");
+    let second = task_id_of(app.lark("/webhooks/lark", &reply, LARK_KEY, now()).await).await;
+    let task = app.wait_replied(second, WAIT).await;
+    assert_eq!(task["reply"]["content"]["text"], "answer to: 病假呢？");
+    assert_eq!(
+        task["conversation_id"], "oc_chat#t=om_r1",
+        "in the question's thread"
+    );
+    let mut other = lark_message("ev-r3", "om_r3", "user", "谢谢");
+    other["event"]["message"]["mentions"] = json!([]);
+    other["event"]["message"]["parent_id"] = json!("om_r1");
+    ignored(app.lark("/webhooks/lark", &other, LARK_KEY, now()).await).await;
+    assert_eq!(counts(&app).await, (2, 2));
+    app.stop().await;
+}

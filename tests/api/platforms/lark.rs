@@ -85,6 +85,11 @@ pub(crate) async fn mount_lark(api: &MockServer) {
         .await;
     Mock::given(method("PATCH"))
         .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+$"))
+        .respond_with(messages.clone())
+        .mount(api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+$"))
         .respond_with(messages)
         .mount(api)
         .await;
