@@ -118,6 +118,30 @@ pub fn parse_event(
     parse_message_event(config, headers, body, now_secs, false).map(|(item, _)| item)
 }
 
+/// The answer to Lark's URL verification: its challenge, when its token is ours.
+fn challenge_answer(config: &LarkChannelConfig, v: &Value) -> Result<Inbound, Refused> {
+    token_matches(config, v["token"].as_str())?;
+    let challenge = v["challenge"]
+        .as_str()
+        .ok_or_else(|| Refused::BadRequest("missing field `challenge`".into()))?;
+    Ok(Inbound::Respond(Fixed {
+        status: 200,
+        content_type: "application/json",
+        body: json!({ "challenge": challenge }).to_string(),
+    }))
+}
+
+/// A message's text without its `@_user_n` mention keys, spaces collapsed.
+fn without_mentions(text: &str, message: &Value) -> String {
+    let mut text = text.to_string();
+    for mention in message["mentions"].as_array().into_iter().flatten() {
+        if let Some(key) = mention["key"].as_str() {
+            text = text.replace(key, "");
+        }
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Parses a verified event; a message that replies to another names it (`parent_id`), and
 /// is a reply to the bot when `replied_to_bot` (the caller looked the parent up).
 fn parse_message_event(
@@ -129,16 +153,7 @@ fn parse_message_event(
 ) -> Result<(Inbound, Option<String>), Refused> {
     let v = open_verified(config, headers, body, now_secs)?;
     if v["type"].as_str() == Some("url_verification") {
-        token_matches(config, v["token"].as_str())?;
-        let challenge = v["challenge"]
-            .as_str()
-            .ok_or_else(|| Refused::BadRequest("missing field `challenge`".into()))?;
-        let answer = Inbound::Respond(Fixed {
-            status: 200,
-            content_type: "application/json",
-            body: json!({ "challenge": challenge }).to_string(),
-        });
-        return Ok((answer, None));
+        return Ok((challenge_answer(config, &v)?, None));
     }
     require_signed(config, headers)?;
     token_matches(config, v["header"]["token"].as_str())?;
@@ -179,13 +194,7 @@ fn parse_message_event(
         .as_str()
         .filter(|p| !p.is_empty())
         .map(str::to_string);
-    let mut text = content["text"].as_str().unwrap_or("").to_string();
-    for mention in message["mentions"].as_array().into_iter().flatten() {
-        if let Some(key) = mention["key"].as_str() {
-            text = text.replace(key, "");
-        }
-    }
-    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = without_mentions(content["text"].as_str().unwrap_or(""), message);
     if text.is_empty() {
         return Ok((Inbound::Ignore("empty after removing mentions"), None));
     }
