@@ -3,6 +3,9 @@
 //! webhook); its "send" is the outbox row itself, which the page reads back, and the text
 //! of an answer being streamed is kept for the page to poll (`Platform::keeps_live_text`).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use super::platform::{
     BoxFuture, Delivered, DeliveryError, InboundRequest, Parsed, Platform, Refused, no_route,
 };
@@ -17,16 +20,23 @@ pub struct ConsoleChannelConfig {
     pub agent: String,
 }
 
-/// The console as a platform.
+/// The console as a platform, with the streamed text so far of its tasks running here.
 pub struct ConsoleChannel {
     config: ConsoleChannelConfig,
+    live: Mutex<HashMap<i64, String>>,
 }
 
 impl ConsoleChannel {
     pub fn new(config: &ConsoleChannelConfig) -> Self {
         ConsoleChannel {
             config: config.clone(),
+            live: Mutex::default(),
         }
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<i64, String>> {
+        // A poisoned lock only means a panic mid-insert; the map is still valid.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The page reads its replies from the outbox: delivery is the record itself.
@@ -50,6 +60,17 @@ impl Platform for ConsoleChannel {
 
     fn keeps_live_text(&self) -> bool {
         true
+    }
+
+    fn keep_live_text(&self, task_id: i64, text: Option<&str>) {
+        match text {
+            Some(text) => self.live().insert(task_id, text.to_string()),
+            None => self.live().remove(&task_id),
+        };
+    }
+
+    fn live_text(&self, task_id: i64) -> Option<String> {
+        self.live().get(&task_id).cloned()
     }
 }
 

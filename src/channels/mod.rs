@@ -182,6 +182,18 @@ impl Channels {
         self.get(channel).is_some_and(|p| p.keeps_live_text())
     }
 
+    /// Keeps (`Some`) or forgets (`None`) the streamed text so far of a task on `channel`.
+    pub fn keep_live_text(&self, channel: &str, task_id: i64, text: Option<&str>) {
+        if let Some(platform) = self.get(channel) {
+            platform.keep_live_text(task_id, text);
+        }
+    }
+
+    /// The streamed text so far of a task on `channel` running here.
+    pub fn live_text(&self, channel: &str, task_id: i64) -> Option<String> {
+        self.get(channel).and_then(|p| p.live_text(task_id))
+    }
+
     /// Whether a streamed answer on `channel` is shown as progress lines.
     pub fn streams_progress(&self, channel: &str) -> bool {
         self.get(channel).is_some_and(|p| p.streams_progress())

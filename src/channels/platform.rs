@@ -616,6 +616,14 @@ pub trait Platform: Send + Sync {
         false
     }
 
+    /// Keeps (`Some`) or forgets (`None`) the streamed text so far of a task running here.
+    fn keep_live_text(&self, _task_id: i64, _text: Option<&str>) {}
+
+    /// The streamed text so far of a task running here, if it streams to this platform.
+    fn live_text(&self, _task_id: i64) -> Option<String> {
+        None
+    }
+
     /// Whether a streamed answer is shown as progress lines (`progress`) while it is being
     /// written, on a platform that cannot edit a sent message.
     fn streams_progress(&self) -> bool {

@@ -160,8 +160,10 @@ impl Feedback {
     /// The answer so far (or a progress line): shown when the pace allows.
     pub fn show(self: &Arc<Self>, text: &str) {
         if self.mode == Mode::Live {
-            // Forgotten when the run ends (`RunningTasks::track`).
-            self.svc.running.set_live_text(self.fence.task_id, text);
+            // Forgotten when the run's feedback goes (`Drop`).
+            self.svc
+                .channels
+                .keep_live_text(&self.channel, self.fence.task_id, Some(text));
             return;
         }
         // A message holds only so much: past the platform's limit, the message shows the
@@ -349,6 +351,17 @@ impl Feedback {
             send_key: None,
             parts_sent: 0,
             reply_context: None,
+        }
+    }
+}
+
+impl Drop for Feedback {
+    /// The run is over: a kept live text goes (the answer is in the outbox now).
+    fn drop(&mut self) {
+        if self.mode == Mode::Live {
+            self.svc
+                .channels
+                .keep_live_text(&self.channel, self.fence.task_id, None);
         }
     }
 }

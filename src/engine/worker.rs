@@ -32,13 +32,9 @@ pub struct Worker {
     pub channels: Arc<crate::channels::Channels>,
 }
 
-/// Tasks this instance is running, with the token that stops each (cancel, lost lease), and
-/// the streamed answer so far of those that stream to the console.
+/// Tasks this instance is running, with the token that stops each (cancel, lost lease).
 #[derive(Default)]
-pub struct RunningTasks(
-    Mutex<HashMap<i64, CancellationToken>>,
-    Mutex<HashMap<i64, String>>,
-);
+pub struct RunningTasks(Mutex<HashMap<i64, CancellationToken>>);
 
 impl RunningTasks {
     /// Records (`Some`) or forgets (`None`) the stop token of a task running here.
@@ -51,25 +47,8 @@ impl RunningTasks {
             }
             None => {
                 running.remove(&task_id);
-                drop(running);
-                self.1
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&task_id);
             }
         }
-    }
-
-    /// Records the streamed answer so far of a task running here (the console shows it).
-    pub fn set_live_text(&self, task_id: i64, text: &str) {
-        let mut live = self.1.lock().unwrap_or_else(|p| p.into_inner());
-        live.insert(task_id, text.to_string());
-    }
-
-    /// The streamed answer so far of a task running here, if it streams.
-    pub fn live_text(&self, task_id: i64) -> Option<String> {
-        let live = self.1.lock().unwrap_or_else(|p| p.into_inner());
-        live.get(&task_id).cloned()
     }
 
     /// Tells a task running in this instance to stop before its next side effect.

@@ -130,7 +130,7 @@ async fn conversation(
         // The streamed answer so far, while the task runs on this instance.
         let partial = answer
             .is_none()
-            .then(|| svc.control.running.live_text(task.id))
+            .then(|| svc.channels.live_text(console::CHANNEL, task.id))
             .flatten();
         out.push(json!({
             "task_id": task.id,
