@@ -525,6 +525,9 @@ pub struct ReplyRow {
     /// How many numbered parts of a reply too long for one message the platform has
     /// accepted (see `channels::parts`): a resumed delivery sends only the rest.
     pub parts_sent: i64,
+    /// The messages a streamed answer already shows its parts 2, 3, … in (`{"2": "<id>"}`),
+    /// which its delivery edits.
+    pub streamed_parts: Option<String>,
     /// The answered message's `reply_context` (DingTalk's session webhook), read by the
     /// outbox for platforms that want it; not a column of the reply.
     #[sqlx(skip)]

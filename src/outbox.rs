@@ -309,6 +309,11 @@ async fn send_parts(
 ) -> Result<Outcome, DeliveryError> {
     let total = parts.len();
     let start = usize::try_from(reply.parts_sent).unwrap_or(0).min(total);
+    let streamed: serde_json::Map<String, serde_json::Value> = reply
+        .streamed_parts
+        .as_deref()
+        .and_then(|p| serde_json::from_str(p).ok())
+        .unwrap_or_default();
     let mut first = reply.platform_message_id.clone();
     for (k, content) in parts.into_iter().enumerate().skip(start) {
         // The parts before `k` are recorded already: the reply waits for the chat's pace
@@ -321,15 +326,29 @@ async fn send_parts(
         let mut part = reply.clone();
         part.content = content;
         part.reply_type = crate::domain::ReplyType::Text;
+        // A part the streamed answer already shows is edited into its final text.
+        let streamed = streamed
+            .get(&(k + 1).to_string())
+            .and_then(|id| id.as_str());
         if k > 0 {
             part.idempotency_key = format!("{}-part-{}", reply.idempotency_key, k + 1);
-            part.edit = false;
-            part.platform_message_id = None;
+            part.edit = streamed.is_some();
+            part.platform_message_id = streamed.map(str::to_string);
         }
         let delivered = if part.edit {
             svc.channels.edit(&part).await?
         } else {
-            svc.channels.send(&part).await?
+            let sent = svc.channels.send(&part).await?;
+            if k > 0 && reply.edit && svc.channels.streams_parts(&reply.channel) {
+                // The stream may have sent this part before a crash lost its id: the send
+                // was then dropped as a repeat and answered with that message, which may
+                // still show streamed text. An edit to the final text settles it.
+                part.platform_message_id = sent.platform_message_id.clone();
+                if part.platform_message_id.is_some() {
+                    svc.channels.edit(&part).await?;
+                }
+            }
+            sent
         };
         tracing::info!(key = %part.idempotency_key, part = k + 1, parts = total, "reply part delivered");
         if k == 0 {

@@ -247,6 +247,22 @@ impl Channels {
         )
     }
 
+    /// Whether a streamed answer on `channel` goes on in its next parts while it is written
+    /// (an editable platform that drops repeated sends by key), rather than stopping at its
+    /// first part until the answer is complete.
+    pub fn streams_parts(&self, channel: &str) -> bool {
+        self.get(channel)
+            .is_some_and(|p| p.can_edit() && p.send_is_idempotent())
+    }
+
+    /// The messages a streamed text of `channel` is shown in (see `parts::streamed_pieces`).
+    pub fn streamed_pieces(&self, channel: &str, text: &str) -> Vec<String> {
+        match self.get(channel) {
+            Some(platform) => parts::streamed_pieces(text, &platform.text_limit()),
+            None => vec![text.to_string()],
+        }
+    }
+
     /// What a streamed answer may show in one message of `channel`: the text so far while
     /// it fits, else its first part (the rest follows as the answer's next parts).
     pub fn streamed_view(&self, channel: &str, text: &str) -> String {

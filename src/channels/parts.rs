@@ -177,6 +177,19 @@ fn pieces<'a>(text: &'a str, limit: &TextLimit) -> Vec<&'a str> {
     pieces
 }
 
+/// A streamed text as the messages that show it: itself while it fits, else the pieces its
+/// final parts will hold (each cut as `split` cuts it, without the `(k/n) ` marker, for
+/// which room is left; a piece followed by more text is final, the last one still grows).
+pub fn streamed_pieces(text: &str, limit: &TextLimit) -> Vec<String> {
+    if limit.fits(text) {
+        return vec![text.to_string()];
+    }
+    pieces(text, limit)
+        .into_iter()
+        .map(str::to_string)
+        .collect()
+}
+
 /// What a streamed answer may show in the message being edited: the text so far while it
 /// fits, else its first piece (the rest follows as parts of the answer).
 pub fn first_piece(text: &str, limit: &TextLimit) -> String {

@@ -605,6 +605,14 @@ pub trait Platform: Send + Sync {
         false
     }
 
+    /// Whether a repeated send under the same key shows one message (the platform drops
+    /// repeats by the key: Matrix transaction ids, Lark `uuid`s): a streamed answer may
+    /// then go on in its next parts while it is written, since a part whose message id was
+    /// lost in a crash is found again by sending it once more.
+    fn send_is_idempotent(&self) -> bool {
+        false
+    }
+
     /// Whether `send` needs the answered message's `reply_context` on the reply row.
     fn wants_reply_context(&self) -> bool {
         false

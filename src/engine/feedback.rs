@@ -40,6 +40,8 @@ pub struct Feedback {
     stream_every: Option<Duration>,
     /// The platform shows "typing…" meanwhile: the placeholder waits for streamed text.
     typing: bool,
+    /// A streamed text past one message goes on in the next parts (`Channels::streams_parts`).
+    continues: bool,
     mode: Mode,
     state: Mutex<State>,
 }
@@ -74,6 +76,9 @@ struct State {
     latest: String,
     /// The last progress revision posted (`Mode::Progress`).
     revision: i64,
+    /// Parts 2, 3, … of a streamed answer that goes on in its next parts (`streams_parts`):
+    /// each one's message id once sent, and the text it shows.
+    parts: Vec<(Option<String>, String)>,
     /// The job in flight (one at a time), and whether it must be awaited before the answer
     /// (a queueing or an edit; a lookup is simply stopped).
     busy: Option<(JoinHandle<()>, bool)>,
@@ -123,6 +128,7 @@ impl Feedback {
             stream_every: (replies.stream_edit_ms > 0)
                 .then(|| Duration::from_millis(replies.stream_edit_ms)),
             typing,
+            continues: mode == Mode::Placeholder && svc.channels.streams_parts(&task.channel),
             mode,
             state: Mutex::new(State::default()),
         });
@@ -167,8 +173,13 @@ impl Feedback {
             return;
         }
         // A message holds only so much: past the platform's limit, the message shows the
-        // answer's first part, and the rest follows as the answer's next parts.
-        let text = self.svc.channels.streamed_view(&self.channel, text);
+        // answer's first part, and the rest goes on in the next parts where the platform
+        // drops repeated sends (`streams_parts`), else follows as the answer's next parts.
+        let text = if self.continues {
+            text.to_string()
+        } else {
+            self.svc.channels.streamed_view(&self.channel, text)
+        };
         self.lock().latest = text;
         self.poke();
     }
@@ -214,36 +225,9 @@ impl Feedback {
             state.shown = state.latest.clone();
             state.revision += 1;
             Job::Progress(state.revision, state.latest.clone())
-        } else if !state.queued {
-            let due = now.duration_since(self.started) >= self.after;
-            if !due || (self.typing && state.latest.is_empty()) {
-                return;
-            }
-            state.queued = true;
-            let text = if state.latest.is_empty() {
-                self.placeholder.clone()
-            } else {
-                state.latest.clone()
-            };
-            state.shown = text.clone();
-            Job::Queue(text)
         } else {
-            let Some(every) = self.stream_every else {
-                return;
-            };
-            if state.latest == state.shown || state.last_edit.is_some_and(|t| now - t < every) {
-                return;
-            }
-            match state.message_id.clone() {
-                Some(id) => {
-                    state.last_edit = Some(now);
-                    state.shown = state.latest.clone();
-                    Job::Edit(id, state.latest.clone())
-                }
-                None if state.looked_up.is_none_or(|t| now - t >= every) => {
-                    state.looked_up = Some(now);
-                    Job::Find
-                }
+            match self.placeholder_job(&mut state, now) {
+                Some(job) => job,
                 None => return,
             }
         };
@@ -259,6 +243,68 @@ impl Feedback {
             .in_current_span(),
         );
         state.busy = Some((handle, awaited));
+    }
+
+    /// The next thing due for the placeholder: queue it, find its message id, edit it, or
+    /// send or edit the next parts of a text that outgrew it.
+    fn placeholder_job(&self, state: &mut State, now: Instant) -> Option<Job> {
+        let pieces = if self.continues {
+            self.svc
+                .channels
+                .streamed_pieces(&self.channel, &state.latest)
+        } else {
+            vec![state.latest.clone()]
+        };
+        let first = pieces.first().cloned().unwrap_or_default();
+        if !state.queued {
+            let due = now.duration_since(self.started) >= self.after;
+            if !due || (self.typing && state.latest.is_empty()) {
+                return None;
+            }
+            state.queued = true;
+            let text = if first.is_empty() {
+                self.placeholder.clone()
+            } else {
+                first
+            };
+            state.shown = text.clone();
+            return Some(Job::Queue(text));
+        }
+        let every = self.stream_every?;
+        if state.last_edit.is_some_and(|t| now - t < every) {
+            return None;
+        }
+        let Some(id) = state.message_id.clone() else {
+            // The placeholder is being sent: its id, before anything is shown in it.
+            if first == state.shown || state.looked_up.is_some_and(|t| now - t < every) {
+                return None;
+            }
+            state.looked_up = Some(now);
+            return Some(Job::Find);
+        };
+        if first != state.shown {
+            state.last_edit = Some(now);
+            state.shown = first.clone();
+            return Some(Job::Edit(id, first));
+        }
+        // The first part shows its final text: the next part that shows less than its
+        // piece is sent, or edited.
+        let (k, piece) = pieces.into_iter().enumerate().skip(1).find(|(k, piece)| {
+            state
+                .parts
+                .get(k - 1)
+                .is_none_or(|(_, shown)| shown != piece)
+        })?;
+        if state.parts.len() < k {
+            state.parts.resize(k, (None, String::new()));
+        }
+        let part = &mut state.parts[k - 1];
+        part.1 = piece.clone();
+        state.last_edit = Some(now);
+        Some(match part.0.clone() {
+            Some(id) => Job::EditPart(k + 1, id, piece),
+            None => Job::SendPart(k + 1, piece),
+        })
     }
 
     async fn run(self: &Arc<Self>, job: Job) {
@@ -309,6 +355,22 @@ impl Feedback {
                     tracing::debug!(error = %e, "streamed edit not shown");
                 }
             }
+            Job::SendPart(part, text) => self.send_part(part, text).await,
+            Job::EditPart(part, message_id, text) => {
+                if svc
+                    .channels
+                    .admit(&self.channel, &self.conversation_id, now_ms())
+                    .is_err()
+                {
+                    self.forget_part_shown(part);
+                    return;
+                }
+                let mut edit = self.partial_reply(message_id, text);
+                edit.idempotency_key = format!("{}-part-{part}", self.key);
+                if let Err(e) = svc.channels.edit(&edit).await {
+                    tracing::debug!(part, error = %e, "streamed edit of a part not shown");
+                }
+            }
             Job::Progress(revision, text) => {
                 let update = crate::channels::platform::Progress {
                     key: format!("{}-progress-{revision}", self.key),
@@ -325,6 +387,58 @@ impl Feedback {
                     Err(_) => tracing::debug!(revision, "progress not shown in time"),
                 }
             }
+        }
+    }
+
+    /// Sends part `part` (≥ 2) of a streamed answer under its key `<key>-part-<part>` and
+    /// records its message id on the placeholder's row, for the answer to edit. A crash
+    /// between the two loses only the id: the answer's delivery sends the part again under
+    /// the same key, which the platform drops as a repeat (`send_is_idempotent`).
+    async fn send_part(&self, part: usize, text: String) {
+        let svc = &self.svc;
+        if svc
+            .channels
+            .admit(&self.channel, &self.conversation_id, now_ms())
+            .is_err()
+        {
+            self.forget_part_shown(part);
+            return;
+        }
+        let mut reply = self.partial_reply(String::new(), text);
+        reply.idempotency_key = format!("{}-part-{part}", self.key);
+        reply.edit = false;
+        reply.platform_message_id = None;
+        // Sent as a placeholder is (on Lark a card, the kind of message that can be edited).
+        reply.placeholder = true;
+        match svc.channels.send(&reply).await {
+            Ok(delivered) => {
+                let Some(id) = delivered.platform_message_id else {
+                    return;
+                };
+                if let Some(slot) = self.lock().parts.get_mut(part - 2) {
+                    slot.0 = Some(id.clone());
+                }
+                match svc
+                    .store
+                    .note_streamed_part(&self.fence, &self.key, part, &id)
+                    .await
+                {
+                    Ok(true) => tracing::info!(key = %reply.idempotency_key, "streamed part sent"),
+                    Ok(false) => tracing::debug!(part, "streamed part not recorded: the run ended"),
+                    Err(e) => tracing::warn!(part, error = %e, "recording a streamed part failed"),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(part, error = %e, "streamed part not sent");
+                self.forget_part_shown(part);
+            }
+        }
+    }
+
+    /// Part `part` was not shown after all: it is due again with the next text.
+    fn forget_part_shown(&self, part: usize) {
+        if let Some(slot) = self.lock().parts.get_mut(part - 2) {
+            slot.1.clear();
         }
     }
 
@@ -350,6 +464,7 @@ impl Feedback {
             edit: true,
             send_key: None,
             parts_sent: 0,
+            streamed_parts: None,
             reply_context: None,
         }
     }
@@ -375,6 +490,10 @@ enum Job {
     Edit(String, String),
     /// Post the text so far as this progress revision.
     Progress(i64, String),
+    /// Send part k (≥ 2) of a streamed text, with this text.
+    SendPart(usize, String),
+    /// Edit part k's message to this text.
+    EditPart(usize, String, String),
 }
 
 /// How often the typing indicator of `channel` is renewed, when it is shown at all

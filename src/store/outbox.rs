@@ -10,7 +10,7 @@ use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
      reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \
      created_at, sent_at, (placeholder = 1) AS placeholder, (edit = 1) AS edit, send_key, \
-     parts_sent";
+     parts_sent, streamed_parts";
 
 /// The claim's choice of due replies (parameters: `$3` now, `$4` limit, `$5` the creation
 /// time before which a reply stops waiting for older ones): PENDING, due, not leased, and
@@ -102,6 +102,51 @@ impl Store {
             .await?
             .flatten()
         }))
+    }
+
+    /// Records that the streamed answer of the run `fence` holds shows its part `part` (≥ 2)
+    /// in the platform message `message_id`, on its placeholder's row (`key`), while the run
+    /// still owns its task. Returns whether it was recorded.
+    pub async fn note_streamed_part(
+        &self,
+        fence: &crate::domain::Fence,
+        key: &str,
+        part: usize,
+        message_id: &str,
+    ) -> StoreResult<bool> {
+        let row: Option<(i64, Option<String>)> = on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT id, streamed_parts FROM outbound_reply WHERE idempotency_key = $1 \
+                 AND placeholder = 1",
+            )
+            .bind(key)
+            .fetch_optional(pool)
+            .await?
+        });
+        let Some((id, parts)) = row else {
+            return Ok(false);
+        };
+        let mut parts: serde_json::Map<String, serde_json::Value> = parts
+            .and_then(|p| serde_json::from_str(&p).ok())
+            .unwrap_or_default();
+        parts.insert(part.to_string(), serde_json::json!(message_id));
+        let parts = serde_json::Value::Object(parts).to_string();
+        let done = write_tx!(self, tx => {
+            sqlx::query(
+                "UPDATE outbound_reply SET streamed_parts = $1 WHERE id = $2 AND placeholder = 1 \
+                 AND EXISTS (SELECT 1 FROM agent_task WHERE id = $3 AND owner = $4 \
+                 AND version = $5 AND status = 'RUNNING')",
+            )
+            .bind(&parts)
+            .bind(id)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
     }
 
     /// Takes up to `limit` due PENDING replies for `owner` until `lease_until`, counting the

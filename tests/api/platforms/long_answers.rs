@@ -496,3 +496,108 @@ async fn the_next_answer_waits_for_every_part_of_a_long_one() {
     check_parts("wecom (then the next answer)", long, |t| t.len() <= 2048);
     app.stop().await;
 }
+
+/// Issue 33, part 3, streaming: on a platform that drops repeated sends by key (Matrix), a
+/// streamed answer that outgrows its message goes on in the next part while it is being
+/// written — part 2 is sent once under `<key>-part-2` and edited as the text grows — and the
+/// answer's delivery edits the streamed parts into their final `(k/n) ` texts instead of
+/// sending them again; no event ever exceeds the homeserver's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_goes_on_in_its_next_parts_on_matrix() {
+    let api = MockServer::start().await;
+    let rooms = mount_room_sends(&api).await;
+    rooms.room("!long:hs", &["@ada:hs"], Some("@ada:hs"));
+    let answer = huge_answer();
+    let model =
+        crate::strict_model::SlowStreamingModel::start(&answer, 2_000, Duration::from_millis(40))
+            .await;
+    let (uri, model_uri) = (api.uri(), model.uri.clone());
+    let app = TestApp::spawn_with(
+        MockServer::start().await,
+        accepting_receiver().await,
+        move |c| {
+            enable_matrix(c, &uri);
+            c.llm.base_url = format!("{model_uri}/v1");
+            c.replies.stream_edit_ms = 60;
+            c.replies.placeholder_after_ms = 0;
+        },
+    )
+    .await;
+    let mx = json!([{"type": "m.room.message", "room_id": "!long:hs", "sender": "@ada:hs",
+        "event_id": "$long", "origin_server_ts": 1, "content": {"msgtype": "m.text", "body": "the travel policy, all of it?"}}]);
+    assert_eq!(app.matrix_txn("t-long", mx).await.status(), 200);
+    let id = crate::platforms::groups::conversation_tasks(&app, "!long:hs").await[0];
+    let task = app.wait_replied(id, WAIT).await;
+    // (txn id, body) of every room send, in order.
+    let sends: Vec<(String, Value)> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.method.as_str() == "PUT" && r.url.path().contains("/send/"))
+        .map(|r| {
+            assert!(r.body.len() <= 65_536, "an event over the limit");
+            let txn = r.url.path().rsplit('/').next().unwrap();
+            (
+                percent_encoding::percent_decode_str(txn)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+                serde_json::from_slice(&r.body).unwrap(),
+            )
+        })
+        .collect();
+    let key = format!("agent-task-{id}");
+    let part2 = format!("{key}-part-2");
+    let part2_sends: Vec<&(String, Value)> = sends.iter().filter(|(t, _)| *t == part2).collect();
+    assert_eq!(part2_sends.len(), 1, "part 2 sent once");
+    // The events as the double numbers them: `$e<n>` in the order of new transaction ids
+    // (a repeated one answers its first event).
+    let mut events: Vec<(String, String, &Value)> = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (txn, body) in &sends {
+        let n = seen.len() + 1;
+        let id = seen.entry(txn.clone()).or_insert(format!("$e{n}")).clone();
+        events.push((txn.clone(), id, body));
+    }
+    let event_of = |txn: &str| {
+        events
+            .iter()
+            .find(|(t, _, _)| t == txn)
+            .map(|(_, id, _)| id.clone())
+    };
+    let final_of = |event: &str| {
+        events
+            .iter()
+            .rev()
+            .find(|(_, _, b)| {
+                b["m.relates_to"]["rel_type"] == "m.replace"
+                    && b["m.relates_to"]["event_id"] == event
+            })
+            .map(|(_, _, b)| b["m.new_content"]["body"].as_str().unwrap().to_string())
+    };
+    let part2_event = event_of(&part2).unwrap();
+    let edits_of_part2 = events
+        .iter()
+        .filter(|(_, _, b)| b["m.relates_to"]["event_id"] == part2_event.as_str())
+        .count();
+    assert!(
+        edits_of_part2 >= 2,
+        "part 2 grew while streamed, then took its final text: {edits_of_part2} edits"
+    );
+    let last = final_of(&part2_event).unwrap();
+    assert!(last.starts_with("(2/"), "{}", &last[..20]);
+    // The final parts: part 1 (the placeholder, edited) and every later part as its last
+    // edit shows it (streamed) or as it was sent, numbered, together the whole answer.
+    let placeholder_event = task["reply"]["platform_message_id"].as_str().unwrap();
+    let mut finals = vec![final_of(placeholder_event).unwrap()];
+    for k in 2.. {
+        let txn = format!("{key}-part-{k}");
+        let Some(event) = event_of(&txn) else { break };
+        let sent = events.iter().find(|(t, _, _)| *t == txn).unwrap().2;
+        finals.push(final_of(&event).unwrap_or_else(|| sent["body"].as_str().unwrap().to_string()));
+    }
+    check_parts_of("matrix (streamed)", &answer, &finals, |t| {
+        serde_json::to_string(t).unwrap().len() <= 30_000
+    });
+    app.stop().await;
+}
