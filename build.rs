@@ -1,5 +1,6 @@
 //! Probes, at build time, for the outside packages some integration tests run against (the
-//! real llama.cpp server, the reference MCP SDK, Chromium, PyYAML, the Prometheus parser)
+//! real llama.cpp server, the reference MCP SDK, Chromium, PyYAML, the Prometheus parser, the
+//! Telegram and WeCom SDKs)
 //! and sets one `assistd_has_*` cfg for each that is there. A test that needs a missing one
 //! is compiled as `#[ignore = "<what to install>"]`, so `cargo test` on a machine with only
 //! the Rust toolchain passes and names what it did not run, never counting it as passed.
@@ -33,6 +34,11 @@ const PROBES: &[(&str, Probe, &str)] = &[
         "assistd_has_prometheus",
         Probe::Python("import prometheus_client.openmetrics.parser"),
         "the Prometheus parser: pip install 'prometheus-client>=0.20,<1'",
+    ),
+    (
+        "assistd_has_platform_sdks",
+        Probe::Python("import telegram, wechatpy.enterprise.crypto, cryptography"),
+        "the platforms' SDKs: pip install 'python-telegram-bot==21.11.1' 'wechatpy==1.8.18' 'cryptography>=42'",
     ),
     (
         "assistd_has_postgres_server",

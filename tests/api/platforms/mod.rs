@@ -19,6 +19,7 @@ pub(crate) mod matrix;
 mod pacing;
 mod placeholders;
 mod scopes;
+mod sdk_inputs;
 mod secrets;
 mod slack;
 mod telegram;
