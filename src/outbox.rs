@@ -335,14 +335,22 @@ async fn send_parts(
             part.edit = streamed.is_some();
             part.platform_message_id = streamed.map(str::to_string);
         }
+        // The stream may have sent this part before a crash (or a lost answer) kept its id
+        // from being recorded: the send is then dropped as a repeat and answered with that
+        // message, which may still show streamed text; so the part goes as the editable
+        // kind of message streamed parts are, and an edit to the final text settles it.
+        let unrecorded =
+            k > 0 && !part.edit && reply.edit && svc.channels.streams_parts(&reply.channel);
+        if unrecorded {
+            part.placeholder = true;
+        }
         let delivered = if part.edit {
             svc.channels.edit(&part).await?
         } else {
             let sent = svc.channels.send(&part).await?;
-            if k > 0 && reply.edit && svc.channels.streams_parts(&reply.channel) {
-                // The stream may have sent this part before a crash lost its id: the send
-                // was then dropped as a repeat and answered with that message, which may
-                // still show streamed text. An edit to the final text settles it.
+            if unrecorded {
+                part.placeholder = false;
+                part.edit = true;
                 part.platform_message_id = sent.platform_message_id.clone();
                 if part.platform_message_id.is_some() {
                     svc.channels.edit(&part).await?;

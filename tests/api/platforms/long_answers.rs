@@ -601,3 +601,220 @@ async fn a_streamed_answer_goes_on_in_its_next_parts_on_matrix() {
     });
     app.stop().await;
 }
+
+/// The same on Lark (a reply's `uuid` drops a repeat): part 2 goes once as an editable card
+/// while the answer streams, is updated (`PATCH`) as it grows, and ends as its final part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_goes_on_in_its_next_parts_on_lark() {
+    let api = MockServer::start().await;
+    mount_lark(&api).await;
+    let answer = huge_answer();
+    let model =
+        crate::strict_model::SlowStreamingModel::start(&answer, 2_000, Duration::from_millis(40))
+            .await;
+    let (uri, model_uri) = (api.uri(), model.uri.clone());
+    let app = TestApp::spawn_with(
+        MockServer::start().await,
+        accepting_receiver().await,
+        move |c| {
+            enable_lark(c, &uri, "default");
+            c.llm.base_url = format!("{model_uri}/v1");
+            c.replies.stream_edit_ms = 60;
+            c.replies.placeholder_after_ms = 0;
+        },
+    )
+    .await;
+    let asked = lark_message("ev-stream", "om_q", "user", "@_user_1 the whole policy?");
+    let id = task_id_of(app.lark("/webhooks/lark", &asked, LARK_KEY, now()).await).await;
+    let task = app.wait_replied(id, WAIT).await;
+    let requests = api.received_requests().await.unwrap();
+    // Replies (new messages `om_<n>` in the order of new uuids) and card updates, in order.
+    let mut ids = std::collections::HashMap::new();
+    let mut updates: Vec<(String, String)> = Vec::new();
+    let mut sent: Vec<(String, String, Value)> = Vec::new();
+    for r in &requests {
+        let path = r.url.path();
+        if !path.starts_with("/open-apis/im/v1/messages/") {
+            continue;
+        }
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        let content: Value =
+            serde_json::from_str(body["content"].as_str().unwrap_or("null")).unwrap();
+        if r.method.as_str() == "POST" {
+            let uuid = body["uuid"].as_str().unwrap().to_string();
+            let n = ids.len() + 1;
+            let id = ids.entry(uuid.clone()).or_insert(format!("om_{n}")).clone();
+            sent.push((uuid, id, content));
+        } else if r.method.as_str() == "PATCH" {
+            let id = path.rsplit('/').next().unwrap().to_string();
+            let text = content["elements"][0]["text"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            updates.push((id, text));
+        }
+    }
+    let key = format!("agent-task-{id}");
+    let part2 = format!("{key}-part-2");
+    let part2_sends: Vec<&(String, String, Value)> =
+        sent.iter().filter(|(u, _, _)| *u == part2).collect();
+    assert_eq!(part2_sends.len(), 1, "part 2 sent once");
+    assert_eq!(
+        part2_sends[0].2["config"]["update_multi"], true,
+        "as an editable card"
+    );
+    let part2_id = &part2_sends[0].1;
+    let final_of = |id: &str| {
+        updates
+            .iter()
+            .rev()
+            .find(|(m, _)| m == id)
+            .map(|(_, t)| t.clone())
+    };
+    let part2_updates = updates.iter().filter(|(m, _)| m == part2_id).count();
+    assert!(
+        part2_updates >= 2,
+        "part 2 grew, then took its final text: {part2_updates}"
+    );
+    let mut finals =
+        vec![final_of(task["reply"]["platform_message_id"].as_str().unwrap()).unwrap()];
+    for k in 2.. {
+        let uuid = format!("{key}-part-{k}");
+        let Some((_, id, content)) = sent.iter().find(|(u, _, _)| *u == uuid) else {
+            break;
+        };
+        finals.push(final_of(id).unwrap_or_else(|| content["text"].as_str().unwrap().to_string()));
+    }
+    assert!(finals[1].starts_with("(2/"));
+    check_parts_of("lark (streamed)", &answer, &finals, |t| {
+        t.len() <= 30 * 1024
+    });
+    app.stop().await;
+}
+
+/// A streamed part whose message id was lost (Lark accepted part 2 but its answer never
+/// came back, so the run could not record it): the answer's delivery sends part 2 again
+/// under its key, Lark answers with the message it already holds, and the delivery edits
+/// it into the final part — one message for part 2, showing its final text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_part_whose_id_was_lost_is_found_by_its_key_and_edited() {
+    use wiremock::matchers::path_regex;
+    use wiremock::{Request, Respond, ResponseTemplate};
+    /// Lark's reply API that accepts a streamed part 2 (an editable card) but loses every
+    /// answer to it while the answer streams.
+    struct LosingPart2(super::chat_doubles::LarkMessages);
+    impl Respond for LosingPart2 {
+        fn respond(&self, request: &Request) -> ResponseTemplate {
+            let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+            let answer = self.0.respond(request);
+            // A streamed part has no `(k/n) ` marker yet; the delivery's has.
+            let card: Value = serde_json::from_str(body["content"].as_str().unwrap_or("null"))
+                .unwrap_or(Value::Null);
+            let streamed = !card["elements"][0]["text"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("(2/");
+            let lost = body["uuid"]
+                .as_str()
+                .is_some_and(|u| u.ends_with("-part-2"))
+                && streamed;
+            if lost {
+                ResponseTemplate::new(504)
+            } else {
+                answer
+            }
+        }
+    }
+    let api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/open-apis/auth/v3/tenant_access_token/internal"))
+        .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(
+            json!({"code": 0, "msg": "ok", "tenant_access_token": "t-abc", "expire": 7200}),
+        ))
+        .mount(&api)
+        .await;
+    let messages = super::chat_doubles::LarkMessages::default();
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/open-apis/im/v1/messages/[^/]+/reply$"))
+        .respond_with(LosingPart2(messages.clone()))
+        .mount(&api)
+        .await;
+    Mock::given(path_regex(r"^/open-apis/im/v1/messages/[^/]+$"))
+        .respond_with(messages)
+        .mount(&api)
+        .await;
+    let answer = huge_answer();
+    let model =
+        crate::strict_model::SlowStreamingModel::start(&answer, 2_000, Duration::from_millis(40))
+            .await;
+    let (uri, model_uri) = (api.uri(), model.uri.clone());
+    let app = TestApp::spawn_with(
+        MockServer::start().await,
+        accepting_receiver().await,
+        move |c| {
+            enable_lark(c, &uri, "default");
+            c.llm.base_url = format!("{model_uri}/v1");
+            c.replies.stream_edit_ms = 60;
+            c.replies.placeholder_after_ms = 0;
+        },
+    )
+    .await;
+    let asked = lark_message("ev-lost", "om_q", "user", "@_user_1 the whole policy?");
+    let id = task_id_of(app.lark("/webhooks/lark", &asked, LARK_KEY, now()).await).await;
+    app.wait_replied(id, WAIT).await;
+    let part2 = format!("agent-task-{id}-part-2");
+    let requests = api.received_requests().await.unwrap();
+    let mut uuids = Vec::new();
+    let mut part2_kinds = Vec::new();
+    let mut patches = Vec::new();
+    for r in &requests {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        if r.method.as_str() == "POST" && r.url.path().ends_with("/reply") {
+            let uuid = body["uuid"].as_str().unwrap().to_string();
+            if uuid == part2 {
+                let card: Value = serde_json::from_str(body["content"].as_str().unwrap()).unwrap();
+                let text = card["elements"][0]["text"]["content"]
+                    .as_str()
+                    .unwrap_or("");
+                part2_kinds.push(if text.starts_with("(2/") {
+                    "final"
+                } else {
+                    "streamed"
+                });
+            }
+            if !uuids.contains(&uuid) {
+                uuids.push(uuid);
+            }
+        } else if r.method.as_str() == "PATCH" {
+            let content: Value = serde_json::from_str(body["content"].as_str().unwrap()).unwrap();
+            patches.push((
+                r.url.path().rsplit('/').next().unwrap().to_string(),
+                content["elements"][0]["text"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            ));
+        }
+    }
+    assert_eq!(
+        part2_kinds.first(),
+        Some(&"streamed"),
+        "part 2 was streamed first: {part2_kinds:?}"
+    );
+    assert_eq!(
+        part2_kinds.last(),
+        Some(&"final"),
+        "and sent again by the delivery: {part2_kinds:?}"
+    );
+    // One message for part 2 (the double numbers messages by new uuids), edited last into
+    // its final text.
+    let part2_id = format!("om_{}", uuids.iter().position(|u| *u == part2).unwrap() + 1);
+    let last = patches
+        .iter()
+        .rev()
+        .find(|(m, _)| *m == part2_id)
+        .map(|(_, t)| t.as_str())
+        .unwrap_or_else(|| panic!("part 2 was never edited: {patches:?}"));
+    assert!(last.starts_with("(2/"), "{}", &last[..20]);
+    app.stop().await;
+}
