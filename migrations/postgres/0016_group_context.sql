@@ -4,11 +4,14 @@
 CREATE TABLE group_context (
     id          BIGSERIAL PRIMARY KEY,
     channel     TEXT   NOT NULL,
+    -- The platform's event: a message delivered again is kept once.
+    event_id    TEXT   NOT NULL,
     chat_id     TEXT   NOT NULL,
     sender_id   TEXT   NOT NULL,
     sender_name TEXT,
     text        TEXT   NOT NULL,
     received_at BIGINT NOT NULL
 );
+CREATE UNIQUE INDEX group_context_event ON group_context (channel, event_id);
 CREATE INDEX group_context_chat ON group_context (channel, chat_id, id);
 CREATE INDEX group_context_age ON group_context (received_at);

@@ -187,7 +187,7 @@ pub fn parse(
         let who = staff.as_deref().unwrap_or(&sender);
         let name = v["senderNick"].as_str();
         return Ok(chatter(
-            CHANNEL,
+            (CHANNEL, &field("msgId")?),
             &field("conversationId")?,
             (who, name),
             &text,

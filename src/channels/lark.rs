@@ -203,7 +203,12 @@ fn parse_message_event(
         .unwrap_or("")
         .to_string();
     let Some(text) = question(config.group_reply, &config.prefixes, addressing, &text) else {
-        let said = chatter(CHANNEL, &field("chat_id")?, (&sender, None), &text);
+        let said = chatter(
+            (CHANNEL, event_id),
+            &field("chat_id")?,
+            (&sender, None),
+            &text,
+        );
         return Ok((said, parent));
     };
     let message_id = field("message_id")?;

@@ -11,6 +11,7 @@ use platform::{ChatPacer, Delivered, DeliveryError, Platform};
 
 pub mod cards;
 pub mod console;
+pub mod conversation;
 pub mod dingtalk;
 pub mod generic;
 pub mod lark;

@@ -188,7 +188,7 @@ pub fn parse_event(
                 return Ok(Inbound::Ignore("empty after removing mentions"));
             }
             let Some(text) = question(group_reply, prefixes, addressing, &text) else {
-                return Ok(chatter(CHANNEL, &channel, (user, None), &text));
+                return Ok(chatter((CHANNEL, event_id), &channel, (user, None), &text));
             };
             Ok(Inbound::Message(NewMessage {
                 reply_context: None,

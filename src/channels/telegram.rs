@@ -142,7 +142,7 @@ pub fn parse(
     let Some(text) = question(group_reply, prefixes, addressing, &text) else {
         let sender = sender.to_string();
         return Ok(chatter(
-            CHANNEL,
+            (CHANNEL, &update_id.to_string()),
             &chat.to_string(),
             (&sender, sender_name),
             &text,

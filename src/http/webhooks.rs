@@ -274,6 +274,7 @@ async fn keep_chatter(
     let chat = platform.conversation(&message.conversation_id).chat;
     let chatter = crate::store::context::Chatter {
         channel: platform.name(),
+        event_id: &message.event_id,
         chat_id: &chat,
         sender_id: &message.sender_id,
         sender_name: message.sender_name.as_deref(),

@@ -13,9 +13,10 @@ pub struct ContextMessage {
     pub received_at: i64,
 }
 
-/// A message to keep: its chat, sender and text.
+/// A message to keep: its platform event, chat, sender and text.
 pub struct Chatter<'a> {
     pub channel: &'a str,
+    pub event_id: &'a str,
     pub chat_id: &'a str,
     pub sender_id: &'a str,
     pub sender_name: Option<&'a str>,
@@ -23,7 +24,8 @@ pub struct Chatter<'a> {
 }
 
 impl Store {
-    /// Keeps `chatter` and forgets the chat's older messages beyond the newest `keep`.
+    /// Keeps `chatter` (once per event) and forgets the chat's older messages beyond the
+    /// newest `keep`.
     pub async fn keep_context(
         &self,
         chatter: &Chatter<'_>,
@@ -34,8 +36,9 @@ impl Store {
         let text = chatter.text.replace('\0', "\u{fffd}");
         write_tx!(self, tx => {
             sqlx::query(
-                "INSERT INTO group_context (channel, chat_id, sender_id, sender_name, text, received_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
+                "INSERT INTO group_context (channel, event_id, chat_id, sender_id, sender_name, \
+                 text, received_at) VALUES ($1, $7, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (channel, event_id) DO NOTHING",
             )
             .bind(chatter.channel)
             .bind(chatter.chat_id)
@@ -43,6 +46,7 @@ impl Store {
             .bind(chatter.sender_name)
             .bind(&text)
             .bind(now)
+            .bind(chatter.event_id)
             .execute(&mut *tx)
             .await?;
             sqlx::query(

@@ -410,7 +410,7 @@ async fn matrix_rooms_answer_mentions_and_replies_direct_chats_always() {
 }
 
 /// `group_context = N`: the last N group messages not addressed to the bot are kept per chat
-/// (acknowledged as kept, no task) and shown to the model before the chat's next question;
+/// (acknowledged as kept, no task, once however often the platform delivers one) and shown to the model before the chat's next question;
 /// other chats' chatter is not; retention removes them at the messages' age; with the
 /// default 0 nothing is kept. Through a Telegram group and a Matrix transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -438,6 +438,11 @@ async fn group_chatter_is_kept_as_context_for_the_next_question() {
             "a group message not addressed to the bot; kept as context"
         );
     }
+    // Telegram delivers an update again when it missed our answer: it is kept once.
+    let again = app
+        .telegram(&tg_update(3, -700, 3, 43, "lunch at noon"), Some(TG_SECRET))
+        .await;
+    ignored(again).await;
     // Another group's chatter is its own.
     ignored(
         app.telegram(&tg_update(4, -701, 1, 50, "secret plans"), Some(TG_SECRET))
