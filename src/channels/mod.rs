@@ -45,8 +45,8 @@ pub struct Channels {
     generic: Option<Arc<generic::GenericChannel>>,
     /// ...to the URL configured for their outbox channel.
     callbacks: BTreeMap<&'static str, String>,
-    /// Send pacing per chat (see [`Platform::chat_interval_ms`]).
-    pub pacer: ChatPacer,
+    /// Send pacing per chat (see [`Platform::chat_interval_ms`]), taken through `admit`.
+    pacer: ChatPacer,
 }
 
 impl Channels {

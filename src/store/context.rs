@@ -33,7 +33,7 @@ impl Store {
         now: i64,
     ) -> StoreResult<()> {
         // PostgreSQL text cannot hold U+0000; it is kept as U+FFFD, as message texts are.
-        let text = chatter.text.replace('\0', "\u{fffd}");
+        let storable = super::text::storable;
         write_tx!(self, tx => {
             sqlx::query(
                 "INSERT INTO group_context (channel, event_id, chat_id, sender_id, sender_name, \
@@ -41,12 +41,12 @@ impl Store {
                  ON CONFLICT (channel, event_id) DO NOTHING",
             )
             .bind(chatter.channel)
-            .bind(chatter.chat_id)
-            .bind(chatter.sender_id)
-            .bind(chatter.sender_name)
-            .bind(&text)
+            .bind(storable(chatter.chat_id))
+            .bind(storable(chatter.sender_id))
+            .bind(super::text::storable_opt(chatter.sender_name))
+            .bind(storable(chatter.text))
             .bind(now)
-            .bind(chatter.event_id)
+            .bind(storable(chatter.event_id))
             .execute(&mut *tx)
             .await?;
             sqlx::query(
@@ -55,7 +55,7 @@ impl Store {
                   ORDER BY id DESC LIMIT $3)",
             )
             .bind(chatter.channel)
-            .bind(chatter.chat_id)
+            .bind(storable(chatter.chat_id))
             .bind(keep)
             .execute(&mut *tx)
             .await?;

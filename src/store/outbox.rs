@@ -114,37 +114,36 @@ impl Store {
         part: usize,
         message_id: &str,
     ) -> StoreResult<bool> {
-        let row: Option<(i64, Option<String>)> = on_pool!(self, pool => {
-            sqlx::query_as(
+        let done = write_tx!(self, tx => {
+            let row: Option<(i64, Option<String>)> = sqlx::query_as(
                 "SELECT id, streamed_parts FROM outbound_reply WHERE idempotency_key = $1 \
                  AND placeholder = 1",
             )
             .bind(key)
-            .fetch_optional(pool)
-            .await?
-        });
-        let Some((id, parts)) = row else {
-            return Ok(false);
-        };
-        let mut parts: serde_json::Map<String, serde_json::Value> = parts
-            .and_then(|p| serde_json::from_str(&p).ok())
-            .unwrap_or_default();
-        parts.insert(part.to_string(), serde_json::json!(message_id));
-        let parts = serde_json::Value::Object(parts).to_string();
-        let done = write_tx!(self, tx => {
-            sqlx::query(
-                "UPDATE outbound_reply SET streamed_parts = $1 WHERE id = $2 AND placeholder = 1 \
-                 AND EXISTS (SELECT 1 FROM agent_task WHERE id = $3 AND owner = $4 \
-                 AND version = $5 AND status = 'RUNNING')",
-            )
-            .bind(&parts)
-            .bind(id)
-            .bind(fence.task_id)
-            .bind(&fence.owner)
-            .bind(fence.version)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
+            .fetch_optional(&mut *tx)
+            .await?;
+            match row {
+                None => 0,
+                Some((id, parts)) => {
+                    let mut parts: serde_json::Map<String, serde_json::Value> = parts
+                        .and_then(|p| serde_json::from_str(&p).ok())
+                        .unwrap_or_default();
+                    parts.insert(part.to_string(), serde_json::json!(message_id));
+                    sqlx::query(
+                        "UPDATE outbound_reply SET streamed_parts = $1 WHERE id = $2 \
+                         AND EXISTS (SELECT 1 FROM agent_task WHERE id = $3 AND owner = $4 \
+                         AND version = $5 AND status = 'RUNNING')",
+                    )
+                    .bind(serde_json::Value::Object(parts).to_string())
+                    .bind(id)
+                    .bind(fence.task_id)
+                    .bind(&fence.owner)
+                    .bind(fence.version)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                }
+            }
         });
         Ok(done == 1)
     }

@@ -569,3 +569,33 @@ pub fn audit_of<'a>(task: &'a Value, event: &str) -> Vec<&'a Value> {
         .filter(|a| a["event"] == event)
         .collect()
 }
+
+/// Runs the Python `script` (with `ASSISTD_TEST_PYTHON`, else python3) on `input` as its
+/// standard input: its standard output as JSON, or (`Err`) its standard error when it
+/// exits with a failure. A missing Python package is a broken set-up, not an answer: it
+/// panics (build.rs makes such a test ignored, or `.ci/run` installs the package).
+pub fn python_json(script: &str, input: &str) -> Result<Value, String> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(crate::real_model::python())
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 (with the packages .ci/run installs)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("ModuleNotFoundError"), "{stderr}");
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).unwrap())
+    } else {
+        Err(stderr.into_owned())
+    }
+}

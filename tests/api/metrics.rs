@@ -2,9 +2,6 @@
 //! Prometheus project's own OpenMetrics parser (`check_metrics.py`, prometheus-client from
 //! PyPI), which refuses what a scraper would refuse, before any value is looked at.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use serde_json::Value;
 
 use crate::helpers::*;
@@ -17,27 +14,7 @@ pub struct Exposition(Value);
 
 /// Runs the reference parser over `text`: the families, or what the parser said.
 fn parse(text: &str) -> Result<Value, String> {
-    let mut child = Command::new(crate::real_model::python())
-        .arg(SCRIPT)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 (with prometheus-client, installed by .ci/run)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("ModuleNotFoundError"), "{stderr}");
-    if out.status.success() {
-        Ok(serde_json::from_slice(&out.stdout).unwrap())
-    } else {
-        Err(stderr.into_owned())
-    }
+    crate::helpers::python_json(SCRIPT, text)
 }
 
 /// Fetches `/metrics` from `addr` and parses it; panics if a scraper would refuse it.

@@ -497,6 +497,31 @@ async fn the_next_answer_waits_for_every_part_of_a_long_one() {
     app.stop().await;
 }
 
+/// An app answering with `huge_answer`, streamed in 2,000-character pieces every 40 ms,
+/// edits every 60 ms, on the platform `enable` turns on against `api` (its URL given).
+async fn streaming_huge_answer(
+    api: &MockServer,
+    enable: impl FnOnce(&mut assistd::Config, &str) + Send + 'static,
+) -> (TestApp, crate::strict_model::SlowStreamingModel, String) {
+    let answer = huge_answer();
+    let model =
+        crate::strict_model::SlowStreamingModel::start(&answer, 2_000, Duration::from_millis(40))
+            .await;
+    let (uri, model_uri) = (api.uri(), model.uri.clone());
+    let app = TestApp::spawn_with(
+        MockServer::start().await,
+        accepting_receiver().await,
+        move |c| {
+            enable(c, &uri);
+            c.llm.base_url = format!("{model_uri}/v1");
+            c.replies.stream_edit_ms = 60;
+            c.replies.placeholder_after_ms = 0;
+        },
+    )
+    .await;
+    (app, model, answer)
+}
+
 /// Issue 33, part 3, streaming: on a platform that drops repeated sends by key (Matrix), a
 /// streamed answer that outgrows its message goes on in the next part while it is being
 /// written — part 2 is sent once under `<key>-part-2` and edited as the text grows — and the
@@ -507,22 +532,7 @@ async fn a_streamed_answer_goes_on_in_its_next_parts_on_matrix() {
     let api = MockServer::start().await;
     let rooms = mount_room_sends(&api).await;
     rooms.room("!long:hs", &["@ada:hs"], Some("@ada:hs"));
-    let answer = huge_answer();
-    let model =
-        crate::strict_model::SlowStreamingModel::start(&answer, 2_000, Duration::from_millis(40))
-            .await;
-    let (uri, model_uri) = (api.uri(), model.uri.clone());
-    let app = TestApp::spawn_with(
-        MockServer::start().await,
-        accepting_receiver().await,
-        move |c| {
-            enable_matrix(c, &uri);
-            c.llm.base_url = format!("{model_uri}/v1");
-            c.replies.stream_edit_ms = 60;
-            c.replies.placeholder_after_ms = 0;
-        },
-    )
-    .await;
+    let (app, _model, answer) = streaming_huge_answer(&api, enable_matrix).await;
     let mx = json!([{"type": "m.room.message", "room_id": "!long:hs", "sender": "@ada:hs",
         "event_id": "$long", "origin_server_ts": 1, "content": {"msgtype": "m.text", "body": "the travel policy, all of it?"}}]);
     assert_eq!(app.matrix_txn("t-long", mx).await.status(), 200);
@@ -608,22 +618,8 @@ async fn a_streamed_answer_goes_on_in_its_next_parts_on_matrix() {
 async fn a_streamed_answer_goes_on_in_its_next_parts_on_lark() {
     let api = MockServer::start().await;
     mount_lark(&api).await;
-    let answer = huge_answer();
-    let model =
-        crate::strict_model::SlowStreamingModel::start(&answer, 2_000, Duration::from_millis(40))
-            .await;
-    let (uri, model_uri) = (api.uri(), model.uri.clone());
-    let app = TestApp::spawn_with(
-        MockServer::start().await,
-        accepting_receiver().await,
-        move |c| {
-            enable_lark(c, &uri, "default");
-            c.llm.base_url = format!("{model_uri}/v1");
-            c.replies.stream_edit_ms = 60;
-            c.replies.placeholder_after_ms = 0;
-        },
-    )
-    .await;
+    let (app, _model, answer) =
+        streaming_huge_answer(&api, |c, uri| enable_lark(c, uri, "default")).await;
     let asked = lark_message("ev-stream", "om_q", "user", "@_user_1 the whole policy?");
     let id = task_id_of(app.lark("/webhooks/lark", &asked, LARK_KEY, now()).await).await;
     let task = app.wait_replied(id, WAIT).await;
@@ -743,22 +739,8 @@ async fn a_streamed_part_whose_id_was_lost_is_found_by_its_key_and_edited() {
         .respond_with(messages)
         .mount(&api)
         .await;
-    let answer = huge_answer();
-    let model =
-        crate::strict_model::SlowStreamingModel::start(&answer, 2_000, Duration::from_millis(40))
-            .await;
-    let (uri, model_uri) = (api.uri(), model.uri.clone());
-    let app = TestApp::spawn_with(
-        MockServer::start().await,
-        accepting_receiver().await,
-        move |c| {
-            enable_lark(c, &uri, "default");
-            c.llm.base_url = format!("{model_uri}/v1");
-            c.replies.stream_edit_ms = 60;
-            c.replies.placeholder_after_ms = 0;
-        },
-    )
-    .await;
+    let (app, _model, _) =
+        streaming_huge_answer(&api, |c, uri| enable_lark(c, uri, "default")).await;
     let asked = lark_message("ev-lost", "om_q", "user", "@_user_1 the whole policy?");
     let id = task_id_of(app.lark("/webhooks/lark", &asked, LARK_KEY, now()).await).await;
     app.wait_replied(id, WAIT).await;

@@ -23,17 +23,6 @@ async fn markdown_model() -> MockServer {
     model
 }
 
-async fn bodies(api: &MockServer, pattern: &str) -> Vec<Value> {
-    let re = regex::Regex::new(pattern).unwrap();
-    api.received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .filter(|r| re.is_match(r.url.path()))
-        .map(|r| serde_json::from_slice(&r.body).unwrap_or(Value::Null))
-        .collect()
-}
-
 /// What a Slack client shows of a mrkdwn text: links as their labels, entities decoded.
 fn slack_visible(mrkdwn: &str) -> String {
     let links = regex::Regex::new(r"<([^|>]+)\|([^>]+)>").unwrap();
@@ -108,7 +97,7 @@ async fn markdown_reaches_every_platform_in_its_own_dialect() {
     }
     let mut matrix = Vec::new();
     for _ in 0..100 {
-        matrix = bodies(&api, r"^/_matrix/client/v3/rooms/.*/send/").await;
+        matrix = requests_to(&api, r"^/_matrix/client/v3/rooms/.*/send/").await;
         if !matrix.is_empty() {
             break;
         }
@@ -117,7 +106,7 @@ async fn markdown_reaches_every_platform_in_its_own_dialect() {
 
     // Telegram: HTML parse mode, accepted by the double's entity parser; what the user
     // reads has no Markdown marks and keeps every character of the text.
-    let tg = &bodies(&api, "/sendMessage$").await[0];
+    let tg = &requests_to(&api, "/sendMessage$").await[0];
     assert_eq!(tg["parse_mode"], "HTML");
     let html = tg["text"].as_str().unwrap();
     assert!(
@@ -141,7 +130,7 @@ async fn markdown_reaches_every_platform_in_its_own_dialect() {
     assert!(!visible.contains("**") && !visible.contains("](") && !visible.contains("~~"));
 
     // Slack: mrkdwn with its escaping.
-    let slack = &bodies(&api, "/chat.postMessage$").await[0];
+    let slack = &requests_to(&api, "/chat.postMessage$").await[0];
     let mrkdwn = slack["text"].as_str().unwrap();
     assert!(
         mrkdwn.contains("*economy*") && mrkdwn.contains("_receipts_"),
@@ -177,18 +166,18 @@ async fn markdown_reaches_every_platform_in_its_own_dialect() {
     );
 
     // Lark: a post with one md element; DingTalk and WeCom: markdown messages.
-    let lark = &bodies(&api, "^/open-apis/im/v1/messages/[^/]+/reply$").await[0];
+    let lark = &requests_to(&api, "^/open-apis/im/v1/messages/[^/]+/reply$").await[0];
     assert_eq!(lark["msg_type"], "post");
     let post: Value = serde_json::from_str(lark["content"].as_str().unwrap()).unwrap();
     assert_eq!(
         post["zh_cn"]["content"][0][0],
         json!({"tag": "md", "text": ANSWER})
     );
-    let dingtalk = &bodies(&api, "^/robot/sendBySession$").await[0];
+    let dingtalk = &requests_to(&api, "^/robot/sendBySession$").await[0];
     assert_eq!(dingtalk["msgtype"], "markdown");
     assert_eq!(dingtalk["markdown"]["text"], ANSWER);
     assert_eq!(dingtalk["markdown"]["title"], "报销 & travel");
-    let wecom = &bodies(&api, "^/cgi-bin/message/send$").await[0];
+    let wecom = &requests_to(&api, "^/cgi-bin/message/send$").await[0];
     assert_eq!(wecom["msgtype"], "markdown");
     assert_eq!(wecom["markdown"]["content"], ANSWER);
     app.stop().await;
@@ -242,7 +231,7 @@ async fn a_message_refused_for_its_formatting_goes_again_as_plain_text() {
         let task = app.wait_replied(id, WAIT).await;
         assert_eq!(task["reply"]["attempts"], 1, "one delivery: {task}");
     }
-    let sent = bodies(&api, "/sendMessage$").await;
+    let sent = requests_to(&api, "/sendMessage$").await;
     assert_eq!(sent.len(), 2);
     assert!(sent[1].get("parse_mode").is_none());
     let plain = sent[1]["text"].as_str().unwrap();
@@ -252,7 +241,7 @@ async fn a_message_refused_for_its_formatting_goes_again_as_plain_text() {
         ),
         "{plain}"
     );
-    let replies = bodies(&api, "^/open-apis/im/v1/messages/[^/]+/reply$").await;
+    let replies = requests_to(&api, "^/open-apis/im/v1/messages/[^/]+/reply$").await;
     assert_eq!(replies.len(), 2);
     assert_eq!(replies[1]["msg_type"], "text");
     app.stop().await;

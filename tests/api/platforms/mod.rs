@@ -102,6 +102,18 @@ pub(crate) async fn spawn_platforms(
     .await
 }
 
+/// The JSON bodies `api` received at paths matching `pattern` (a regex), in order.
+pub(crate) async fn requests_to(api: &MockServer, pattern: &str) -> Vec<Value> {
+    let re = regex::Regex::new(pattern).unwrap();
+    api.received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| re.is_match(r.url.path()))
+        .map(|r| serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+        .collect()
+}
+
 pub(crate) fn tg_update(
     update_id: i64,
     chat: i64,

@@ -13,18 +13,6 @@ use super::groups::conversation_tasks;
 use super::*;
 use crate::strict_model::{ModelReply, last_content, model_mock};
 
-/// Bodies the platform double received at paths matching `pattern`, in order.
-async fn sent_to(api: &MockServer, pattern: &str) -> Vec<Value> {
-    let re = regex::Regex::new(pattern).unwrap();
-    api.received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .filter(|r| re.is_match(r.url.path()))
-        .map(|r| serde_json::from_slice(&r.body).unwrap_or(Value::Null))
-        .collect()
-}
-
 /// A Telegram group is a conversation per member: one member's slow question does not hold
 /// up another's, each has its own history, and both answers go to the group; a forum
 /// topic is its own conversation, answered in the topic; a private chat is one.
@@ -91,7 +79,7 @@ async fn telegram_groups_are_per_member_and_forum_topics_per_topic() {
     );
     app.wait_replied(in_topic, WAIT).await;
     app.wait_replied(not_topic, WAIT).await;
-    let sent = sent_to(&api, "/sendMessage$").await;
+    let sent = requests_to(&api, "/sendMessage$").await;
     assert!(sent.iter().all(|b| b["chat_id"] == "-500"), "{sent:?}");
     let topic_answer: Vec<&Value> = sent
         .iter()
@@ -178,7 +166,7 @@ async fn slack_direct_messages_are_one_conversation_and_channels_go_by_thread() 
     for id in [dm1, dm2, top, in_thread] {
         app.wait_replied(id, WAIT).await;
     }
-    let posts = sent_to(&api, "/chat.postMessage$").await;
+    let posts = requests_to(&api, "/chat.postMessage$").await;
     let dm_posts: Vec<&Value> = posts.iter().filter(|b| b["channel"] == "D5").collect();
     assert_eq!(dm_posts.len(), 2);
     assert!(
@@ -218,7 +206,7 @@ async fn slack_direct_messages_are_one_conversation_and_channels_go_by_thread() 
     assert_eq!(conversation_tasks(&app, "C6#u=U1").await, [a, b]);
     app.wait_replied(a, WAIT).await;
     app.wait_replied(b, WAIT).await;
-    let posts = sent_to(&api, "/chat.postMessage$").await;
+    let posts = requests_to(&api, "/chat.postMessage$").await;
     assert!(
         posts
             .iter()
@@ -269,7 +257,7 @@ async fn lark_threads_dingtalk_members_and_generic_thread_ids() {
     );
     app.wait_replied(asked, WAIT).await;
     app.wait_replied(followed, WAIT).await;
-    let replies = sent_to(&api, "^/open-apis/im/v1/messages/[^/]+/reply$").await;
+    let replies = requests_to(&api, "^/open-apis/im/v1/messages/[^/]+/reply$").await;
     assert_eq!(replies.len(), 2);
     assert!(
         replies.iter().all(|r| r["reply_in_thread"] == true),
@@ -311,7 +299,7 @@ async fn lark_threads_dingtalk_members_and_generic_thread_ids() {
     }
     app.wait_replied(threaded, WAIT).await;
     app.wait_replied(member, WAIT).await;
-    let received = sent_to(&app.receiver, "^/reply$").await;
+    let received = requests_to(&app.receiver, "^/reply$").await;
     let to_thread = received.iter().find(|r| r["task_id"] == threaded).unwrap();
     assert_eq!(to_thread["conversation_id"], "team-7");
     assert_eq!(to_thread["thread_id"], "th-1");

@@ -3,9 +3,6 @@
 //! objects (a mention entity, a forum topic, a reply to the bot), and a WeCom callback
 //! encrypted and signed by wechatpy's enterprise crypto.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use serde_json::{Value, json};
 
 use super::groups::conversation_tasks;
@@ -15,26 +12,7 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/api/platform_sd
 
 /// What the SDK script builds from `spec`.
 fn built(spec: Value) -> Value {
-    let mut child = Command::new(crate::real_model::python())
-        .arg(SCRIPT)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 with python-telegram-bot and wechatpy (installed by .ci/run)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(spec.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::helpers::python_json(SCRIPT, &spec.to_string()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn tg(update_id: i64, from: i64, text: &str, extra: Value) -> Value {
@@ -97,14 +75,7 @@ async fn telegram_updates_built_by_python_telegram_bot_are_addressed_and_scoped(
         "answer to: where is room 4?"
     );
     app.wait_replied(topic, WAIT).await;
-    let sent: Vec<Value> = api
-        .received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .filter(|r| r.url.path().ends_with("/sendMessage"))
-        .map(|r| serde_json::from_slice(&r.body).unwrap())
-        .collect();
+    let sent = requests_to(&api, "/sendMessage$").await;
     assert!(
         sent.iter()
             .any(|b| b["message_thread_id"] == 7 && b["text"] == "answer to: 报销怎么申请？"),
