@@ -326,38 +326,11 @@ async fn send_parts(
         let mut part = reply.clone();
         part.content = content;
         part.reply_type = crate::domain::ReplyType::Text;
-        // A part the streamed answer already shows is edited into its final text.
-        let streamed = streamed
-            .get(&(k + 1).to_string())
-            .and_then(|id| id.as_str());
+        let streamed = streamed.get(&(k + 1).to_string());
         if k > 0 {
             part.idempotency_key = format!("{}-part-{}", reply.idempotency_key, k + 1);
-            part.edit = streamed.is_some();
-            part.platform_message_id = streamed.map(str::to_string);
         }
-        // The stream may have sent this part before a crash (or a lost answer) kept its id
-        // from being recorded: the send is then dropped as a repeat and answered with that
-        // message, which may still show streamed text; so the part goes as the editable
-        // kind of message streamed parts are, and an edit to the final text settles it.
-        let unrecorded =
-            k > 0 && !part.edit && reply.edit && svc.channels.streams_parts(&reply.channel);
-        if unrecorded {
-            part.placeholder = true;
-        }
-        let delivered = if part.edit {
-            svc.channels.edit(&part).await?
-        } else {
-            let sent = svc.channels.send(&part).await?;
-            if unrecorded {
-                part.placeholder = false;
-                part.edit = true;
-                part.platform_message_id = sent.platform_message_id.clone();
-                if part.platform_message_id.is_some() {
-                    svc.channels.edit(&part).await?;
-                }
-            }
-            sent
-        };
+        let delivered = deliver_part(svc, &mut part, k, streamed).await?;
         tracing::info!(key = %part.idempotency_key, part = k + 1, parts = total, "reply part delivered");
         if k == 0 {
             first = delivered.platform_message_id.or(first);
@@ -369,6 +342,72 @@ async fn send_parts(
     Ok(Outcome::Delivered(Delivered {
         platform_message_id: first,
     }))
+}
+
+/// Delivers part `k` (from 0) of a long reply. A later part the streamed answer already
+/// shows (`streamed` is its message id) is edited into its final text; one whose send is in
+/// doubt (`null`: it may be in the chat, its id unrecorded) is edited by the id its key
+/// gives where the platform names messages by key (DingTalk cards), else sent again as a
+/// retry — which the platform drops as a repeat (Matrix, Lark) or finds by its key (Slack) —
+/// as the editable kind streamed parts are, and then edited; where a resend is blind
+/// (Telegram) the answer's fate is unknown instead.
+async fn deliver_part(
+    svc: &Sender,
+    part: &mut ReplyRow,
+    k: usize,
+    streamed: Option<&serde_json::Value>,
+) -> Result<Delivered, DeliveryError> {
+    let shown = streamed.and_then(|id| id.as_str());
+    let in_doubt = k > 0 && streamed.is_some_and(|id| id.is_null());
+    if k > 0 {
+        part.edit = shown.is_some();
+        part.platform_message_id = shown.map(str::to_string);
+    }
+    if !in_doubt {
+        return if part.edit {
+            svc.channels.edit(part).await
+        } else {
+            svc.channels.send(part).await
+        };
+    }
+    part.placeholder = true;
+    if let Some(id) = svc
+        .channels
+        .message_id_by_key(&part.channel, &part.idempotency_key, true)
+    {
+        let mut edit = part.clone();
+        edit.edit = true;
+        edit.platform_message_id = Some(id);
+        match svc.channels.edit(&edit).await {
+            Ok(delivered) => return Ok(delivered),
+            // Not there: it was never sent.
+            Err(e) => {
+                tracing::info!(key = %part.idempotency_key, error = %e, "streamed part not found by its key; sending it")
+            }
+        }
+        return svc.channels.send(part).await;
+    }
+    if svc.channels.resend_is_blind(&part.channel) {
+        return Err(DeliveryError {
+            message: format!(
+                "part {} of the streamed answer may have been sent and the platform cannot \
+                 tell; its later parts were not sent",
+                k + 1
+            ),
+            retry_after: None,
+            unknown: true,
+            permanent: false,
+        });
+    }
+    part.attempts = part.attempts.max(2);
+    let sent = svc.channels.send(part).await?;
+    part.placeholder = false;
+    part.edit = true;
+    part.platform_message_id = sent.platform_message_id.clone();
+    if part.platform_message_id.is_some() {
+        svc.channels.edit(part).await?;
+    }
+    Ok(sent)
 }
 
 /// Records how many parts of `reply` went (see `Store::note_parts_sent`); a failure to

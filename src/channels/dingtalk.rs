@@ -506,6 +506,11 @@ impl Platform for DingTalkChannel {
         !self.config.card_template_id.is_empty()
     }
 
+    /// A placeholder card's `outTrackId` is its key.
+    fn message_id_by_key(&self, key: &str, placeholder: bool) -> Option<String> {
+        (placeholder && self.can_edit()).then(|| key.to_string())
+    }
+
     fn edit<'a>(
         &'a self,
         reply: &'a ReplyRow,

@@ -555,11 +555,6 @@ impl Platform for LarkChannel {
         true
     }
 
-    /// A reply's `uuid` is the key; Lark drops a repeat within the hour.
-    fn send_is_idempotent(&self) -> bool {
-        true
-    }
-
     fn edit<'a>(
         &'a self,
         reply: &'a ReplyRow,

@@ -278,11 +278,6 @@ impl Platform for MatrixChannel {
         true
     }
 
-    /// A room send's transaction id is the key; the homeserver answers a repeat with the first event.
-    fn send_is_idempotent(&self) -> bool {
-        true
-    }
-
     fn edit<'a>(
         &'a self,
         reply: &'a ReplyRow,

@@ -249,11 +249,10 @@ impl Channels {
     }
 
     /// Whether a streamed answer on `channel` goes on in its next parts while it is written
-    /// (an editable platform that drops repeated sends by key), rather than stopping at its
-    /// first part until the answer is complete.
+    /// (a platform that can edit its messages), rather than stopping at its first part
+    /// until the answer is complete.
     pub fn streams_parts(&self, channel: &str) -> bool {
-        self.get(channel)
-            .is_some_and(|p| p.can_edit() && p.send_is_idempotent())
+        self.get(channel).is_some_and(|p| p.can_edit())
     }
 
     /// The messages a streamed text of `channel` is shown in (see `parts::streamed_pieces`).
@@ -262,6 +261,11 @@ impl Channels {
             Some(platform) => parts::streamed_pieces(text, &platform.text_limit()),
             None => vec![text.to_string()],
         }
+    }
+
+    /// See [`Platform::message_id_by_key`].
+    pub fn message_id_by_key(&self, channel: &str, key: &str, placeholder: bool) -> Option<String> {
+        self.get(channel)?.message_id_by_key(key, placeholder)
     }
 
     /// What a streamed answer may show in one message of `channel`: the text so far while

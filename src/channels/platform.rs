@@ -513,12 +513,11 @@ pub trait Platform: Send + Sync {
         false
     }
 
-    /// Whether a repeated send under the same key shows one message (the platform drops
-    /// repeats by the key: Matrix transaction ids, Lark `uuid`s): a streamed answer may
-    /// then go on in its next parts while it is written, since a part whose message id was
-    /// lost in a crash is found again by sending it once more.
-    fn send_is_idempotent(&self) -> bool {
-        false
+    /// The id of the message sent under `key` (as a placeholder, the editable kind, when
+    /// `placeholder`), where the platform names messages by the sender's key (DingTalk
+    /// cards: `outTrackId`): a send in doubt is then settled by editing it.
+    fn message_id_by_key(&self, _key: &str, _placeholder: bool) -> Option<String> {
+        None
     }
 
     /// Whether `send` needs the answered message's `reply_context` on the reply row.

@@ -309,32 +309,39 @@ impl SlackChannel {
         (conversation.chat, conversation.thread.unwrap_or_default())
     }
 
-    /// Looks in the reply's thread for a message carrying its key (a send whose answer was
-    /// lost). `Ok(Some(ts))` = already posted.
+    /// Looks among the latest messages where the reply goes (its thread's replies, or the
+    /// channel's history for a top-level reply) for one carrying its key (a send whose
+    /// answer was lost). `Ok(Some(ts))` = already posted.
     async fn reconcile(&self, reply: &ReplyRow) -> Result<Option<String>, DeliveryError> {
         let (channel, thread) = Self::target(reply);
+        let mut query = vec![
+            ("channel", channel.as_str()),
+            ("include_all_metadata", "true"),
+            ("limit", "200"),
+        ];
+        let method = if thread.is_empty() {
+            "conversations.history"
+        } else {
+            query.push(("ts", thread.as_str()));
+            "conversations.replies"
+        };
         let response = self
             .http
-            .get(format!("{}/conversations.replies", self.api))
+            .get(format!("{}/{method}", self.api))
             .bearer_auth(&self.token)
-            .query(&[
-                ("channel", channel.as_str()),
-                ("ts", thread.as_str()),
-                ("include_all_metadata", "true"),
-                ("limit", "200"),
-            ])
+            .query(&query)
             .send()
             .await
             .map_err(|e| {
                 DeliveryError::retry(format!(
-                    "conversations.replies failed: {}",
+                    "{method} failed: {}",
                     crate::redaction::http_error(e)
                 ))
             })?;
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if answer["ok"].as_bool() != Some(true) {
             return Err(DeliveryError::retry(format!(
-                "conversations.replies: {}",
+                "{method}: {}",
                 answer["error"].as_str().unwrap_or("unreadable answer")
             )));
         }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::channels::platform::Delivered;
 use crate::domain::{Fence, ReplyRow, ReplyStatus, ReplyType, TaskRow, now_ms, reply_key};
 use crate::store::outbox::NewPlaceholder;
 
@@ -79,6 +80,8 @@ struct State {
     /// Parts 2, 3, … of a streamed answer that goes on in its next parts (`streams_parts`):
     /// each one's message id once sent, and the text it shows.
     parts: Vec<(Option<String>, String)>,
+    /// A part's send is in doubt: no later part is sent while the answer streams.
+    parts_stopped: bool,
     /// The job in flight (one at a time), and whether it must be awaited before the answer
     /// (a queueing or an edit; a lookup is simply stopped).
     busy: Option<(JoinHandle<()>, bool)>,
@@ -174,7 +177,7 @@ impl Feedback {
         }
         // A message holds only so much: past the platform's limit, the message shows the
         // answer's first part, and the rest goes on in the next parts where the platform
-        // drops repeated sends (`streams_parts`), else follows as the answer's next parts.
+        // can edit them (`streams_parts`), else follows as the answer's next parts.
         let text = if self.continues {
             text.to_string()
         } else {
@@ -289,6 +292,9 @@ impl Feedback {
         }
         // The first part shows its final text: the next part that shows less than its
         // piece is sent, or edited.
+        if state.parts_stopped {
+            return None;
+        }
         let (k, piece) = pieces.into_iter().enumerate().skip(1).find(|(k, piece)| {
             state
                 .parts
@@ -390,11 +396,16 @@ impl Feedback {
         }
     }
 
-    /// Sends part `part` (≥ 2) of a streamed answer under its key `<key>-part-<part>` and
-    /// records its message id on the placeholder's row, for the answer to edit. A crash
-    /// between the two loses only the id: the answer's delivery sends the part again under
-    /// the same key, which the platform drops as a repeat (`send_is_idempotent`).
+    /// Sends part `part` (≥ 2) of a streamed answer under its key `<key>-part-<part>`,
+    /// recording on the placeholder's row first that it is going (`StreamedPart::Sending`),
+    /// then its message id, for the answer to edit. A part whose id was not recorded (a
+    /// crash, a lost answer, a failed send) is in doubt: the answer's delivery sends it once
+    /// more as a retry, which the platform drops as a repeat (Matrix, Lark) or finds by its
+    /// key (Slack), and gives the answer up as UNKNOWN where a resend is blind (Telegram,
+    /// DingTalk). A failed send stops the stream's later parts, unless the platform said it
+    /// was not sent.
     async fn send_part(&self, part: usize, text: String) {
+        use crate::store::outbox::StreamedPart;
         let svc = &self.svc;
         if svc
             .channels
@@ -404,34 +415,57 @@ impl Feedback {
             self.forget_part_shown(part);
             return;
         }
+        let note = |state| {
+            svc.store
+                .note_streamed_part(&self.fence, &self.key, part, state)
+        };
+        match note(StreamedPart::Sending).await {
+            Ok(true) => {}
+            Ok(false) => return tracing::debug!(part, "streamed part not sent: the run ended"),
+            Err(e) => {
+                self.forget_part_shown(part);
+                return tracing::warn!(part, error = %e, "recording a streamed part failed");
+            }
+        }
         let mut reply = self.partial_reply(String::new(), text);
         reply.idempotency_key = format!("{}-part-{part}", self.key);
         reply.edit = false;
         reply.platform_message_id = None;
         // Sent as a placeholder is (on Lark a card, the kind of message that can be edited).
         reply.placeholder = true;
-        match svc.channels.send(&reply).await {
-            Ok(delivered) => {
-                let Some(id) = delivered.platform_message_id else {
-                    return;
-                };
+        let recorded = match svc.channels.send(&reply).await {
+            Ok(Delivered {
+                platform_message_id: Some(id),
+            }) => {
                 if let Some(slot) = self.lock().parts.get_mut(part - 2) {
                     slot.0 = Some(id.clone());
                 }
-                match svc
-                    .store
-                    .note_streamed_part(&self.fence, &self.key, part, &id)
-                    .await
-                {
-                    Ok(true) => tracing::info!(key = %reply.idempotency_key, "streamed part sent"),
-                    Ok(false) => tracing::debug!(part, "streamed part not recorded: the run ended"),
-                    Err(e) => tracing::warn!(part, error = %e, "recording a streamed part failed"),
-                }
+                note(StreamedPart::Shown(&id)).await
             }
-            Err(e) => {
+            Ok(Delivered {
+                platform_message_id: None,
+            }) => {
+                self.lock().parts_stopped = true;
+                return tracing::warn!(part, "a streamed part was sent without an id");
+            }
+            // Refused where a resend would be blind: recorded as not sent (else the answer
+            // would be given up as in doubt), and due again with the next text.
+            Err(e) if !e.unknown && svc.channels.resend_is_blind(&self.channel) => {
                 tracing::debug!(part, error = %e, "streamed part not sent");
                 self.forget_part_shown(part);
+                note(StreamedPart::NotSent).await
             }
+            // Perhaps sent: the answer's delivery settles it (finds it by its key where the
+            // platform can, else gives the answer up as unknown); no more parts go meanwhile.
+            Err(e) => {
+                self.lock().parts_stopped = true;
+                return tracing::warn!(part, error = %e, "a streamed part may have been sent");
+            }
+        };
+        match recorded {
+            Ok(true) => tracing::info!(key = %reply.idempotency_key, "streamed part recorded"),
+            Ok(false) => tracing::debug!(part, "streamed part not recorded: the run ended"),
+            Err(e) => tracing::warn!(part, error = %e, "recording a streamed part failed"),
         }
     }
 

@@ -43,6 +43,19 @@ pub struct NewPlaceholder<'a> {
     pub content: &'a str,
 }
 
+/// What became of a part (≥ 2) of a streamed answer, as `outbound_reply.streamed_parts`
+/// keeps it: `{"<part>": "<message id>"}` once shown, `null` while its send is in doubt
+/// (about to go, or gone with no answer), absent when it never went.
+#[derive(Debug, Clone, Copy)]
+pub enum StreamedPart<'a> {
+    /// About to be sent: until its id is recorded, the part may be in the chat.
+    Sending,
+    /// Shown in this platform message.
+    Shown(&'a str),
+    /// The platform answered that it was not sent.
+    NotSent,
+}
+
 impl Store {
     /// Queues a placeholder for the run `fence` holds, due now: only while the run still
     /// owns its task and nothing was queued under its reply key (the answer, or the
@@ -104,15 +117,16 @@ impl Store {
         }))
     }
 
-    /// Records that the streamed answer of the run `fence` holds shows its part `part` (≥ 2)
-    /// in the platform message `message_id`, on its placeholder's row (`key`), while the run
-    /// still owns its task. Returns whether it was recorded.
+    /// Records on the placeholder's row (`key`) of the streamed answer of the run `fence`
+    /// what became of its part `part` (≥ 2), while the run still owns its task: about to be
+    /// sent, shown in a platform message, or surely not sent. Returns whether it was
+    /// recorded.
     pub async fn note_streamed_part(
         &self,
         fence: &crate::domain::Fence,
         key: &str,
         part: usize,
-        message_id: &str,
+        state: StreamedPart<'_>,
     ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
             let row: Option<(i64, Option<String>)> = sqlx::query_as(
@@ -128,7 +142,17 @@ impl Store {
                     let mut parts: serde_json::Map<String, serde_json::Value> = parts
                         .and_then(|p| serde_json::from_str(&p).ok())
                         .unwrap_or_default();
-                    parts.insert(part.to_string(), serde_json::json!(message_id));
+                    match state {
+                        StreamedPart::Sending => {
+                            parts.insert(part.to_string(), serde_json::Value::Null);
+                        }
+                        StreamedPart::Shown(id) => {
+                            parts.insert(part.to_string(), serde_json::json!(id));
+                        }
+                        StreamedPart::NotSent => {
+                            parts.remove(&part.to_string());
+                        }
+                    }
                     sqlx::query(
                         "UPDATE outbound_reply SET streamed_parts = $1 WHERE id = $2 \
                          AND EXISTS (SELECT 1 FROM agent_task WHERE id = $3 AND owner = $4 \

@@ -6,7 +6,8 @@
 //!
 //! Sources: Telegram Bot API (`sendMessage`, `editMessageText` and its "message is not
 //! modified" refusal), Slack Web API (`chat.postMessage`, `chat.update` and their `no_text`,
-//! `message_not_found`, `cant_update_message` errors), Lark Open API (reply to a message,
+//! `message_not_found`, `cant_update_message` errors; `conversations.history` and
+//! `conversations.replies` with `include_all_metadata`), Lark Open API (reply to a message,
 //! `PATCH /im/v1/messages/{id}`, which only updates cards sent as shared cards —
 //! `config.update_multi`), Matrix client-server API (room send with transaction ids,
 //! event replacements `m.replace` with `m.new_content`).
@@ -238,6 +239,9 @@ impl Respond for SlackMessages {
         if !authed {
             return error("not_authed");
         }
+        if request.method.as_str() == "GET" {
+            return self.read(request);
+        }
         let body = body_of(request);
         let Some(channel) = body["channel"].as_str().filter(|c| !c.is_empty()) else {
             return error("channel_not_found");
@@ -262,14 +266,20 @@ impl Respond for SlackMessages {
         if long_section {
             return error("invalid_blocks");
         }
-        let shown = json!({ "text": text, "blocks": body["blocks"] });
+        let mut shown = json!({ "text": text, "blocks": body["blocks"] });
         let mut messages = self.0.lock().unwrap();
         let ts = if request.url.path() == "/chat.update" {
             let Some(ts) = body["ts"].as_str() else {
                 return error("message_not_found");
             };
             match messages.by_id.get_mut(ts) {
-                Some(held) if held.chat == channel => held.content = shown,
+                Some(held) if held.chat == channel => {
+                    // An update keeps the message's thread and its metadata unless given.
+                    for kept in ["thread_ts", "metadata"] {
+                        shown[kept] = body.get(kept).unwrap_or(&held.content[kept]).clone();
+                    }
+                    held.content = shown
+                }
                 Some(_) => return error("cant_update_message"),
                 None => return error("message_not_found"),
             }
@@ -277,6 +287,8 @@ impl Respond for SlackMessages {
         } else {
             messages.next += 1;
             let ts = format!("1700.{:04}", messages.next);
+            shown["thread_ts"] = body["thread_ts"].clone();
+            shown["metadata"] = body["metadata"].clone();
             messages.by_id.insert(
                 ts.clone(),
                 Held {
@@ -290,6 +302,68 @@ impl Respond for SlackMessages {
         ResponseTemplate::new(200).set_body_json(
             json!({"ok": true, "channel": channel, "ts": ts, "message": {"text": text, "ts": ts}}),
         )
+    }
+}
+
+impl SlackMessages {
+    /// `conversations.history` (a channel's top-level messages, newest first) and
+    /// `conversations.replies` (a thread's messages, oldest first; `ts` is required and
+    /// names the thread's parent) over the messages the bot posted, each with its
+    /// `metadata` only under `include_all_metadata=true`, at most `limit` (history: 100 by
+    /// default, 999 at most; replies: 1,000).
+    fn read(&self, request: &Request) -> ResponseTemplate {
+        let error =
+            |e: &str| ResponseTemplate::new(200).set_body_json(json!({"ok": false, "error": e}));
+        let query: HashMap<String, String> = request.url.query_pairs().into_owned().collect();
+        let Some(channel) = query.get("channel").filter(|c| !c.is_empty()) else {
+            return error("channel_not_found");
+        };
+        let metadata = query.get("include_all_metadata").map(String::as_str) == Some("true");
+        let replies = request.url.path() == "/conversations.replies";
+        let thread = query.get("ts").cloned().unwrap_or_default();
+        if replies && thread.is_empty() {
+            return error("thread_not_found");
+        }
+        let (default, max) = if replies { (1000, 1000) } else { (100, 999) };
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .unwrap_or(default)
+            .min(max);
+        let held = self.0.lock().unwrap();
+        let mut found: Vec<(&String, &Held)> = held
+            .by_id
+            .iter()
+            .filter(|(ts, m)| {
+                let parent = m.content["thread_ts"].as_str();
+                m.chat == *channel
+                    && if replies {
+                        **ts == thread || parent == Some(thread.as_str())
+                    } else {
+                        parent.is_none()
+                    }
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(b.0));
+        if !replies {
+            found.reverse();
+        }
+        let messages: Vec<Value> = found
+            .into_iter()
+            .take(limit)
+            .map(|(ts, m)| {
+                let mut message = json!({"type": "message", "ts": ts, "text": m.content["text"]});
+                if let Some(parent) = m.content["thread_ts"].as_str() {
+                    message["thread_ts"] = json!(parent);
+                }
+                if metadata && m.content["metadata"].is_object() {
+                    message["metadata"] = m.content["metadata"].clone();
+                }
+                message
+            })
+            .collect();
+        ResponseTemplate::new(200)
+            .set_body_json(json!({"ok": true, "messages": messages, "has_more": false}))
     }
 }
 

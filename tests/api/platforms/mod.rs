@@ -22,6 +22,7 @@ mod scopes;
 mod sdk_inputs;
 mod secrets;
 mod slack;
+mod streamed;
 mod telegram;
 mod typing;
 mod wecom;
@@ -65,12 +66,14 @@ pub(crate) async fn platform_api() -> MockServer {
             .mount(&api)
             .await;
     }
-    Mock::given(method("GET"))
-        .and(path("/conversations.replies"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ok": true, "messages": []})))
-        .with_priority(5)
-        .mount(&api)
-        .await;
+    for call in ["/conversations.replies", "/conversations.history"] {
+        Mock::given(method("GET"))
+            .and(path(call))
+            .respond_with(slack.clone())
+            .with_priority(5)
+            .mount(&api)
+            .await;
+    }
     api
 }
 
