@@ -1,13 +1,13 @@
 //! Probes, at build time, for the outside packages some integration tests run against (the
 //! real llama.cpp server, the reference MCP SDK, Chromium, PyYAML, the Prometheus parser, the
-//! Telegram and WeCom SDKs)
+//! Telegram and WeCom SDKs, the Synapse homeserver)
 //! and sets one `assistd_has_*` cfg for each that is there. A test that needs a missing one
 //! is compiled as `#[ignore = "<what to install>"]`, so `cargo test` on a machine with only
 //! the Rust toolchain passes and names what it did not run, never counting it as passed.
 //! `ASSISTD_TEST_REQUIRE=all` (set by `.ci/run`) turns a missing package into a build
 //! error instead. Nothing here affects the `assistd` binary.
 //!
-//! Cargo runs this again when `ASSISTD_TEST_PYTHON`, `ASSISTD_TEST_REQUIRE` or
+//! Cargo runs this again when `ASSISTD_TEST_PYTHON`, `ASSISTD_TEST_SYNAPSE`, `ASSISTD_TEST_REQUIRE` or
 //! `ASSISTD_TEST_PROBE` changes: after installing a package, build with any new
 //! `ASSISTD_TEST_PROBE` value (or `touch build.rs`) to run its tests.
 
@@ -41,6 +41,12 @@ const PROBES: &[(&str, Probe, &str)] = &[
         "the platforms' SDKs: pip install 'python-telegram-bot==21.11.1' 'wechatpy==1.8.18' 'cryptography>=42'",
     ),
     (
+        "assistd_has_synapse",
+        Probe::PythonOf("ASSISTD_TEST_SYNAPSE", "import synapse.app.homeserver"),
+        "Synapse, the Matrix homeserver: pip install 'matrix-synapse==1.163.2' (into the Python \
+         ASSISTD_TEST_SYNAPSE names, python3 by default)",
+    ),
+    (
         "assistd_has_postgres_server",
         Probe::PostgresServer,
         "a PostgreSQL server to start privately: apt-get install postgresql",
@@ -54,6 +60,8 @@ const PROBES: &[(&str, Probe, &str)] = &[
 
 enum Probe {
     Python(&'static str),
+    /// An import in the Python interpreter the environment variable names (python3 if unset).
+    PythonOf(&'static str, &'static str),
     Files(&'static [&'static str]),
     /// `initdb` of a Debian PostgreSQL (`/usr/lib/postgresql/<version>/bin`).
     PostgresServer,
@@ -65,6 +73,7 @@ fn main() {
         "ASSISTD_TEST_PYTHON",
         "ASSISTD_TEST_REQUIRE",
         "ASSISTD_TEST_PROBE",
+        "ASSISTD_TEST_SYNAPSE",
     ] {
         println!("cargo::rerun-if-env-changed={var}");
     }
@@ -78,6 +87,13 @@ fn main() {
                 .args(["-c", import])
                 .output()
                 .is_ok_and(|o| o.status.success()),
+            Probe::PythonOf(var, import) => {
+                let python = std::env::var(var).unwrap_or_else(|_| "python3".into());
+                Command::new(python)
+                    .args(["-c", import])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            }
             Probe::Files(files) => files.iter().all(|f| std::path::Path::new(f).exists()),
             Probe::PostgresServer => std::fs::read_dir("/usr/lib/postgresql")
                 .map(|versions| {

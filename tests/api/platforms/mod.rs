@@ -23,6 +23,7 @@ mod sdk_inputs;
 mod secrets;
 mod slack;
 mod streamed;
+mod synapse;
 mod telegram;
 mod typing;
 mod wecom;
