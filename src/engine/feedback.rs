@@ -405,7 +405,7 @@ impl Feedback {
     /// DingTalk). A failed send stops the stream's later parts, unless the platform said it
     /// was not sent.
     async fn send_part(&self, part: usize, text: String) {
-        use crate::store::outbox::StreamedPart;
+        use crate::store::outbox::{Noted, StreamedPart};
         let svc = &self.svc;
         if svc
             .channels
@@ -419,15 +419,32 @@ impl Feedback {
             svc.store
                 .note_streamed_part(&self.fence, &self.key, part, state)
         };
+        let blind = svc.channels.resend_is_blind(&self.channel);
+        let mut reply = self.partial_reply(String::new(), text);
         match note(StreamedPart::Sending).await {
-            Ok(true) => {}
-            Ok(false) => return tracing::debug!(part, "streamed part not sent: the run ended"),
+            Ok(Noted::Recorded) => {}
+            // An earlier run of the task (before a crash) showed it: edited from now on.
+            Ok(Noted::WasShown(id)) => {
+                if let Some(slot) = self.lock().parts.get_mut(part - 2) {
+                    *slot = (Some(id), String::new());
+                }
+                return;
+            }
+            // An earlier run's send is in doubt: settled by the answer's delivery where a
+            // resend is blind; elsewhere sent again as a retry (found or dropped by key).
+            Ok(Noted::WasInDoubt) if blind => {
+                self.lock().parts_stopped = true;
+                return;
+            }
+            Ok(Noted::WasInDoubt) => reply.attempts = 2,
+            Ok(Noted::RunEnded) => {
+                return tracing::debug!(part, "streamed part not sent: the run ended");
+            }
             Err(e) => {
                 self.forget_part_shown(part);
                 return tracing::warn!(part, error = %e, "recording a streamed part failed");
             }
         }
-        let mut reply = self.partial_reply(String::new(), text);
         reply.idempotency_key = format!("{}-part-{part}", self.key);
         reply.edit = false;
         reply.platform_message_id = None;
@@ -450,7 +467,7 @@ impl Feedback {
             }
             // Refused where a resend would be blind: recorded as not sent (else the answer
             // would be given up as in doubt), and due again with the next text.
-            Err(e) if !e.unknown && svc.channels.resend_is_blind(&self.channel) => {
+            Err(e) if !e.unknown && blind => {
                 tracing::debug!(part, error = %e, "streamed part not sent");
                 self.forget_part_shown(part);
                 note(StreamedPart::NotSent).await
@@ -463,8 +480,10 @@ impl Feedback {
             }
         };
         match recorded {
-            Ok(true) => tracing::info!(key = %reply.idempotency_key, "streamed part recorded"),
-            Ok(false) => tracing::debug!(part, "streamed part not recorded: the run ended"),
+            Ok(Noted::RunEnded) => {
+                tracing::debug!(part, "streamed part not recorded: the run ended")
+            }
+            Ok(_) => tracing::info!(key = %reply.idempotency_key, "streamed part recorded"),
             Err(e) => tracing::warn!(part, error = %e, "recording a streamed part failed"),
         }
     }

@@ -56,6 +56,18 @@ pub enum StreamedPart<'a> {
     NotSent,
 }
 
+/// What `note_streamed_part` found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Noted {
+    Recorded,
+    /// An earlier run of the task showed this part in this message (nothing written).
+    WasShown(String),
+    /// An earlier run's send of this part is in doubt (nothing written).
+    WasInDoubt,
+    /// The run no longer owns its task, or has no placeholder (nothing written).
+    RunEnded,
+}
+
 impl Store {
     /// Queues a placeholder for the run `fence` holds, due now: only while the run still
     /// owns its task and nothing was queued under its reply key (the answer, or the
@@ -119,16 +131,16 @@ impl Store {
 
     /// Records on the placeholder's row (`key`) of the streamed answer of the run `fence`
     /// what became of its part `part` (≥ 2), while the run still owns its task: about to be
-    /// sent, shown in a platform message, or surely not sent. Returns whether it was
-    /// recorded.
+    /// sent, shown in a platform message, or surely not sent. A part an earlier run of the
+    /// task recorded is not marked as going again: its record is returned instead.
     pub async fn note_streamed_part(
         &self,
         fence: &crate::domain::Fence,
         key: &str,
         part: usize,
         state: StreamedPart<'_>,
-    ) -> StoreResult<bool> {
-        let done = write_tx!(self, tx => {
+    ) -> StoreResult<Noted> {
+        let noted = write_tx!(self, tx => {
             let row: Option<(i64, Option<String>)> = sqlx::query_as(
                 "SELECT id, streamed_parts FROM outbound_reply WHERE idempotency_key = $1 \
                  AND placeholder = 1",
@@ -136,40 +148,44 @@ impl Store {
             .bind(key)
             .fetch_optional(&mut *tx)
             .await?;
-            match row {
-                None => 0,
-                Some((id, parts)) => {
-                    let mut parts: serde_json::Map<String, serde_json::Value> = parts
-                        .and_then(|p| serde_json::from_str(&p).ok())
-                        .unwrap_or_default();
-                    match state {
-                        StreamedPart::Sending => {
-                            parts.insert(part.to_string(), serde_json::Value::Null);
-                        }
-                        StreamedPart::Shown(id) => {
-                            parts.insert(part.to_string(), serde_json::json!(id));
-                        }
-                        StreamedPart::NotSent => {
-                            parts.remove(&part.to_string());
-                        }
-                    }
-                    sqlx::query(
-                        "UPDATE outbound_reply SET streamed_parts = $1 WHERE id = $2 \
-                         AND EXISTS (SELECT 1 FROM agent_task WHERE id = $3 AND owner = $4 \
-                         AND version = $5 AND status = 'RUNNING')",
-                    )
-                    .bind(serde_json::Value::Object(parts).to_string())
-                    .bind(id)
-                    .bind(fence.task_id)
-                    .bind(&fence.owner)
-                    .bind(fence.version)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected()
+            let Some((id, parts)) = row else {
+                return Ok(Noted::RunEnded);
+            };
+            let mut parts: serde_json::Map<String, serde_json::Value> = parts
+                .and_then(|p| serde_json::from_str(&p).ok())
+                .unwrap_or_default();
+            let slot = part.to_string();
+            match (state, parts.get(&slot)) {
+                (StreamedPart::Sending, Some(serde_json::Value::String(shown))) => {
+                    return Ok(Noted::WasShown(shown.clone()));
+                }
+                (StreamedPart::Sending, Some(_)) => return Ok(Noted::WasInDoubt),
+                (StreamedPart::Sending, None) => {
+                    parts.insert(slot, serde_json::Value::Null);
+                }
+                (StreamedPart::Shown(id), _) => {
+                    parts.insert(slot, serde_json::json!(id));
+                }
+                (StreamedPart::NotSent, _) => {
+                    parts.remove(&slot);
                 }
             }
+            let written = sqlx::query(
+                "UPDATE outbound_reply SET streamed_parts = $1 WHERE id = $2 \
+                 AND EXISTS (SELECT 1 FROM agent_task WHERE id = $3 AND owner = $4 \
+                 AND version = $5 AND status = 'RUNNING')",
+            )
+            .bind(serde_json::Value::Object(parts).to_string())
+            .bind(id)
+            .bind(fence.task_id)
+            .bind(&fence.owner)
+            .bind(fence.version)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if written == 1 { Noted::Recorded } else { Noted::RunEnded }
         });
-        Ok(done == 1)
+        Ok(noted)
     }
 
     /// Takes up to `limit` due PENDING replies for `owner` until `lease_until`, counting the

@@ -679,3 +679,92 @@ async fn a_long_streamed_answer_goes_on_in_its_next_parts_on_dingtalk() {
     check_parts("dingtalk (streamed)", &texts, |t| t.chars().count() <= 2000);
     app.stop().await;
 }
+
+/// The real binary is killed while a long answer streams into Telegram, once part 2 was
+/// sent and recorded; after the restart the resumed run finds part 2 recorded and edits it
+/// instead of sending it again (Telegram cannot drop a repeat), and the answer ends with
+/// exactly one Telegram message per part, each in its final numbered text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_streaming_into_parts_sends_no_part_twice() {
+    use crate::binary::{RealServer, server_envs};
+    let db = TestDb::new().await;
+    let api = platform_api().await;
+    let model = crate::strict_model::SlowStreamingModel::start(
+        &long_answer(),
+        200,
+        Duration::from_millis(40),
+    )
+    .await;
+    let receiver = accepting_receiver().await;
+    let workdir = tempfile::tempdir().unwrap();
+    let api_uri = api.uri();
+    let envs = server_envs(
+        &db,
+        &model.uri,
+        &receiver.uri(),
+        &[
+            ("ASSISTD_CHANNELS__TELEGRAM__ENABLED", "true"),
+            ("ASSISTD_CHANNELS__TELEGRAM__BOT_TOKEN", TG_TOKEN),
+            ("ASSISTD_CHANNELS__TELEGRAM__SECRET_TOKEN", TG_SECRET),
+            ("ASSISTD_CHANNELS__TELEGRAM__API_BASE_URL", &api_uri),
+            ("ASSISTD_CHANNELS__TELEGRAM__BOT_USERNAME", "helper_bot"),
+            ("ASSISTD_CHANNELS__TELEGRAM__PER_CHAT_INTERVAL_MS", "0"),
+            ("ASSISTD_REPLIES__STREAM_EDIT_MS", "60"),
+            ("ASSISTD_REPLIES__PLACEHOLDER_AFTER_MS", "0"),
+            ("ASSISTD_OUTBOX__POLL_INTERVAL_MS", "100"),
+            ("ASSISTD_OUTBOX__TIMEOUT_SECS", "2"),
+            ("ASSISTD_OUTBOX__LEASE_SECS", "3"),
+            ("ASSISTD_WORKER__LEASE_SECS", "3"),
+        ],
+    );
+    let server = RealServer::start(&envs, workdir.path()).await;
+    let asked = reqwest::Client::new()
+        .post(format!("{}/webhooks/telegram", server.addr))
+        .header("X-Telegram-Bot-Api-Secret-Token", TG_SECRET)
+        .json(&tg_update(9, 4242, 1, 4242, "the travel policy?"))
+        .send()
+        .await
+        .unwrap();
+    let id = task_id_of(asked).await;
+    // Part 2 (message 100) edited: its id was recorded before its first edit could go.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let calls = message_calls(&api, &["editMessageText"]).await;
+        if calls.iter().any(|(_, b)| b["message_id"] == 100) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "part 2 never streamed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill();
+
+    let server = RealServer::start(&envs, workdir.path()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let task = server.admin_json(&format!("/api/tasks/{id}")).await;
+        if task["status"] == "SUCCEEDED" && task["reply"]["status"] == "SENT" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the answer was not delivered after the restart: {task:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.terminate(), Some(0));
+    let calls = message_calls(&api, &["sendMessage", "editMessageText"]).await;
+    let finals = final_texts(
+        &calls,
+        ("sendMessage", "editMessageText", "message_id"),
+        |n| (99 + n).to_string(),
+    );
+    let texts: Vec<String> = finals.into_iter().map(|(_, t, _)| t).collect();
+    // One message per part: as many sends as parts, each ending in its own numbered text.
+    check_parts("telegram (killed while streaming)", &texts, |t| {
+        t.encode_utf16().count() <= 4096
+    });
+    db.drop_db().await;
+}

@@ -29,15 +29,6 @@ struct Synapse {
     http: reqwest::Client,
 }
 
-/// A port free on 127.0.0.1 now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Synapse {
     /// Starts Synapse on `port`, pushing to the application service at `appservice_url`.
     async fn start(port: u16, appservice_url: &str) -> Synapse {
@@ -253,7 +244,7 @@ async fn a_real_synapse_takes_formatted_answers_and_a_streamed_long_answer_in_pa
     })
     .mount(&model)
     .await;
-    let port = free_port();
+    let port = crate::binary::free_port();
     let homeserver = format!("http://127.0.0.1:{port}");
     let app = TestApp::spawn_with(model, accepting_receiver().await, move |c| {
         enable_matrix(c, &homeserver);
