@@ -71,7 +71,7 @@ pub async fn run(
     }
     messages.extend(recent);
     // The group's chatter before the question, as context just before it.
-    if let Some(chatter) = group_context(svc, ctx).await?
+    if let Some(chatter) = chatter_message(&group_chatter(svc, ctx).await?)
         && let Some(question) = messages.pop()
     {
         messages.push(chatter);
@@ -122,13 +122,16 @@ pub async fn run(
 const CHATTER_CHARS: usize = 500;
 
 /// The messages of the task's group chat that were not addressed to the bot, up to the
-/// question (the last `channels.<platform>.group_context`), as one message; `None` when the
-/// platform keeps none or there are none.
-async fn group_context(svc: &Worker, ctx: &TaskContext) -> Result<Option<ChatMessage>, RunError> {
+/// question (the last `channels.<platform>.group_context`), oldest first, as (who, text);
+/// none when the platform keeps none.
+pub(crate) async fn group_chatter(
+    svc: &Worker,
+    ctx: &TaskContext,
+) -> Result<Vec<(String, String)>, RunError> {
     let (task, message) = (&ctx.task, &ctx.message);
     let keep = svc.channels.group_context(&task.channel);
     if keep == 0 {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let chat = svc
         .channels
@@ -138,21 +141,28 @@ async fn group_context(svc: &Worker, ctx: &TaskContext) -> Result<Option<ChatMes
         .store
         .group_context(&task.channel, &chat, message.received_at, keep as i64)
         .await?;
-    if kept.is_empty() {
-        return Ok(None);
-    }
-    let lines: Vec<String> = kept
-        .iter()
+    Ok(kept
+        .into_iter()
         .map(|m| {
-            let who = m.sender_name.as_deref().unwrap_or(&m.sender_id);
-            let text: String = m.text.chars().take(CHATTER_CHARS).collect();
-            format!("{who}: {text}")
+            let who = m.sender_name.unwrap_or(m.sender_id);
+            (who, m.text.chars().take(CHATTER_CHARS).collect())
         })
+        .collect())
+}
+
+/// The group's chatter as one message put just before the question; `None` without any.
+pub(crate) fn chatter_message(chatter: &[(String, String)]) -> Option<ChatMessage> {
+    if chatter.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = chatter
+        .iter()
+        .map(|(who, text)| format!("{who}: {text}"))
         .collect();
-    Ok(Some(ChatMessage::user(format!(
+    Some(ChatMessage::user(format!(
         "For context, the latest messages in this group chat that were not addressed to you:\n{}",
         lines.join("\n")
-    ))))
+    )))
 }
 
 /// The conversation's recent turns up to and including the question: the user's messages

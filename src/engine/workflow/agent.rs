@@ -24,9 +24,10 @@ impl Runner<'_> {
     pub(super) async fn agent_loop(&mut self, id: &str, node: &AgentNode) -> Result<String, Stop> {
         let prompt = ChatMessage::user(self.render(&node.prompt)?);
         let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
-        // The system prompt, the conversation's earlier exchanges, the node's prompt.
+        // The system prompt, the conversation's earlier exchanges (and the group's chatter),
+        // the node's prompt.
         let mut head = vec![system.clone()];
-        head.extend(self.history.iter().cloned());
+        head.extend(self.context_messages());
         head.push(prompt.clone());
         let specs = self.tools.function_specs(&node.tools);
         let every = self.svc.config.context.summary_every_steps as usize;

@@ -90,6 +90,10 @@ pub(super) struct Runner<'a> {
     /// The conversation's earlier exchanges that fit the history budget, oldest first:
     /// `history` in templates and the turns before the prompt in `llm` and `agent` calls.
     pub(super) history: Vec<ChatMessage>,
+    /// The group chat's messages not addressed to the bot before the question, as (who,
+    /// text) (`channels.<platform>.group_context`): `group_context` in templates, and one
+    /// message after the history in `llm` and `agent` calls.
+    pub(super) chatter: Vec<(String, String)>,
     /// The tools this task may use: the configured ones and its pinned MCP tools.
     pub(super) tools: std::sync::Arc<crate::tools::task_tools::TaskTools>,
 }
@@ -190,10 +194,12 @@ impl<'a> Runner<'a> {
                 .unwrap_or_default(),
             declined: None,
             history: Vec::new(),
+            chatter: Vec::new(),
             tools: std::sync::Arc::new(tools),
         };
         let mut runner = runner;
         runner.history = runner.recent_history().await?;
+        runner.chatter = crate::engine::single_turn::group_chatter(svc, ctx).await?;
         Ok((runner, workflow))
     }
 
@@ -212,7 +218,18 @@ impl<'a> Runner<'a> {
                 "role": m.role.as_str(),
                 "text": m.content,
             })).collect::<Vec<_>>(),
+            "group_context": self.chatter.iter().map(|(who, text)| json!({
+                "sender": who,
+                "text": text,
+            })).collect::<Vec<_>>(),
         })
+    }
+
+    /// What a model call sees before its node's prompt: the conversation's earlier
+    /// exchanges, then the group's chatter since (one message).
+    pub(super) fn context_messages(&self) -> impl Iterator<Item = ChatMessage> + '_ {
+        let chatter = crate::engine::single_turn::chatter_message(&self.chatter);
+        self.history.iter().cloned().chain(chatter)
     }
 
     /// An `llm` node: one model call (the history before the prompt), its text as the
@@ -221,7 +238,7 @@ impl<'a> Runner<'a> {
         let prompt = self.render(&n.prompt)?;
         let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
         let mut messages = vec![system.clone()];
-        messages.extend(self.history.iter().cloned());
+        messages.extend(self.context_messages());
         messages.push(ChatMessage::user(prompt.clone()));
         let answer = match self.llm_call("llm", messages, Vec::new(), None).await {
             // Refused as too long: once more, with the prompt cut to fit.

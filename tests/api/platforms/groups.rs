@@ -566,3 +566,58 @@ async fn lark_replies_to_the_bot_are_questions() {
     assert_eq!(counts(&app).await, (2, 2));
     app.stop().await;
 }
+
+/// A workflow agent gets the group's chatter too: as `group_context` in its templates and as
+/// one message after the history, before the prompt, in its `llm` (and `agent`) model calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_agent_sees_the_group_chatter() {
+    const FLOW: &str = r#"{"start": "ask", "nodes": [
+        {"id": "ask", "type": "llm", "next": "done",
+         "prompt": "Chatter:{% for m in group_context %} {{ m.sender }}={{ m.text }};{% endfor %} Question: {{ message.text }}"},
+        {"id": "done", "type": "reply", "text": "{{ steps.ask.text }}"}]}"#;
+    let api = platform_api().await;
+    let uri = api.uri();
+    let flow = crate::workflows::spawn_flow_with(FLOW, move |c| {
+        enable_platforms(c, &uri, "flow");
+        c.channels.telegram.group_context = 2;
+    })
+    .await;
+    let app = &flow.app;
+    for (n, text) in [
+        (1, "the train is late"),
+        (2, "meeting moved to 3pm"),
+        (3, "lunch at noon"),
+    ] {
+        let said = app
+            .telegram(&tg_update(n, -800, n, 40 + n, text), Some(TG_SECRET))
+            .await;
+        ignored(said).await;
+    }
+    let id = task_id_of(
+        app.telegram(
+            &tg_update(4, -800, 4, 41, "@helper_bot when is the meeting?"),
+            Some(TG_SECRET),
+        )
+        .await,
+    )
+    .await;
+    app.wait_replied(id, WAIT).await;
+    let calls = model_bodies(&app.model).await;
+    let messages = calls.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let n = messages.len();
+    let prompt = messages[n - 1]["content"].as_str().unwrap();
+    assert_eq!(
+        prompt,
+        "Chatter: ada=meeting moved to 3pm; ada=lunch at noon; Question: when is the meeting?"
+    );
+    let context = messages[n - 2]["content"].as_str().unwrap();
+    assert!(
+        context.contains("ada: meeting moved to 3pm\nada: lunch at noon")
+            && !context.contains("train"),
+        "{context}"
+    );
+    flow.app.stop().await;
+}
