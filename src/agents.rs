@@ -1,127 +1,52 @@
-//! Agent definitions: what the config (or the versions API) declares, validated, and
-//! published as a new immutable version when it changed. Tasks carry the version they were
-//! created for and run on a copy of it taken at claim.
+//! Agent versions published: what the config (or the versions API) declares as an
+//! `AgentDefinition` (`definition/`), validated against the tools and model providers that
+//! exist, and published as a new immutable version when it changed. Tasks carry the version
+//! they were created for and run on a copy of it taken at claim.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::{AgentConfig, AgentMode, Config};
-use crate::engine::workflow::config::Workflow;
+use crate::config::Config;
+use crate::definition::workflow::Workflow;
+use crate::definition::{AgentDefinition, AgentMode};
 use crate::llm::ModelClients;
 use crate::store::Store;
 use crate::store::agents::Published;
 use crate::tools::ToolRegistry;
-use crate::tools::mcp::McpToolSpec;
 use crate::tools::task_tools::TaskTools;
 
-/// What an agent version holds; stored as JSON in `agent_version.definition` and copied
-/// into the task when it is claimed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AgentDefinition {
-    pub mode: AgentMode,
-    pub system_prompt: String,
-    /// Empty = the configured `llm.model` at run time.
-    #[serde(default)]
-    pub model: String,
-    /// A `[llm.providers.<name>]` entry; empty = `[llm]`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub provider: String,
-    #[serde(default = "default_temperature")]
-    pub temperature: f64,
-    #[serde(default = "default_max_tokens")]
-    pub max_tokens: u32,
-    #[serde(default = "default_history")]
-    pub history_messages: u32,
-    /// The workflow of a `workflow` agent (docs/workflows.md).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workflow: Option<Value>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub approvers: Vec<String>,
-    #[serde(default = "default_deadline")]
-    pub confirm_deadline_secs: u64,
-    /// Sent when the model answers nothing; empty = the task fails.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub fallback_text: String,
-    /// The placeholder of a slow run (`replies.placeholder` when absent; "" = none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placeholder: Option<String>,
-    /// The MCP tools the workflow names, as their servers offered them when this version
-    /// was published (filled in by `publish`, never taken from a request).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub mcp_tools: BTreeMap<String, McpToolSpec>,
-}
-
-fn default_temperature() -> f64 {
-    0.2
-}
-fn default_max_tokens() -> u32 {
-    1024
-}
-fn default_history() -> u32 {
-    20
-}
-fn default_deadline() -> u64 {
-    3600
-}
-
-impl AgentDefinition {
-    pub fn from_config(c: &AgentConfig, workflow: Option<Value>) -> Self {
-        AgentDefinition {
-            mode: c.mode,
-            system_prompt: c.system_prompt.clone(),
-            model: c.model.clone(),
-            provider: c.provider.clone(),
-            temperature: c.temperature,
-            max_tokens: c.max_tokens,
-            history_messages: c.history_messages,
-            workflow,
-            approvers: c.approvers.clone(),
-            confirm_deadline_secs: c.confirm_deadline_secs,
-            fallback_text: c.fallback_text.clone(),
-            placeholder: c.placeholder.clone(),
-            mcp_tools: BTreeMap::new(),
-        }
+/// Checks `definition` against the tools (`tools`) and model providers that exist; errors
+/// name the field (and the node, for workflows).
+pub fn validate(
+    definition: &AgentDefinition,
+    tools: &TaskTools,
+    models: &ModelClients,
+) -> Result<(), String> {
+    if !models.has(&definition.provider) {
+        return Err(format!(
+            "provider `{}` is not configured (add [llm.providers.{}])",
+            definition.provider, definition.provider
+        ));
     }
-
-    /// Checks the definition; errors name the field (and the node, for workflows).
-    pub fn validate(&self, tools: &TaskTools, models: &ModelClients) -> Result<(), String> {
-        if !models.has(&self.provider) {
-            return Err(format!(
-                "provider `{}` is not configured (add [llm.providers.{}])",
-                self.provider, self.provider
-            ));
-        }
-        if !(0.0..=2.0).contains(&self.temperature) {
-            return Err("temperature must be between 0 and 2".into());
-        }
-        if self.max_tokens == 0 {
-            return Err("max_tokens must be greater than 0".into());
-        }
-        if self.confirm_deadline_secs == 0 {
-            return Err("confirm_deadline_secs must be greater than 0".into());
-        }
-        match (self.mode, &self.workflow) {
-            (AgentMode::SingleTurn, Some(_)) => {
-                Err("a single_turn agent has no workflow (set mode to workflow)".into())
-            }
-            (AgentMode::Workflow, None) => Err("a workflow agent needs a `workflow`".into()),
-            (AgentMode::Workflow, Some(w)) => {
-                Workflow::parse(w, tools, !self.approvers.is_empty()).map(|_| ())
-            }
-            (AgentMode::SingleTurn, None) => Ok(()),
-        }
+    if !(0.0..=2.0).contains(&definition.temperature) {
+        return Err("temperature must be between 0 and 2".into());
     }
-
-    /// The TEXT of the mode column.
-    pub fn mode_str(&self) -> &'static str {
-        match self.mode {
-            AgentMode::SingleTurn => "single_turn",
-            AgentMode::Workflow => "workflow",
+    if definition.max_tokens == 0 {
+        return Err("max_tokens must be greater than 0".into());
+    }
+    if definition.confirm_deadline_secs == 0 {
+        return Err("confirm_deadline_secs must be greater than 0".into());
+    }
+    match (definition.mode, &definition.workflow) {
+        (AgentMode::SingleTurn, Some(_)) => {
+            Err("a single_turn agent has no workflow (set mode to workflow)".into())
         }
+        (AgentMode::Workflow, None) => Err("a workflow agent needs a `workflow`".into()),
+        (AgentMode::Workflow, Some(w)) => {
+            Workflow::parse(w, tools, !definition.approvers.is_empty()).map(|_| ())
+        }
+        (AgentMode::SingleTurn, None) => Ok(()),
     }
 }
 
@@ -138,9 +63,7 @@ pub async fn publish(
     definition.mcp_tools = tools.resolve_mcp(definition.workflow.as_ref());
     let view =
         TaskTools::new(tools.clone(), &definition.mcp_tools).map_err(PublishError::Invalid)?;
-    definition
-        .validate(&view, models)
-        .map_err(PublishError::Invalid)?;
+    validate(&definition, &view, models).map_err(PublishError::Invalid)?;
     let json =
         serde_json::to_string(&definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
     store
@@ -176,7 +99,7 @@ pub async fn publish_configured_agents(
                 anyhow::anyhow!("agents.{name}.workflow_file: {path} is not JSON: {e}")
             })?)
         };
-        let definition = AgentDefinition::from_config(agent, workflow);
+        let definition = agent.definition(workflow);
         let published = publish(store, tools, models, name, &definition)
             .await
             .map_err(|e| anyhow::anyhow!("agents.{name}: {e}"))?;

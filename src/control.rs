@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::config::{Config, ToolKind};
+use crate::config::Config;
+use crate::definition::ToolKind;
 use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, ReplyType, TaskRow, TaskStatus, now_ms};
 use crate::domain::{Decision, FailureType, NewReply, StepStatus, StepType};

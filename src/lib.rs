@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod channels;
 pub mod config;
 pub mod control;
+pub mod definition;
 pub mod domain;
 pub mod engine;
 pub mod http;

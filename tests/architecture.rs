@@ -1,6 +1,8 @@
 //! The shape of `src/`, checked as text (no build needed): the file-level import graph has no
-//! circle, nothing below `app.rs` imports the assembly, no source file is over 700 lines and
-//! no function over 100, unless a one-line `// long:` comment right above it says why.
+//! circle, every arrow between parts (top-level modules) is one docs/architecture.md's table
+//! "Which part may use which" allows, nothing below `app.rs` imports the assembly, no source
+//! file is over 700 lines and no function over 100, unless a one-line `// long:` comment right
+//! above it says why.
 //!
 //! The graph: an arrow from file A to file B when A names a path that resolves into B's
 //! module (`use crate::…`, `super::…`, `self::…`, an inline `crate::a::b::f()`, or a child
@@ -377,4 +379,100 @@ fn sql_stays_in_the_store_and_axum_in_http() {
         }
     }
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// The part of a file: its top-level module (`engine/workflow/runner.rs` → `engine`).
+fn part_of(file: &Path) -> String {
+    let first = file.iter().next().unwrap().to_string_lossy().into_owned();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// docs/architecture.md's table "Which part may use which": part → the parts it may use.
+fn allowed_parts() -> BTreeMap<String, BTreeSet<String>> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"))
+            .unwrap();
+    let table = doc
+        .split("<!-- parts: begin -->")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- parts: end -->").next())
+        .expect("docs/architecture.md has the parts table between its markers");
+    let names = Regex::new(r"`(\w+)`").unwrap();
+    let mut allowed = BTreeMap::new();
+    for row in table.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').collect();
+        let uses: BTreeSet<String> = names
+            .captures_iter(cells[2])
+            .map(|c| c[1].to_string())
+            .collect();
+        for part in names.captures_iter(cells[1]) {
+            allowed.insert(part[1].to_string(), uses.clone());
+        }
+    }
+    allowed
+}
+
+/// Arrows between parts that the table does not allow, as `from -> to (part -> part)`.
+fn back_arrows(
+    edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    allowed: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for (from, targets) in edges {
+        let part = part_of(from);
+        if part == "app" {
+            continue;
+        }
+        for to in targets {
+            let used = part_of(to);
+            let ok = used == part || allowed.get(&part).is_some_and(|uses| uses.contains(&used));
+            if !ok {
+                found.push(format!(
+                    "{} -> {} ({part} -> {used})",
+                    from.display(),
+                    to.display()
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_part_uses_only_the_parts_docs_architecture_allows() {
+    let (mods, edges) = graph();
+    let allowed = allowed_parts();
+    // Every part of src/ has its row, and the table names no part that is not there.
+    let parts: BTreeSet<String> = mods
+        .values()
+        .map(|f| part_of(f))
+        .filter(|p| p != "lib" && p != "app")
+        .collect();
+    let listed: BTreeSet<String> = allowed.keys().cloned().collect();
+    assert_eq!(
+        parts, listed,
+        "the parts of src/ and the table's rows differ"
+    );
+    let found = back_arrows(&edges, &allowed);
+    assert!(
+        found.is_empty(),
+        "arrows docs/architecture.md does not allow (add them to its table, or remove them):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_finds_a_planted_back_arrow() {
+    let (_, mut edges) = graph();
+    let allowed = allowed_parts();
+    // The engine using agents.rs (the definition's old home) is the arrow issue 34 removed.
+    edges
+        .entry(PathBuf::from("engine/task.rs"))
+        .or_default()
+        .insert(PathBuf::from("agents.rs"));
+    let found = back_arrows(&edges, &allowed);
+    assert_eq!(
+        found,
+        vec!["engine/task.rs -> agents.rs (engine -> agents)".to_string()]
+    );
 }

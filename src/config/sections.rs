@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::definition::{AgentDefinition, AgentMode, ToolKind};
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -123,17 +125,6 @@ pub struct ToolingConfig {
     pub read_only_attempts: u32,
     pub retry_backoff_base_ms: u64,
     pub retry_backoff_max_ms: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolKind {
-    /// Reads only: retried, and safe to repeat after a crash.
-    ReadOnly,
-    /// Changes something but declares how to undo it (saga compensation).
-    Compensable,
-    /// Cannot be undone: runs only after a human approves.
-    Irreversible,
 }
 
 /// One HTTP call, with `{{ ... }}` templates over `args` (and `result` for undo calls).
@@ -572,17 +563,10 @@ pub struct TelemetryConfig {
     pub headers: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentMode {
-    SingleTurn,
-    Workflow,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
-    #[serde(default = "default_mode")]
+    #[serde(default)]
     pub mode: AgentMode,
     pub system_prompt: String,
     #[serde(default)]
@@ -590,11 +574,11 @@ pub struct AgentConfig {
     /// A `[llm.providers.<name>]` entry; empty = `[llm]`.
     #[serde(default)]
     pub provider: String,
-    #[serde(default = "default_temperature")]
+    #[serde(default = "crate::definition::default_temperature")]
     pub temperature: f64,
-    #[serde(default = "default_max_tokens")]
+    #[serde(default = "crate::definition::default_max_tokens")]
     pub max_tokens: u32,
-    #[serde(default = "default_history")]
+    #[serde(default = "crate::definition::default_history")]
     pub history_messages: u32,
     /// Workflow agents: path of the workflow JSON (docs/workflows.md).
     #[serde(default)]
@@ -603,7 +587,7 @@ pub struct AgentConfig {
     #[serde(default)]
     pub approvers: Vec<String>,
     /// How long an approval request waits before the task is cancelled, in seconds.
-    #[serde(default = "default_confirm_deadline")]
+    #[serde(default = "crate::definition::default_deadline")]
     pub confirm_deadline_secs: u64,
     /// Sent when the model answers nothing; empty = the task fails (INVALID_RESPONSE).
     #[serde(default)]
@@ -613,18 +597,23 @@ pub struct AgentConfig {
     pub placeholder: Option<String>,
 }
 
-fn default_mode() -> AgentMode {
-    AgentMode::SingleTurn
-}
-fn default_temperature() -> f64 {
-    0.2
-}
-fn default_max_tokens() -> u32 {
-    1024
-}
-fn default_history() -> u32 {
-    20
-}
-fn default_confirm_deadline() -> u64 {
-    3600
+impl AgentConfig {
+    /// The definition this section declares, with the workflow read from `workflow_file`.
+    pub fn definition(&self, workflow: Option<serde_json::Value>) -> AgentDefinition {
+        AgentDefinition {
+            mode: self.mode,
+            system_prompt: self.system_prompt.clone(),
+            model: self.model.clone(),
+            provider: self.provider.clone(),
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            history_messages: self.history_messages,
+            workflow,
+            approvers: self.approvers.clone(),
+            confirm_deadline_secs: self.confirm_deadline_secs,
+            fallback_text: self.fallback_text.clone(),
+            placeholder: self.placeholder.clone(),
+            mcp_tools: BTreeMap::new(),
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Validation of a loaded configuration: every check names the key it is about.
 
 use super::error::{ConfigError, http_url, invalid, positive};
-use super::sections::{AgentMode, Config, MIN_PUBLIC_ADMIN_TOKEN};
+use super::sections::{Config, MIN_PUBLIC_ADMIN_TOKEN};
+use crate::definition::AgentMode;
 
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {

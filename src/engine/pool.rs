@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::config::AgentMode;
+use crate::definition::AgentMode;
 use crate::domain::{Fence, MessageRow, TaskRow, now_ms};
 
 use super::feedback::{Feedback, Typing};

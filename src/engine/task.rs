@@ -1,7 +1,7 @@
 //! What one run of a task works with: its context (task row, message, agent snapshot), the
 //! provider its model calls go to, and why a run stopped early.
 
-use crate::agents::AgentDefinition;
+use crate::definition::AgentDefinition;
 use crate::domain::{MessageRow, TaskRow};
 use crate::store::StoreError;
 

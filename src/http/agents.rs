@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use super::context::ApiContext;
 use super::error::ApiError;
 use super::tasks::AdminAuth;
-use crate::agents::{AgentDefinition, PublishError, publish};
+use crate::agents::{PublishError, publish};
+use crate::definition::AgentDefinition;
 use crate::store::agents::AgentVersionRow;
 
 pub fn router() -> Router<Arc<ApiContext>> {

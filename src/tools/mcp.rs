@@ -19,10 +19,10 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::config::{McpServerConfig, ToolKind};
+use crate::config::McpServerConfig;
+use crate::definition::{McpToolSpec, ToolKind};
 
 /// The meta key a server that honours it can drop a repeated call by.
 pub const IDEMPOTENCY_META: &str = "io.assistd/idempotency-key";
@@ -34,22 +34,6 @@ const RECONNECT_EVERY: Duration = Duration::from_secs(5);
 pub const STDIO_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TMPDIR"];
 
 type Client = RunningService<RoleClient, Handler>;
-
-/// One MCP tool as a task sees it: pinned into the agent version when it is published, so
-/// a running task keeps the schema and kind it started with.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpToolSpec {
-    pub server: String,
-    pub tool: String,
-    pub kind: ToolKind,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub description: String,
-    pub input_schema: Value,
-    /// The server's tool that undoes this one (compensable tools only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub undo: Option<String>,
-}
 
 /// Receives the server's notifications: a changed tool list is relisted.
 #[derive(Clone)]

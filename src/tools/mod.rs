@@ -166,7 +166,10 @@ impl ToolRegistry {
     /// The MCP tools a workflow names (`tool` of tool nodes, `tools` of agent nodes, with
     /// `<server>.*` for all of a server's), as offered now, with their undo tools: what an
     /// agent version pins. Names that are not MCP tools are left to the workflow's checks.
-    pub fn resolve_mcp(&self, workflow: Option<&Value>) -> BTreeMap<String, mcp::McpToolSpec> {
+    pub fn resolve_mcp(
+        &self,
+        workflow: Option<&Value>,
+    ) -> BTreeMap<String, crate::definition::McpToolSpec> {
         let mut out = BTreeMap::new();
         let (Some(mcp), Some(workflow)) = (&self.mcp, workflow) else {
             return out;

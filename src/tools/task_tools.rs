@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::mcp::{McpToolSpec, function_name};
+use super::mcp::function_name;
 use super::schema::ArgsSchema;
 use super::{ToolError, ToolRegistry};
-use crate::config::{ToolConfig, ToolKind};
+use crate::config::ToolConfig;
+use crate::definition::{McpToolSpec, ToolKind};
 
 pub struct TaskTools {
     registry: Arc<ToolRegistry>,
@@ -156,6 +157,16 @@ impl TaskTools {
         })?;
         let undo_args = undo_arguments(args, result, &undo_spec.input_schema);
         self.call(&undo_name, &undo_args, idempotency_key).await
+    }
+}
+
+impl crate::definition::ToolCatalog for TaskTools {
+    fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    fn expand(&self, names: &[String]) -> Result<Vec<String>, String> {
+        TaskTools::expand(self, names)
     }
 }
 

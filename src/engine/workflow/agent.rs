@@ -4,8 +4,8 @@
 
 use serde_json::{Value, json};
 
-use super::config::AgentNode;
-use crate::config::ToolKind;
+use crate::definition::ToolKind;
+use crate::definition::workflow::AgentNode;
 use crate::domain::{FailureType, PendingKind, StepType, truncate};
 use crate::engine::reply;
 use crate::engine::task::{RunError, model_of};

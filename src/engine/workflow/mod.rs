@@ -2,7 +2,7 @@
 //! (`runner`) in which every model call, tool call, undo and approval is a journalled step.
 
 mod agent;
-pub mod config;
+
 mod finish;
 mod gates;
 pub mod runner;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::config::{NodeKind, ReplyNode, Workflow};
+use crate::definition::workflow::{LlmNode, NodeKind, ReplyNode, Workflow};
 use crate::domain::{FailureType, PendingKind, ReplyType};
 use crate::domain::{Fence, StepRow};
 use crate::engine::reply;
@@ -234,7 +234,7 @@ impl<'a> Runner<'a> {
 
     /// An `llm` node: one model call (the history before the prompt), its text as the
     /// node's output.
-    async fn llm_node(&mut self, id: &str, n: &super::config::LlmNode) -> Result<(), Stop> {
+    async fn llm_node(&mut self, id: &str, n: &LlmNode) -> Result<(), Stop> {
         let prompt = self.render(&n.prompt)?;
         let system = ChatMessage::system(self.ctx.agent.system_prompt.clone());
         let mut messages = vec![system.clone()];

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::tools::task_tools::TaskTools;
+use super::ToolCatalog;
 
 /// Most model/tool rounds an `agent` node may take.
 pub const MAX_AGENT_STEPS: u32 = 100;
@@ -126,7 +126,7 @@ impl Workflow {
     /// whether the agent names approvers (a human_confirm node needs some).
     pub fn parse(
         value: &Value,
-        tools: &TaskTools,
+        tools: &dyn ToolCatalog,
         has_approvers: bool,
     ) -> Result<Workflow, String> {
         let object = value.as_object().ok_or("workflow must be a JSON object")?;
@@ -170,7 +170,7 @@ impl Workflow {
     }
 
     // long: one check per workflow rule, each naming the node; a flat list.
-    fn check(&self, tools: &TaskTools, has_approvers: bool) -> Result<(), String> {
+    fn check(&self, tools: &dyn ToolCatalog, has_approvers: bool) -> Result<(), String> {
         if self.node(&self.start).is_none() {
             return Err(format!(
                 "workflow: `start` names unknown node `{}`",
@@ -213,7 +213,7 @@ impl Workflow {
                     target("next", &n.next)?;
                 }
                 NodeKind::Tool(n) => {
-                    if tools.get(&n.tool).is_none() {
+                    if !tools.has(&n.tool) {
                         return Err(format!(
                             "node `{id}`: field `tool` names unknown tool `{}`",
                             n.tool
@@ -230,7 +230,7 @@ impl Workflow {
                         ));
                     }
                     for tool in &n.tools {
-                        if tools.get(tool).is_none() {
+                        if !tools.has(tool) {
                             return Err(format!(
                                 "node `{id}`: field `tools` names unknown tool `{tool}`"
                             ));
