@@ -60,6 +60,7 @@ impl App {
         let tools = Arc::new(tools);
         let llm = Arc::new(ModelClients::new(&config.llm)?);
         crate::agents::publish_configured_agents(&store, &config, &tools, &llm).await?;
+        crate::knowledge::create_configured_collections(&store, &config.knowledge).await?;
         crate::agents::watch_mcp(store.clone(), &tools, llm.clone());
         // A restart under the same instance id: whatever that id still holds was running in
         // the previous process, which is gone, so take it back at once.

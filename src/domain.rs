@@ -673,6 +673,16 @@ impl CardAction {
     }
 }
 
+/// Whether `name` may name an agent or a knowledge collection: 1 to 64 ASCII letters,
+/// digits, `-` or `_` (it appears in URLs and config keys).
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

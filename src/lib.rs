@@ -14,6 +14,7 @@ pub mod domain;
 pub mod engine;
 pub mod http;
 pub mod intake;
+pub mod knowledge;
 pub mod llm;
 pub mod metrics;
 pub mod outbox;

@@ -28,11 +28,53 @@ pub struct Config {
     pub redaction: RedactionConfig,
     pub tooling: ToolingConfig,
     pub journal: JournalConfig,
+    pub knowledge: KnowledgeConfig,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
     /// MCP servers whose tools agents may use as `<server>.<tool>`.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
+}
+
+/// Knowledge bases (docs/knowledge.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KnowledgeConfig {
+    /// Characters per chunk of a new collection.
+    pub chunk_chars: usize,
+    /// Characters of the chunk before that a later chunk of a section begins with.
+    pub overlap_chars: usize,
+    /// The largest document taken, in bytes.
+    pub max_document_bytes: usize,
+    /// The most results one search returns.
+    pub max_results: usize,
+    /// Collections created at start-up when missing.
+    #[serde(default)]
+    pub collections: BTreeMap<String, CollectionConfig>,
+}
+
+/// A collection declared in the config (`[knowledge.collections.<name>]`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectionConfig {
+    /// This collection's chunk size (`knowledge.chunk_chars` when absent).
+    #[serde(default)]
+    pub chunk_chars: Option<usize>,
+    /// This collection's overlap (`knowledge.overlap_chars` when absent).
+    #[serde(default)]
+    pub overlap_chars: Option<usize>,
+}
+
+impl KnowledgeConfig {
+    /// The chunk size and overlap of a collection declared as `declared` (or of one
+    /// created through the API with no settings of its own).
+    pub fn chunking(&self, declared: Option<&CollectionConfig>) -> (usize, usize) {
+        let declared = declared.cloned().unwrap_or_default();
+        (
+            declared.chunk_chars.unwrap_or(self.chunk_chars),
+            declared.overlap_chars.unwrap_or(self.overlap_chars),
+        )
+    }
 }
 
 /// One MCP server: over streamable HTTP (`url`) or a child process speaking stdio

@@ -12,7 +12,44 @@ impl Config {
         self.check_log()?;
         self.check_telemetry()?;
         self.check_channels()?;
+        self.check_knowledge()?;
         self.check_agents()
+    }
+
+    /// The knowledge-base settings, the defaults and each declared collection's.
+    fn check_knowledge(&self) -> Result<(), ConfigError> {
+        let k = &self.knowledge;
+        positive("knowledge.max_document_bytes", k.max_document_bytes as u64)?;
+        positive("knowledge.max_results", k.max_results as u64)?;
+        let mut declared: Vec<(String, Option<&super::sections::CollectionConfig>)> =
+            vec![("knowledge".to_string(), None)];
+        for (name, c) in &k.collections {
+            declared.push((format!("knowledge.collections.{name}"), Some(c)));
+        }
+        for (key, c) in declared {
+            let (chunk, overlap) = k.chunking(c);
+            if !(100..=20_000).contains(&chunk) {
+                return Err(invalid(
+                    &format!("{key}.chunk_chars"),
+                    "must be between 100 and 20000".to_string(),
+                ));
+            }
+            if overlap * 2 > chunk {
+                return Err(invalid(
+                    &format!("{key}.overlap_chars"),
+                    "must be at most half of chunk_chars".to_string(),
+                ));
+            }
+        }
+        for name in k.collections.keys() {
+            if !crate::domain::is_valid_name(name) {
+                return Err(invalid(
+                    &format!("knowledge.collections.{name}"),
+                    "a collection name is 1 to 64 letters, digits, '-' or '_'".to_string(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The server, database and intake settings.

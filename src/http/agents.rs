@@ -48,12 +48,7 @@ async fn list_agents(
 }
 
 fn valid_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if ok {
+    if crate::domain::is_valid_name(name) {
         Ok(())
     } else {
         Err(ApiError::BadRequest(

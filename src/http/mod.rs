@@ -15,6 +15,7 @@ pub mod dashboard;
 pub mod error;
 pub mod health;
 pub mod jobs;
+pub mod knowledge;
 pub mod pages;
 pub mod tasks;
 pub mod webhooks;
@@ -29,6 +30,7 @@ pub fn router(svc: Arc<ApiContext>) -> Router {
         .merge(webhooks::router())
         .merge(tasks::router())
         .merge(agents::router())
+        .merge(knowledge::router(svc.config.knowledge.max_document_bytes))
         .merge(admin::router())
         .merge(jobs::router())
         .merge(pages::router())

@@ -20,6 +20,7 @@ pub mod group;
 pub mod intake;
 pub mod jobs;
 pub mod journal;
+pub mod knowledge;
 pub mod lifecycle;
 pub mod notify;
 pub mod outbox;

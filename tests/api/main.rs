@@ -17,6 +17,7 @@ mod declines;
 mod deploy;
 mod examples;
 mod jobs;
+mod knowledge;
 mod lifecycle;
 mod mcp;
 mod metrics;

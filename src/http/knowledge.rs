@@ -1,0 +1,305 @@
+//! The knowledge-base admin API (docs/knowledge.md): collections, their documents, and the
+//! search agents use, all behind the admin token.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::context::ApiContext;
+use super::error::ApiError;
+use super::tasks::AdminAuth;
+use crate::knowledge::{ContentType, Document, KnowledgeError};
+use crate::store::knowledge::CollectionRow;
+
+pub fn router(max_document_bytes: usize) -> Router<Arc<ApiContext>> {
+    Router::new()
+        .route("/api/admin/knowledge", get(list).post(create))
+        .route("/api/admin/knowledge/{name}", get(show))
+        .route("/api/admin/knowledge/{name}/documents", post(add))
+        .route(
+            "/api/admin/knowledge/{name}/documents/{*id}",
+            delete(remove),
+        )
+        .route("/api/admin/knowledge/{name}/search", get(search))
+        // A document's text, its JSON escaping and the other fields; the text's own limit
+        // is checked with a clear error (413) once it is read.
+        .layer(DefaultBodyLimit::max(
+            max_document_bytes
+                .saturating_mul(2)
+                .saturating_add(64 * 1024),
+        ))
+}
+
+impl From<KnowledgeError> for ApiError {
+    fn from(e: KnowledgeError) -> Self {
+        match e {
+            KnowledgeError::Invalid(m) => ApiError::BadRequest(m),
+            KnowledgeError::TooLarge(_, max) => ApiError::PayloadTooLarge(max),
+            KnowledgeError::Store(e) => e.into(),
+        }
+    }
+}
+
+fn collection_json(c: &CollectionRow) -> Value {
+    json!({
+        "name": c.name,
+        "documents": c.documents,
+        "chunks": c.chunks,
+        "chunk_chars": c.chunk_chars,
+        "overlap_chars": c.overlap_chars,
+        "created_at": c.created_at,
+    })
+}
+
+async fn collection(svc: &ApiContext, name: &str) -> Result<CollectionRow, ApiError> {
+    svc.store
+        .collection(name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no knowledge collection `{name}`")))
+}
+
+async fn list(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+) -> Result<Json<Value>, ApiError> {
+    let all = svc.store.collections().await?;
+    Ok(Json(json!({
+        "collections": all.iter().map(collection_json).collect::<Vec<_>>(),
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewCollection {
+    name: String,
+}
+
+/// Creates a collection with the configured chunking; 201, or 200 when it exists already.
+async fn create(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    body: Result<Json<NewCollection>, axum::extract::rejection::JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    if !crate::domain::is_valid_name(&body.name) {
+        return Err(ApiError::BadRequest(
+            "collection names are 1 to 64 letters, digits, '-' or '_'".into(),
+        ));
+    }
+    let (chunk, overlap) = svc.config.knowledge.chunking(None);
+    let created = svc
+        .store
+        .create_collection(
+            &body.name,
+            chunk as i64,
+            overlap as i64,
+            crate::domain::now_ms(),
+        )
+        .await?;
+    let row = collection(&svc, &body.name).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(collection_json(&row))))
+}
+
+async fn show(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let row = collection(&svc, &name).await?;
+    let documents = svc.store.documents(row.id).await?;
+    let mut out = collection_json(&row);
+    out["documents"] = json!(
+        documents
+            .iter()
+            .map(|d| json!({
+                "id": d.doc_id,
+                "title": d.title,
+                "source_url": d.source_url,
+                "content_type": d.content_type,
+                "bytes": d.bytes,
+                "chunks": d.chunks,
+                "updated_at": d.updated_at,
+            }))
+            .collect::<Vec<_>>()
+    );
+    out["document_count"] = json!(row.documents);
+    // Documents are added one request (or one CLI file) at a time, each in one transaction.
+    out["ingest"] = json!({ "state": "idle" });
+    Ok(Json(out))
+}
+
+/// A document as JSON, or as multipart form fields (the text as a `file` part).
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewDocument {
+    id: Option<String>,
+    title: Option<String>,
+    source_url: Option<String>,
+    content_type: Option<String>,
+    text: Option<String>,
+}
+
+async fn from_multipart(mut form: Multipart) -> Result<NewDocument, ApiError> {
+    let mut doc = NewDocument::default();
+    let bad = |e: axum::extract::multipart::MultipartError| ApiError::BadRequest(e.body_text());
+    while let Some(field) = form.next_field().await.map_err(bad)? {
+        let name = field.name().unwrap_or("").to_string();
+        if name == "file" {
+            if doc.content_type.is_none() {
+                let by_name = field
+                    .file_name()
+                    .map(|f| ContentType::of_path(std::path::Path::new(f)).as_str());
+                doc.content_type = field
+                    .content_type()
+                    .map(str::to_string)
+                    .filter(|t| ContentType::parse(Some(t)).is_ok())
+                    .or(by_name.map(str::to_string));
+            }
+            if doc.title.is_none() && doc.id.is_none() {
+                doc.id = field.file_name().map(str::to_string);
+            }
+            let bytes = field.bytes().await.map_err(bad)?;
+            let text = String::from_utf8(bytes.to_vec())
+                .map_err(|_| ApiError::BadRequest("the file is not UTF-8 text".into()))?;
+            doc.text = Some(text);
+            continue;
+        }
+        let value = field.text().await.map_err(bad)?;
+        let slot = match name.as_str() {
+            "id" => &mut doc.id,
+            "title" => &mut doc.title,
+            "source_url" => &mut doc.source_url,
+            "content_type" => &mut doc.content_type,
+            "text" => &mut doc.text,
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "unknown field `{other}` (expected file, id, title, source_url, content_type)"
+                )));
+            }
+        };
+        *slot = Some(value);
+    }
+    Ok(doc)
+}
+
+/// Adds (or replaces) one document: JSON `{"text", "id"?, "title"?, "source_url"?,
+/// "content_type"?}` or multipart with a `file` part and the same optional fields.
+async fn add(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    request: axum::extract::Request,
+) -> Result<Json<Value>, ApiError> {
+    let row = collection(&svc, &name).await?;
+    let kind = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let doc: NewDocument = if kind.starts_with("multipart/form-data") {
+        let form = <Multipart as axum::extract::FromRequest<()>>::from_request(request, &())
+            .await
+            .map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        from_multipart(form).await?
+    } else {
+        let Json(doc) =
+            <Json<NewDocument> as axum::extract::FromRequest<()>>::from_request(request, &())
+                .await
+                .map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        doc
+    };
+    let text = doc
+        .text
+        .as_deref()
+        .ok_or_else(|| ApiError::BadRequest("`text` (or a `file` part) is required".into()))?;
+    let document = Document {
+        id: doc.id.as_deref(),
+        title: doc.title.as_deref(),
+        source_url: doc.source_url.as_deref(),
+        content_type: ContentType::parse(doc.content_type.as_deref())?,
+        text,
+    };
+    let done = crate::knowledge::ingest(
+        &svc.store,
+        &svc.config.knowledge,
+        &row,
+        document,
+        crate::domain::now_ms(),
+    )
+    .await?;
+    tracing::info!(collection = %name, id = %done.id, chunks = done.chunks, outcome = done.outcome.as_str(), "knowledge document put");
+    Ok(Json(json!({
+        "id": done.id,
+        "title": done.title,
+        "chunks": done.chunks,
+        "status": done.outcome.as_str(),
+    })))
+}
+
+async fn remove(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let row = collection(&svc, &name).await?;
+    if svc.store.delete_document(row.id, &id).await? {
+        Ok(Json(json!({ "deleted": id })))
+    } else {
+        Err(ApiError::NotFound(format!(
+            "no document `{id}` in `{name}`"
+        )))
+    }
+}
+
+#[derive(Deserialize)]
+struct SearchQuery {
+    q: Option<String>,
+    k: Option<usize>,
+}
+
+async fn search(
+    _auth: AdminAuth,
+    State(svc): State<Arc<ApiContext>>,
+    Path(name): Path<String>,
+    query: Result<Query<SearchQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let q = query.q.unwrap_or_default();
+    if q.trim().is_empty() {
+        return Err(ApiError::BadRequest("`q` is required".into()));
+    }
+    if q.len() > 4096 {
+        return Err(ApiError::BadRequest(
+            "`q` may have at most 4096 bytes".into(),
+        ));
+    }
+    let max = svc.config.knowledge.max_results;
+    let k = query.k.unwrap_or(5);
+    if k == 0 || k > max {
+        return Err(ApiError::BadRequest(format!(
+            "`k` must be between 1 and {max} (knowledge.max_results)"
+        )));
+    }
+    let row = collection(&svc, &name).await?;
+    let hits = crate::knowledge::search(&svc.store, &row, &q, k).await?;
+    Ok(Json(json!({
+        "results": hits.iter().map(|h| json!({
+            "document_id": h.doc_id,
+            "title": h.title,
+            "heading": h.heading,
+            "source_url": h.source_url,
+            "score": h.score,
+            "text": h.text,
+        })).collect::<Vec<_>>(),
+    })))
+}

@@ -1,0 +1,261 @@
+//! Knowledge bases (docs/knowledge.md): an admin adds documents to a collection; each is
+//! split by its structure into chunks (`chunk.rs`), each chunk's words (`terms.rs`: Chinese
+//! and Japanese cut by jieba) are indexed by the database's own full-text search
+//! (`store/knowledge.rs`), and a question finds the best chunks, for agents and admins alike.
+
+pub mod chunk;
+pub mod terms;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::KnowledgeConfig;
+use crate::store::knowledge::{CollectionRow, Hit, NewChunk, NewDocument, PutOutcome};
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KnowledgeError {
+    /// The request is wrong; nothing was written.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "the document is {0} bytes; a document may have at most {1} (knowledge.max_document_bytes)"
+    )]
+    TooLarge(usize, usize),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The formats a document may come in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentType {
+    Text,
+    Markdown,
+    Html,
+}
+
+impl ContentType {
+    /// `text/plain` (the default), `text/markdown` or `text/html`, parameters ignored.
+    pub fn parse(given: Option<&str>) -> Result<ContentType, KnowledgeError> {
+        let Some(given) = given else {
+            return Ok(ContentType::Text);
+        };
+        let essence = given
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "" | "text/plain" => Ok(ContentType::Text),
+            "text/markdown" | "text/x-markdown" => Ok(ContentType::Markdown),
+            "text/html" => Ok(ContentType::Html),
+            other => Err(KnowledgeError::Invalid(format!(
+                "content_type `{other}` is not taken; use text/plain, text/markdown or text/html"
+            ))),
+        }
+    }
+
+    /// The format a file's name says (`.md`, `.html`; anything else is plain text).
+    pub fn of_path(path: &std::path::Path) -> ContentType {
+        match path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            Some("md" | "markdown") => ContentType::Markdown,
+            Some("html" | "htm") => ContentType::Html,
+            _ => ContentType::Text,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContentType::Text => "text/plain",
+            ContentType::Markdown => "text/markdown",
+            ContentType::Html => "text/html",
+        }
+    }
+}
+
+/// A document to add: only `text` is needed.
+#[derive(Debug, Clone, Copy)]
+pub struct Document<'a> {
+    pub id: Option<&'a str>,
+    pub title: Option<&'a str>,
+    pub source_url: Option<&'a str>,
+    pub content_type: ContentType,
+    pub text: &'a str,
+}
+
+/// What adding a document did.
+#[derive(Debug, Clone)]
+pub struct Ingested {
+    pub id: String,
+    pub title: String,
+    pub chunks: usize,
+    pub outcome: PutOutcome,
+}
+
+/// The longest document id and title taken.
+const MAX_ID_BYTES: usize = 512;
+const MAX_TITLE_CHARS: usize = 300;
+
+/// The text a document is chunked from, and whether it is Markdown: HTML is rendered to
+/// Markdown-like text first (headings as `#` lines), by html2text.
+fn readable(doc: &Document<'_>) -> Result<(String, bool), KnowledgeError> {
+    match doc.content_type {
+        ContentType::Text => Ok((doc.text.to_string(), false)),
+        ContentType::Markdown => Ok((doc.text.to_string(), true)),
+        ContentType::Html => html2text::from_read(doc.text.as_bytes(), 10_000)
+            .map(|text| (text, true))
+            .map_err(|e| KnowledgeError::Invalid(format!("the HTML cannot be read: {e}"))),
+    }
+}
+
+/// A title from the text: its first heading, else its first line.
+fn title_of(text: &str) -> Option<String> {
+    let lines = || text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let heading = lines().find(|l| l.starts_with('#'));
+    let line = heading.or_else(|| lines().next())?;
+    let line = line.trim_start_matches('#').trim();
+    (!line.is_empty()).then(|| line.chars().take(120).collect())
+}
+
+fn check(doc: &Document<'_>, config: &KnowledgeConfig) -> Result<(), KnowledgeError> {
+    let invalid = |m: &str| Err(KnowledgeError::Invalid(m.to_string()));
+    if doc.text.len() > config.max_document_bytes {
+        return Err(KnowledgeError::TooLarge(
+            doc.text.len(),
+            config.max_document_bytes,
+        ));
+    }
+    if doc.text.trim().is_empty() {
+        return invalid("`text` is empty");
+    }
+    if let Some(id) = doc.id
+        && (id.trim().is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control))
+    {
+        return invalid("`id` must be 1 to 512 bytes without control characters");
+    }
+    if doc
+        .title
+        .is_some_and(|t| t.chars().count() > MAX_TITLE_CHARS)
+    {
+        return invalid("`title` may have at most 300 characters");
+    }
+    if let Some(link) = doc.source_url {
+        let ok = url::Url::parse(link).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+        if !ok {
+            return invalid("`source_url` must be an http or https URL");
+        }
+    }
+    Ok(())
+}
+
+/// Adds `doc` to `collection`, replacing the chunks of a changed document with the same id
+/// in one transaction; an unchanged one (the same content and settings) costs one read.
+pub async fn ingest(
+    store: &Store,
+    config: &KnowledgeConfig,
+    collection: &CollectionRow,
+    doc: Document<'_>,
+    now: i64,
+) -> Result<Ingested, KnowledgeError> {
+    check(&doc, config)?;
+    let (text, markdown) = readable(&doc)?;
+    let digest = |parts: &[&str]| {
+        let mut hash = Sha256::new();
+        for part in parts {
+            hash.update(part.as_bytes());
+            hash.update([0]);
+        }
+        hex::encode(hash.finalize())
+    };
+    let id = match doc.id {
+        Some(id) => id.trim().to_string(),
+        None => format!("sha256:{}", &digest(&[doc.text])[..16]),
+    };
+    let title = doc
+        .title
+        .map(str::to_string)
+        .or_else(|| title_of(&text))
+        .unwrap_or_else(|| id.clone());
+    let settings = format!("{}/{}", collection.chunk_chars, collection.overlap_chars);
+    let hash = digest(&[
+        doc.content_type.as_str(),
+        &title,
+        doc.source_url.unwrap_or(""),
+        &settings,
+        doc.text,
+    ]);
+    let pieces = chunk::chunks(
+        &text,
+        markdown,
+        collection.chunk_chars.max(1) as usize,
+        collection.overlap_chars.max(0) as usize,
+    );
+    let chunks: Vec<NewChunk> = pieces
+        .into_iter()
+        .map(|p| {
+            let searched = format!("{title}\n{}\n{}", p.heading, p.text);
+            NewChunk {
+                terms: terms::terms(&searched).join(" "),
+                heading: p.heading,
+                text: p.text,
+            }
+        })
+        .collect();
+    if chunks.is_empty() {
+        return Err(KnowledgeError::Invalid(
+            "the document has no text to search".into(),
+        ));
+    }
+    let new = NewDocument {
+        doc_id: &id,
+        title: &title,
+        source_url: doc.source_url,
+        content_type: doc.content_type.as_str(),
+        content_hash: &hash,
+        bytes: doc.text.len() as i64,
+    };
+    let outcome = store
+        .put_document(collection.id, &new, &chunks, now)
+        .await?;
+    Ok(Ingested {
+        id,
+        title,
+        chunks: chunks.len(),
+        outcome,
+    })
+}
+
+/// The `k` chunks of `collection` that answer `question` best, best first.
+pub async fn search(
+    store: &Store,
+    collection: &CollectionRow,
+    question: &str,
+    k: usize,
+) -> Result<Vec<Hit>, KnowledgeError> {
+    let terms = terms::query_terms(question, 32);
+    Ok(store.search_chunks(collection.id, &terms, k as i64).await?)
+}
+
+/// Creates the collections the config declares (`knowledge.collections`) that are missing;
+/// an existing one keeps its settings.
+pub async fn create_configured_collections(
+    store: &Store,
+    config: &KnowledgeConfig,
+) -> Result<(), StoreError> {
+    for (name, declared) in &config.collections {
+        let (chunk, overlap) = config.chunking(Some(declared));
+        let now = crate::domain::now_ms();
+        if store
+            .create_collection(name, chunk as i64, overlap as i64, now)
+            .await?
+        {
+            tracing::info!(collection = %name, "created knowledge collection");
+        }
+    }
+    Ok(())
+}

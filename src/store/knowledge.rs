@@ -1,0 +1,298 @@
+//! Knowledge bases: collections, their documents and the documents' chunks, searched by
+//! each database's own full-text index (SQLite FTS5 with bm25, PostgreSQL tsvector with a
+//! GIN index). The words searched (`terms`) are made by `knowledge::terms`, not here.
+
+use super::{Store, StoreResult, on_pool, write_tx};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CollectionRow {
+    pub id: i64,
+    pub name: String,
+    pub chunk_chars: i64,
+    pub overlap_chars: i64,
+    pub created_at: i64,
+    pub documents: i64,
+    pub chunks: i64,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DocumentRow {
+    pub doc_id: String,
+    pub title: String,
+    pub source_url: Option<String>,
+    pub content_type: String,
+    pub bytes: i64,
+    pub chunks: i64,
+    pub updated_at: i64,
+}
+
+/// A document as ingested, and the hash of its content (an unchanged one costs nothing).
+#[derive(Debug, Clone)]
+pub struct NewDocument<'a> {
+    pub doc_id: &'a str,
+    pub title: &'a str,
+    pub source_url: Option<&'a str>,
+    pub content_type: &'a str,
+    pub content_hash: &'a str,
+    pub bytes: i64,
+}
+
+/// One chunk: its heading path, text and searched words.
+#[derive(Debug, Clone)]
+pub struct NewChunk {
+    pub heading: String,
+    pub text: String,
+    pub terms: String,
+}
+
+/// What putting a document did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    Added,
+    /// Its chunks were replaced (the content changed).
+    Replaced,
+    /// The same content was there already; nothing was written.
+    Unchanged,
+}
+
+impl PutOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PutOutcome::Added => "added",
+            PutOutcome::Replaced => "replaced",
+            PutOutcome::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// A chunk found by a search, best first.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Hit {
+    pub doc_id: String,
+    pub title: String,
+    pub heading: String,
+    pub source_url: Option<String>,
+    pub text: String,
+    /// Higher is better: bm25 (negated) on SQLite, `ts_rank` on PostgreSQL.
+    pub score: f64,
+}
+
+const COLLECTION_COLUMNS: &str = "c.id, c.name, c.chunk_chars, c.overlap_chars, c.created_at, \
+     (SELECT COUNT(*) FROM knowledge_document d WHERE d.collection_id = c.id) AS documents, \
+     (SELECT COUNT(*) FROM knowledge_chunk k WHERE k.collection_id = c.id) AS chunks";
+
+impl Store {
+    /// Creates collection `name`; `false` when it exists already (its settings kept).
+    pub async fn create_collection(
+        &self,
+        name: &str,
+        chunk_chars: i64,
+        overlap_chars: i64,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let done = on_pool!(self, pool => {
+            sqlx::query(
+                "INSERT INTO knowledge_collection (name, chunk_chars, overlap_chars, created_at) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(name)
+            .bind(chunk_chars)
+            .bind(overlap_chars)
+            .bind(now)
+            .execute(pool)
+            .await?
+            .rows_affected()
+        });
+        Ok(done == 1)
+    }
+
+    pub async fn collection(&self, name: &str) -> StoreResult<Option<CollectionRow>> {
+        let sql =
+            format!("SELECT {COLLECTION_COLUMNS} FROM knowledge_collection c WHERE c.name = $1");
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, CollectionRow>(&sql)
+                .bind(name)
+                .fetch_optional(pool)
+                .await?
+        }))
+    }
+
+    pub async fn collections(&self) -> StoreResult<Vec<CollectionRow>> {
+        let sql =
+            format!("SELECT {COLLECTION_COLUMNS} FROM knowledge_collection c ORDER BY c.name");
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, CollectionRow>(&sql).fetch_all(pool).await?
+        }))
+    }
+
+    /// The collection's documents, by id.
+    pub async fn documents(&self, collection_id: i64) -> StoreResult<Vec<DocumentRow>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, DocumentRow>(
+                "SELECT doc_id, title, source_url, content_type, bytes, chunks, updated_at \
+                 FROM knowledge_document WHERE collection_id = $1 ORDER BY doc_id",
+            )
+            .bind(collection_id)
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    /// Puts a document and its chunks in one transaction: a new one is added; a changed one
+    /// (another content hash) has its old chunks deleted and the new ones inserted; an
+    /// unchanged one is left as it is.
+    pub async fn put_document(
+        &self,
+        collection_id: i64,
+        doc: &NewDocument<'_>,
+        chunks: &[NewChunk],
+        now: i64,
+    ) -> StoreResult<PutOutcome> {
+        let outcome = write_tx!(self, tx => {
+            let existing: Option<(i64, String)> = sqlx::query_as(
+                "SELECT id, content_hash FROM knowledge_document \
+                 WHERE collection_id = $1 AND doc_id = $2",
+            )
+            .bind(collection_id)
+            .bind(doc.doc_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let (id, outcome) = match existing {
+                Some((_, hash)) if hash == doc.content_hash => return Ok(PutOutcome::Unchanged),
+                Some((id, _)) => {
+                    sqlx::query("DELETE FROM knowledge_chunk WHERE document_id = $1")
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(
+                        "UPDATE knowledge_document SET title = $1, source_url = $2, \
+                         content_type = $3, content_hash = $4, bytes = $5, chunks = $6, \
+                         updated_at = $7 WHERE id = $8",
+                    )
+                    .bind(doc.title)
+                    .bind(doc.source_url)
+                    .bind(doc.content_type)
+                    .bind(doc.content_hash)
+                    .bind(doc.bytes)
+                    .bind(chunks.len() as i64)
+                    .bind(now)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                    (id, PutOutcome::Replaced)
+                }
+                None => {
+                    let id: i64 = sqlx::query_scalar(
+                        "INSERT INTO knowledge_document (collection_id, doc_id, title, \
+                         source_url, content_type, content_hash, bytes, chunks, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+                    )
+                    .bind(collection_id)
+                    .bind(doc.doc_id)
+                    .bind(doc.title)
+                    .bind(doc.source_url)
+                    .bind(doc.content_type)
+                    .bind(doc.content_hash)
+                    .bind(doc.bytes)
+                    .bind(chunks.len() as i64)
+                    .bind(now)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    (id, PutOutcome::Added)
+                }
+            };
+            for (position, chunk) in chunks.iter().enumerate() {
+                sqlx::query(
+                    "INSERT INTO knowledge_chunk (document_id, collection_id, position, heading, \
+                     text, terms) VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(id)
+                .bind(collection_id)
+                .bind(position as i64)
+                .bind(&chunk.heading)
+                .bind(&chunk.text)
+                .bind(&chunk.terms)
+                .execute(&mut *tx)
+                .await?;
+            }
+            outcome
+        });
+        Ok(outcome)
+    }
+
+    /// Deletes a document and its chunks; `false` when there was none.
+    pub async fn delete_document(&self, collection_id: i64, doc_id: &str) -> StoreResult<bool> {
+        let deleted = write_tx!(self, tx => {
+            let id: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM knowledge_document WHERE collection_id = $1 AND doc_id = $2",
+            )
+            .bind(collection_id)
+            .bind(doc_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match id {
+                None => false,
+                Some(id) => {
+                    sqlx::query("DELETE FROM knowledge_chunk WHERE document_id = $1")
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query("DELETE FROM knowledge_document WHERE id = $1")
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                    true
+                }
+            }
+        });
+        Ok(deleted)
+    }
+
+    /// The `k` chunks of the collection that match any of `terms` best, best first.
+    pub async fn search_chunks(
+        &self,
+        collection_id: i64,
+        terms: &[String],
+        k: i64,
+    ) -> StoreResult<Vec<Hit>> {
+        if terms.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Every term is letters and digits only (`knowledge::terms`); quoted all the same.
+        let hits = match self {
+            Store::Sqlite(pool, _) => {
+                let query: Vec<String> = terms.iter().map(|t| format!("\"{t}\"")).collect();
+                sqlx::query_as::<_, Hit>(
+                    "SELECT d.doc_id, d.title, c.heading, d.source_url, c.text, \
+                     -bm25(knowledge_fts) AS score \
+                     FROM knowledge_fts JOIN knowledge_chunk c ON c.id = knowledge_fts.rowid \
+                     JOIN knowledge_document d ON d.id = c.document_id \
+                     WHERE knowledge_fts MATCH $1 AND c.collection_id = $2 \
+                     ORDER BY bm25(knowledge_fts) LIMIT $3",
+                )
+                .bind(query.join(" OR "))
+                .bind(collection_id)
+                .bind(k)
+                .fetch_all(pool)
+                .await?
+            }
+            Store::Postgres(pool) => {
+                let query: Vec<String> = terms.iter().map(|t| format!("'{t}'")).collect();
+                sqlx::query_as::<_, Hit>(
+                    "SELECT d.doc_id, d.title, c.heading, d.source_url, c.text, \
+                     ts_rank(c.tsv, q, 1)::float8 AS score \
+                     FROM knowledge_chunk c JOIN knowledge_document d ON d.id = c.document_id, \
+                     to_tsquery('simple', $1) q \
+                     WHERE c.collection_id = $2 AND c.tsv @@ q \
+                     ORDER BY score DESC, c.id LIMIT $3",
+                )
+                .bind(query.join(" | "))
+                .bind(collection_id)
+                .bind(k)
+                .fetch_all(pool)
+                .await?
+            }
+        };
+        Ok(hits)
+    }
+}

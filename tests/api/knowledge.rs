@@ -1,0 +1,330 @@
+//! Knowledge bases through the admin API (issue 34), on the database the suite runs on:
+//! collections, documents added as JSON and as multipart files (text, Markdown, HTML),
+//! re-added unchanged or changed, deleted, and searched in English and Chinese; bad input is
+//! refused with nothing written.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+impl TestApp {
+    async fn admin_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.addr))
+            .bearer_auth(ADMIN_TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn put_doc(&self, collection: &str, doc: Value) -> (StatusCode, Value) {
+        let path = format!("/api/admin/knowledge/{collection}/documents");
+        self.admin_call(reqwest::Method::POST, &path, Some(doc))
+            .await
+    }
+
+    /// The document ids a search returns, best first.
+    async fn search_ids(&self, collection: &str, q: &str, k: usize) -> Vec<String> {
+        let q: String = url::form_urlencoded::byte_serialize(q.as_bytes()).collect();
+        let path = format!("/api/admin/knowledge/{collection}/search?q={q}&k={k}");
+        let (status, body) = self.admin_call(reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{body}");
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["document_id"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+const TRAVEL: &str = "# Travel policy\n\nBook flights and hotels through the travel portal at least two weeks ahead.\n\n## Flights\n\nEconomy class for flights under six hours; business class above.\n\n## Hotels\n\nHotels up to 150 euros a night in most cities.";
+const LEAVE: &str =
+    "# Leave\n\nAnnual leave is 25 days. Ask your lead in the HR tool before you book any holiday.";
+const EXPENSES_ZH: &str = "# 报销制度\n\n员工因公出差产生的费用可以申请报销。请在出差结束后十五天内通过财务系统提交报销单，并附上发票。\n\n## 审批\n\n报销单由直属经理审批，超过五千元需要财务总监审批。";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_are_added_searched_replaced_and_deleted() {
+    let app = TestApp::spawn().await;
+    let post = reqwest::Method::POST;
+    let (status, created) = app
+        .admin_call(
+            post.clone(),
+            "/api/admin/knowledge",
+            Some(json!({"name": "handbook"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["chunk_chars"], 1200);
+    let (again, _) = app
+        .admin_call(
+            post.clone(),
+            "/api/admin/knowledge",
+            Some(json!({"name": "handbook"})),
+        )
+        .await;
+    assert_eq!(again, 200, "creating it again is no error");
+
+    let (status, added) = app
+        .put_doc(
+            "handbook",
+            json!({"id": "travel", "content_type": "text/markdown", "text": TRAVEL,
+                   "source_url": "https://intranet.example/travel"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{added}");
+    assert_eq!(added["status"], "added");
+    assert_eq!(added["title"], "Travel policy");
+    let (_, leave) = app
+        .put_doc(
+            "handbook",
+            json!({"id": "leave", "content_type": "text/markdown", "text": LEAVE}),
+        )
+        .await;
+    assert_eq!(leave["status"], "added");
+    // Without an id, the document is named by its content's hash.
+    let (_, zh) = app
+        .put_doc(
+            "handbook",
+            json!({"content_type": "text/markdown", "text": EXPENSES_ZH}),
+        )
+        .await;
+    let zh_id = zh["id"].as_str().unwrap().to_string();
+    assert!(zh_id.starts_with("sha256:"), "{zh}");
+    assert_eq!(zh["title"], "报销制度");
+
+    // Ranking: the passage that answers comes first, in English and in Chinese.
+    assert_eq!(
+        app.search_ids("handbook", "which class for long flights?", 3)
+            .await[0],
+        "travel"
+    );
+    assert_eq!(
+        app.search_ids("handbook", "how many days of annual leave", 3)
+            .await[0],
+        "leave"
+    );
+    // Results are chunks: both sections of the Chinese document, and nothing else.
+    let zh_hits = app.search_ids("handbook", "怎么申请报销？", 3).await;
+    assert!(
+        !zh_hits.is_empty() && zh_hits.iter().all(|id| *id == zh_id),
+        "{zh_hits:?}"
+    );
+    assert_eq!(
+        app.search_ids("handbook", "报销单谁审批", 3).await[0],
+        zh_id
+    );
+    let q = url::form_urlencoded::byte_serialize("hotel price per night".as_bytes())
+        .collect::<String>();
+    let (_, found) = app
+        .admin_call(
+            reqwest::Method::GET,
+            &format!("/api/admin/knowledge/handbook/search?q={q}&k=1"),
+            None,
+        )
+        .await;
+    let top = &found["results"][0];
+    assert_eq!(top["heading"], "Travel policy > Hotels", "{found}");
+    assert_eq!(top["source_url"], "https://intranet.example/travel");
+    assert!(top["text"].as_str().unwrap().contains("150 euros"));
+    assert!(top["score"].as_f64().unwrap() > 0.0);
+
+    // The same content again costs nothing; a changed one replaces its chunks.
+    let (_, same) = app
+        .put_doc(
+            "handbook",
+            json!({"id": "leave", "content_type": "text/markdown", "text": LEAVE}),
+        )
+        .await;
+    assert_eq!(same["status"], "unchanged");
+    let changed = LEAVE
+        .replace("25 days", "30 days")
+        .replace("HR tool", "staff portal");
+    let (_, replaced) = app
+        .put_doc(
+            "handbook",
+            json!({"id": "leave", "content_type": "text/markdown", "text": changed}),
+        )
+        .await;
+    assert_eq!(replaced["status"], "replaced");
+    assert!(
+        app.search_ids("handbook", "HR tool", 5).await.is_empty(),
+        "the old chunks are gone"
+    );
+    assert_eq!(
+        app.search_ids("handbook", "staff portal", 5).await[0],
+        "leave"
+    );
+
+    let (_, shown) = app
+        .admin_call(reqwest::Method::GET, "/api/admin/knowledge/handbook", None)
+        .await;
+    assert_eq!(shown["document_count"], 3, "{shown}");
+    assert_eq!(shown["ingest"]["state"], "idle");
+    let ids: Vec<&str> = shown["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["leave", zh_id.as_str(), "travel"]);
+
+    let (status, _) = app
+        .admin_call(
+            reqwest::Method::DELETE,
+            "/api/admin/knowledge/handbook/documents/leave",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        app.search_ids("handbook", "annual leave", 5)
+            .await
+            .is_empty()
+    );
+    let (status, _) = app
+        .admin_call(
+            reqwest::Method::DELETE,
+            "/api/admin/knowledge/handbook/documents/leave",
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_come_as_multipart_and_html_keeps_its_headings() {
+    let app = TestApp::spawn().await;
+    app.admin_call(
+        reqwest::Method::POST,
+        "/api/admin/knowledge",
+        Some(json!({"name": "docs"})),
+    )
+    .await;
+    let html = "<html><body><nav>Home | About</nav><h1>VPN setup</h1><p>Install the client from the portal.</p><h2>Linux</h2><p>Use <code>openconnect</code> with the company gateway.</p></body></html>";
+    let form = reqwest::multipart::Form::new()
+        .text("source_url", "https://intranet.example/vpn")
+        .part(
+            "file",
+            reqwest::multipart::Part::text(html)
+                .file_name("guides/vpn.html")
+                .mime_str("text/html")
+                .unwrap(),
+        );
+    let response = app
+        .http
+        .post(format!("{}/api/admin/knowledge/docs/documents", app.addr))
+        .bearer_auth(ADMIN_TOKEN)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let added: Value = response.json().await.unwrap();
+    assert_eq!(added["id"], "guides/vpn.html", "{added}");
+    assert_eq!(added["title"], "VPN setup");
+    let q: String = url::form_urlencoded::byte_serialize("openconnect linux".as_bytes()).collect();
+    let (_, found) = app
+        .admin_call(
+            reqwest::Method::GET,
+            &format!("/api/admin/knowledge/docs/search?q={q}&k=1"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        found["results"][0]["heading"], "VPN setup > Linux",
+        "{found}"
+    );
+    assert_eq!(found["results"][0]["document_id"], "guides/vpn.html");
+    // A path-like id is deleted by its path.
+    let (status, _) = app
+        .admin_call(
+            reqwest::Method::DELETE,
+            "/api/admin/knowledge/docs/documents/guides/vpn.html",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_documents_and_searches_are_refused_with_nothing_written() {
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.knowledge.max_document_bytes = 1000;
+    })
+    .await;
+    let post = reqwest::Method::POST;
+    for name in ["", "has space", "a/b", &"x".repeat(65)] {
+        let (status, _) = app
+            .admin_call(
+                post.clone(),
+                "/api/admin/knowledge",
+                Some(json!({"name": name})),
+            )
+            .await;
+        assert_eq!(status, 400, "{name:?}");
+    }
+    let (status, _) = app.put_doc("nowhere", json!({"text": "hello"})).await;
+    assert_eq!(status, 404);
+    app.admin_call(
+        post.clone(),
+        "/api/admin/knowledge",
+        Some(json!({"name": "kb"})),
+    )
+    .await;
+    let refused = [
+        (json!({"text": "x".repeat(1001)}), 413),
+        (json!({"text": "   "}), 400),
+        (json!({"title": "no text"}), 400),
+        (
+            json!({"text": "hello", "content_type": "application/pdf"}),
+            400,
+        ),
+        (
+            json!({"text": "hello", "source_url": "javascript:alert(1)"}),
+            400,
+        ),
+        (json!({"text": "hello", "id": "a\u{0}b"}), 400),
+        (json!({"text": "hello", "colour": "blue"}), 400),
+    ];
+    for (doc, want) in refused {
+        let (status, body) = app.put_doc("kb", doc.clone()).await;
+        assert_eq!(status.as_u16(), want, "{doc}: {body}");
+        assert!(body["error"].is_string(), "{body}");
+    }
+    let (_, shown) = app
+        .admin_call(reqwest::Method::GET, "/api/admin/knowledge/kb", None)
+        .await;
+    assert_eq!(shown["document_count"], 0, "nothing written: {shown}");
+    for query in ["", "?q=", "?q=x&k=0", "?q=x&k=51", "?q=x&k=many"] {
+        let (status, _) = app
+            .admin_call(
+                reqwest::Method::GET,
+                &format!("/api/admin/knowledge/kb/search{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 400, "{query}");
+    }
+    // Only the admin token opens it.
+    let response = app
+        .http
+        .get(format!("{}/api/admin/knowledge", app.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    app.stop().await;
+}
