@@ -43,10 +43,26 @@ pub fn validate(
             Err("a single_turn agent has no workflow (set mode to workflow)".into())
         }
         (AgentMode::Workflow, None) => Err("a workflow agent needs a `workflow`".into()),
+        (AgentMode::Workflow, Some(_)) if !definition.knowledge.is_empty() => Err(
+            "knowledge: only single_turn agents answer from knowledge collections so far".into(),
+        ),
         (AgentMode::Workflow, Some(w)) => {
             Workflow::parse(w, tools, !definition.approvers.is_empty()).map(|_| ())
         }
-        (AgentMode::SingleTurn, None) => Ok(()),
+        (AgentMode::SingleTurn, None) => check_knowledge(definition),
+    }
+}
+
+/// Knowledge collections are for single-turn agents (a workflow's `knowledge.search` tool
+/// and `retrieve` node are not built yet), named as collections are.
+fn check_knowledge(definition: &AgentDefinition) -> Result<(), String> {
+    match definition
+        .knowledge
+        .iter()
+        .find(|n| !crate::domain::is_valid_name(n))
+    {
+        Some(bad) => Err(format!("knowledge: `{bad}` is not a collection name")),
+        None => Ok(()),
     }
 }
 
@@ -64,6 +80,18 @@ pub async fn publish(
     let view =
         TaskTools::new(tools.clone(), &definition.mcp_tools).map_err(PublishError::Invalid)?;
     validate(&definition, &view, models).map_err(PublishError::Invalid)?;
+    for name in &definition.knowledge {
+        if store
+            .collection(name)
+            .await
+            .map_err(PublishError::Store)?
+            .is_none()
+        {
+            return Err(PublishError::Invalid(format!(
+                "knowledge: there is no collection `{name}` (create it first)"
+            )));
+        }
+    }
     let json =
         serde_json::to_string(&definition).map_err(|e| PublishError::Invalid(e.to_string()))?;
     store

@@ -59,8 +59,9 @@ impl App {
         }
         let tools = Arc::new(tools);
         let llm = Arc::new(ModelClients::new(&config.llm)?);
-        crate::agents::publish_configured_agents(&store, &config, &tools, &llm).await?;
+        // Collections first: agents that answer from them are checked against them.
         crate::knowledge::create_configured_collections(&store, &config.knowledge).await?;
+        crate::agents::publish_configured_agents(&store, &config, &tools, &llm).await?;
         crate::agents::watch_mcp(store.clone(), &tools, llm.clone());
         // A restart under the same instance id: whatever that id still holds was running in
         // the previous process, which is gone, so take it back at once.

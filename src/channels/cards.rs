@@ -99,4 +99,40 @@ mod tests {
                 .is_none()
         );
     }
+
+    #[test]
+    fn knowledge_answers_show_their_sources() {
+        let card = json!({
+            "card_type": "knowledge_answer", "title": "Travel", "answer": "Economy \"only\" [1].",
+            "sources": [
+                {"n": 1, "title": "Travel policy", "heading": "Flights", "url": "https://intranet.example/travel"},
+                {"n": 2, "title": "报销制度", "heading": ""}
+            ]
+        });
+        for platform in ["slack", "lark", "dingtalk"] {
+            let out = render(platform, &card, "fallback", "k").unwrap().unwrap();
+            let shown = out.to_string();
+            assert!(
+                shown.contains("[1] Travel policy — Flights"),
+                "{platform}: {shown}"
+            );
+            assert!(
+                shown.contains("https://intranet.example/travel"),
+                "{platform}: {shown}"
+            );
+            assert!(shown.contains("[2] 报销制度"), "{platform}: {shown}");
+        }
+        // Without sources, no sources block.
+        let bare = json!({"card_type": "knowledge_answer", "answer": "A"});
+        for platform in ["slack", "lark", "dingtalk"] {
+            let shown = render(platform, &bare, "A", "k")
+                .unwrap()
+                .unwrap()
+                .to_string();
+            assert!(
+                !shown.contains("Sources") && !shown.contains("context"),
+                "{platform}: {shown}"
+            );
+        }
+    }
 }

@@ -48,6 +48,13 @@ pub struct KnowledgeConfig {
     pub max_document_bytes: usize,
     /// The most results one search returns.
     pub max_results: usize,
+    /// Passages an agent's answer is drawn from, at most.
+    pub top_k: usize,
+    /// Passages must score above this to be given to the model (the score's scale is the
+    /// database's: bm25 on SQLite, ts_rank on PostgreSQL).
+    pub min_score: f64,
+    /// What an agent says when no passage answers the question (the model is not asked).
+    pub unknown_answer: String,
     /// Collections created at start-up when missing.
     #[serde(default)]
     pub collections: BTreeMap<String, CollectionConfig>,
@@ -637,6 +644,9 @@ pub struct AgentConfig {
     /// This agent's placeholder (`replies.placeholder` when absent; "" = none).
     #[serde(default)]
     pub placeholder: Option<String>,
+    /// Knowledge collections it answers from (single-turn agents; docs/knowledge.md).
+    #[serde(default)]
+    pub knowledge: Vec<String>,
 }
 
 impl AgentConfig {
@@ -655,6 +665,7 @@ impl AgentConfig {
             confirm_deadline_secs: self.confirm_deadline_secs,
             fallback_text: self.fallback_text.clone(),
             placeholder: self.placeholder.clone(),
+            knowledge: self.knowledge.clone(),
             mcp_tools: BTreeMap::new(),
         }
     }

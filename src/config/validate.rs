@@ -21,6 +21,19 @@ impl Config {
         let k = &self.knowledge;
         positive("knowledge.max_document_bytes", k.max_document_bytes as u64)?;
         positive("knowledge.max_results", k.max_results as u64)?;
+        positive("knowledge.top_k", k.top_k as u64)?;
+        if !k.min_score.is_finite() {
+            return Err(invalid(
+                "knowledge.min_score",
+                "must be a number".to_string(),
+            ));
+        }
+        if k.unknown_answer.trim().is_empty() {
+            return Err(invalid(
+                "knowledge.unknown_answer",
+                "must not be empty".to_string(),
+            ));
+        }
         let mut declared: Vec<(String, Option<&super::sections::CollectionConfig>)> =
             vec![("knowledge".to_string(), None)];
         for (name, c) in &k.collections {

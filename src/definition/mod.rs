@@ -42,6 +42,9 @@ pub struct AgentDefinition {
     /// Sent when the model answers nothing; empty = the task fails.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub fallback_text: String,
+    /// Knowledge collections a single-turn agent answers from (docs/knowledge.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub knowledge: Vec<String>,
     /// The placeholder of a slow run (`replies.placeholder` when absent; "" = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placeholder: Option<String>,

@@ -4,6 +4,7 @@
 
 pub mod aborts;
 pub mod feedback;
+pub mod knowledge;
 pub mod pool;
 pub mod reply;
 pub mod single_turn;

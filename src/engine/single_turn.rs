@@ -45,6 +45,19 @@ pub async fn run(
         model: &model_label,
         recovery: ctx.recovery.as_ref(),
     };
+    // A knowledge agent's passages come first (step 1; the model's steps follow). With none
+    // that answers, it says so without asking the model.
+    let knows = !agent.knowledge.is_empty();
+    let first_step = if knows { STEP_NO + 1 } else { STEP_NO };
+    let passages = if knows {
+        let found = super::knowledge::retrieve(svc, &exec, ctx, STEP_NO, &ctx.message.text).await?;
+        if found.is_empty() {
+            return finish(svc, fence, &exec, ctx, unknown_outcome(svc, ctx)).await;
+        }
+        Some(found)
+    } else {
+        None
+    };
     let turns = conversation_turns(svc, ctx).await?;
     let budget = history_budget(
         svc.config.context.history_token_budget,
@@ -59,10 +72,10 @@ pub async fn run(
     let mut messages = vec![system.clone()];
     // Over the budget: the older exchanges are folded into a summary by the model (a
     // journalled step of its own, so a resumed task reuses it), and the chat call is step 2.
-    let mut chat_step = STEP_NO;
+    let mut chat_step = first_step;
     if !older.is_empty() {
-        chat_step = STEP_NO + 1;
-        let summary = summarize_history(svc, &exec, provider, &model, older).await?;
+        chat_step = first_step + 1;
+        let summary = summarize_history(svc, &exec, (provider, &model), first_step, older).await?;
         if let Some(summary) = summary {
             messages.push(ChatMessage::user(format!(
                 "Summary of the earlier conversation:\n{summary}"
@@ -70,12 +83,13 @@ pub async fn run(
         }
     }
     messages.extend(recent);
-    // The group's chatter before the question, as context just before it.
-    if let Some(chatter) = chatter_message(&group_chatter(svc, ctx).await?)
-        && let Some(question) = messages.pop()
-    {
-        messages.push(chatter);
-        messages.push(question);
+    // The group's chatter before the question, then the passages, just before it (the
+    // passages also with the question alone, if it comes to that).
+    let chatter = chatter_message(&group_chatter(svc, ctx).await?);
+    let given = passages.as_deref().map(super::knowledge::passages_message);
+    for context in [chatter, given.clone()].into_iter().flatten() {
+        let question = messages.pop();
+        messages.extend([Some(context), question].into_iter().flatten());
     }
     let request = ChatRequest {
         model,
@@ -90,7 +104,10 @@ pub async fn run(
     // The model refused the context after all (our estimate is not its tokenizer): journal
     // the refusal and ask once more with the question alone, as a step of its own.
     let shrunk = ChatRequest {
-        messages: [Some(system), question].into_iter().flatten().collect(),
+        messages: [Some(system), given, question]
+            .into_iter()
+            .flatten()
+            .collect(),
         ..request.clone()
     };
     if call.context_too_long() && shrunk.messages.len() < request.messages.len() {
@@ -103,7 +120,18 @@ pub async fn run(
         );
         call = chat_step_call(svc, &exec, provider, chat_step + 1, SHRUNK, &shrunk, stream).await?;
     }
-    let outcome = outcome_of(svc, ctx, call);
+    let outcome = outcome_of(svc, ctx, call, passages.as_deref());
+    finish(svc, fence, &exec, ctx, outcome).await
+}
+
+/// Commits the task's end and its one reply (after the streamed edits stopped).
+async fn finish(
+    svc: &Worker,
+    fence: &Fence,
+    exec: &StepExec<'_>,
+    ctx: &TaskContext,
+    outcome: TaskOutcome,
+) -> Result<(), RunError> {
     if let Some(feedback) = &ctx.feedback {
         feedback.settle().await;
     }
@@ -116,6 +144,30 @@ pub async fn run(
     tracing::info!(status = %outcome.status, "task finished");
     svc.wake.replies.notify_one();
     Ok(())
+}
+
+/// A knowledge agent whose collections hold nothing that answers: `knowledge.unknown_answer`.
+fn unknown_outcome(svc: &Worker, ctx: &TaskContext) -> TaskOutcome {
+    let text = svc.config.knowledge.unknown_answer.clone();
+    let content = serde_json::json!({ "text": text }).to_string();
+    TaskOutcome {
+        status: TaskStatus::Succeeded,
+        result: Some(text),
+        trace: None,
+        failure_type: None,
+        error: None,
+        retries: 0,
+        step: None,
+        reply: ctx.task.reply(
+            ctx.message.external_message_id.clone(),
+            ReplyType::Text,
+            content,
+        ),
+        audit_summary: format!(
+            "no passage of {} answers the question; said so without asking the model",
+            ctx.agent.knowledge.join(", ")
+        ),
+    }
 }
 
 /// Longest kept group message shown as context, in characters.
@@ -196,7 +248,12 @@ pub(crate) async fn conversation_turns(
 
 /// The task's terminal outcome from its chat call: the answer (or the agent's fallback for an
 /// empty one) as the reply, or the failure notice.
-fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
+fn outcome_of(
+    svc: &Worker,
+    ctx: &TaskContext,
+    call: ChatCall,
+    passages: Option<&[super::knowledge::Passage]>,
+) -> TaskOutcome {
     let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
 
     // Retries made by this run; earlier runs' retries are already counted on the task.
@@ -216,7 +273,14 @@ fn outcome_of(svc: &Worker, ctx: &TaskContext, call: ChatCall) -> TaskOutcome {
     });
     match answered {
         Ok(text) => {
-            let (reply_type, content) = reply::compose_answer(&text);
+            // An answer drawn from passages goes as a card with its sources (unless the
+            // model answered with a card of its own).
+            let (reply_type, content) = match (reply::compose_answer(&text), passages) {
+                ((ReplyType::Text, _), Some(passages)) => {
+                    super::knowledge::answer_card(&text, passages)
+                }
+                (composed, _) => composed,
+            };
             TaskOutcome {
                 status: TaskStatus::Succeeded,
                 result: Some(text),
@@ -386,8 +450,8 @@ async fn chat_step_call(
 async fn summarize_history(
     svc: &Worker,
     exec: &StepExec<'_>,
-    provider: &OpenAiClient,
-    model: &str,
+    (provider, model): (&OpenAiClient, &str),
+    step_no: i64,
     older: &[ChatMessage],
 ) -> Result<Option<String>, RunError> {
     let transcript: String = older
@@ -405,7 +469,7 @@ async fn summarize_history(
         tools: Vec::new(),
         tool_choice: None,
     };
-    let call = chat_step_call(svc, exec, provider, STEP_NO, SUMMARY, &request, None).await?;
+    let call = chat_step_call(svc, exec, provider, step_no, SUMMARY, &request, None).await?;
     if !call.journalled {
         exec.complete(&call.record()).await?;
     }

@@ -328,3 +328,161 @@ async fn bad_documents_and_searches_are_refused_with_nothing_written() {
     assert_eq!(response.status(), 401);
     app.stop().await;
 }
+
+/// A single-turn agent with `knowledge = ["handbook"]`: the question's passages are found
+/// (a journalled `knowledge.search` step the task page shows), given to the model numbered
+/// before the question, and the answer goes out as a `knowledge_answer` card whose sources
+/// are the passages it cites; a question nothing in the collection answers gets
+/// `knowledge.unknown_answer` without the model being asked. Chinese too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_answers_from_its_collection_with_cited_sources() {
+    use crate::strict_model::{ModelReply, model_mock};
+    let model = wiremock::MockServer::start().await;
+    model_mock(|body: &Value| {
+        let messages = body["messages"].as_array().unwrap();
+        let given = messages[messages.len() - 2]["content"]
+            .as_str()
+            .unwrap_or("");
+        // The model cites the passage that names the thing asked about.
+        let cite = |word: &str| {
+            given
+                .split("\n[")
+                .skip(1)
+                .find(|p| p.contains(word))
+                .and_then(|p| p.split(']').next())
+                .map(|n| format!("[{n}]"))
+                .unwrap_or_default()
+        };
+        let question = crate::helpers::last_content(body);
+        ModelReply::text(if question.contains("flight") {
+            format!("Business class above six hours {}.", cite("Economy class"))
+        } else {
+            format!("提交报销单并附上发票 {}。", cite("发票"))
+        })
+    })
+    .mount(&model)
+    .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
+        c.knowledge
+            .collections
+            .insert("handbook".into(), Default::default());
+        c.agents.get_mut("default").unwrap().knowledge = vec!["handbook".into()];
+    })
+    .await;
+    for doc in [
+        json!({"id": "travel", "content_type": "text/markdown", "text": TRAVEL,
+               "source_url": "https://intranet.example/travel"}),
+        json!({"id": "leave", "content_type": "text/markdown", "text": LEAVE}),
+        json!({"id": "expenses", "content_type": "text/markdown", "text": EXPENSES_ZH}),
+    ] {
+        let (status, body) = app.put_doc("handbook", doc).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    let id = task_id_of(
+        app.post_message(&message("kb-1", 1, "which class for long flights?"))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    let (_, reply) = app.replies().await.remove(0);
+    assert_eq!(reply["type"], "card", "{reply}");
+    let card = &reply["card"];
+    assert_eq!(card["card_type"], "knowledge_answer");
+    assert!(
+        card["answer"]
+            .as_str()
+            .unwrap()
+            .starts_with("Business class above six hours [1]"),
+        "{card}"
+    );
+    let sources = card["sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 1, "only the cited passage: {card}");
+    assert_eq!(sources[0]["document_id"], "travel");
+    assert_eq!(sources[0]["heading"], "Travel policy > Flights");
+    assert_eq!(sources[0]["url"], "https://intranet.example/travel");
+    assert!(
+        reply["text"].as_str().unwrap().contains("Sources:\n[1] Travel policy — Travel policy > Flights (https://intranet.example/travel)"),
+        "the text fallback lists the sources: {reply}"
+    );
+    // The task shows what was retrieved: the journalled search step, then the model call.
+    let steps = task["steps"].as_array().unwrap();
+    assert_eq!(steps[0]["tool"], "knowledge.search", "{task:#}");
+    assert!(
+        steps[0]["output"]
+            .as_str()
+            .unwrap()
+            .contains("\"document_id\":\"travel\"")
+    );
+    assert_eq!(steps[1]["tool"], "chat");
+    let asked = model_bodies(&app.model).await;
+    let given = asked[0]["messages"].as_array().unwrap();
+    let passages = given[given.len() - 2]["content"].as_str().unwrap();
+    assert!(
+        passages.starts_with("Answer the next question from these passages"),
+        "{passages}"
+    );
+    assert!(
+        passages.contains("[1] Travel policy — Travel policy > Flights"),
+        "{passages}"
+    );
+
+    // Chinese.
+    let id = task_id_of(
+        app.post_message(&message("kb-2", 1, "怎么申请报销？"))
+            .await,
+    )
+    .await;
+    app.wait_replied(id, WAIT).await;
+    let replies = app.replies().await;
+    let zh = &replies.last().unwrap().1;
+    assert_eq!(zh["card"]["sources"][0]["document_id"], "expenses", "{zh}");
+    assert!(
+        zh["card"]["answer"].as_str().unwrap().contains("发票 [1]"),
+        "{zh}"
+    );
+
+    // Nothing answers: said so, the model not asked.
+    let before = model_bodies(&app.model).await.len();
+    let id = task_id_of(
+        app.post_message(&message("kb-3", 1, "zebra quantum saxophone"))
+            .await,
+    )
+    .await;
+    let task = app.wait_replied(id, WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED");
+    let replies = app.replies().await;
+    assert_eq!(
+        replies.last().unwrap().1["text"],
+        "I could not find this in the documents I can search."
+    );
+    assert_eq!(
+        model_bodies(&app.model).await.len(),
+        before,
+        "the model was not asked"
+    );
+    app.stop().await;
+}
+
+/// An agent cannot name a collection that does not exist, nor use knowledge in a workflow
+/// (not built yet): its version is refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_naming_a_missing_collection_is_refused() {
+    let app = TestApp::spawn().await;
+    let (status, body) = app
+        .admin_call(
+            reqwest::Method::POST,
+            "/api/agents/helper/versions",
+            Some(json!({"mode": "single_turn", "system_prompt": "Help.", "knowledge": ["nope"]})),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("no collection `nope`"),
+        "{body}"
+    );
+    app.stop().await;
+}
