@@ -1,4 +1,4 @@
-//! The `assistd` command line: `serve` (default) and `migrate`.
+//! The `assistd` command line: `serve` (default), `migrate` and `knowledge add`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +32,25 @@ enum Command {
     },
     /// Apply database migrations and exit.
     Migrate,
+    /// Knowledge bases (docs/knowledge.md).
+    Knowledge {
+        #[command(subcommand)]
+        command: KnowledgeCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KnowledgeCommand {
+    /// Add files to a collection (created when missing): folders are walked recursively
+    /// (.txt, .md, .markdown, .html, .htm); a file's id is its path as given or below the
+    /// folder given, so adding it again replaces it.
+    Add {
+        /// The collection.
+        name: String,
+        /// Files and folders.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -66,6 +85,9 @@ fn main() -> ExitCode {
         match cli.command.unwrap_or(Command::Serve { role: None }) {
             Command::Serve { .. } => serve(config).await,
             Command::Migrate => migrate(config).await,
+            Command::Knowledge {
+                command: KnowledgeCommand::Add { name, paths },
+            } => add_knowledge(config, &name, &paths).await,
         }
     });
     drop(runtime);
@@ -97,6 +119,25 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
     store.migrate().await?;
     store.close().await;
     tracing::info!("migrations applied");
+    Ok(())
+}
+
+async fn add_knowledge(config: Config, name: &str, paths: &[PathBuf]) -> anyhow::Result<()> {
+    let store = assistd::store::Store::connect(&config.database).await?;
+    store.migrate().await?;
+    let report = assistd::knowledge::add_files(&store, &config.knowledge, name, paths, |line| {
+        println!("{line}")
+    })
+    .await;
+    store.close().await;
+    let report = report?;
+    println!(
+        "{name}: {} added, {} replaced, {} unchanged, {} failed; {} chunks written",
+        report.added, report.replaced, report.unchanged, report.failed, report.chunks
+    );
+    if report.failed > 0 {
+        anyhow::bail!("{} file(s) could not be added", report.failed);
+    }
     Ok(())
 }
 

@@ -259,3 +259,124 @@ pub async fn create_configured_collections(
     }
     Ok(())
 }
+
+/// What adding files did.
+#[derive(Debug, Clone, Default)]
+pub struct AddReport {
+    pub added: usize,
+    pub replaced: usize,
+    pub unchanged: usize,
+    pub failed: usize,
+    pub chunks: usize,
+}
+
+/// The extensions a folder's files are taken by.
+const FILE_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "html", "htm"];
+
+/// The files to add for each path given, with their ids: a file as given; a folder's files
+/// (recursively, by extension, in name order) by their path below it.
+fn files_of(paths: &[std::path::PathBuf]) -> std::io::Result<Vec<(std::path::PathBuf, String)>> {
+    let mut out = Vec::new();
+    for root in paths {
+        if root.is_file() {
+            out.push((root.clone(), root.to_string_lossy().into_owned()));
+            continue;
+        }
+        let mut stack = vec![root.clone()];
+        let mut found = Vec::new();
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path
+                    .extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| FILE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+                {
+                    found.push(path);
+                }
+            }
+        }
+        found.sort();
+        for path in found {
+            let id = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            out.push((path, id));
+        }
+    }
+    Ok(out)
+}
+
+/// Adds files and folders to collection `name` (created with the configured chunking when
+/// missing), one document per file, each in its own transaction; `report` gets a line per
+/// file. A file that cannot be read or is refused counts as failed, and the rest go on.
+pub async fn add_files(
+    store: &Store,
+    config: &KnowledgeConfig,
+    name: &str,
+    paths: &[std::path::PathBuf],
+    mut report: impl FnMut(&str),
+) -> anyhow::Result<AddReport> {
+    if !crate::domain::is_valid_name(name) {
+        anyhow::bail!("`{name}`: collection names are 1 to 64 letters, digits, '-' or '_'");
+    }
+    let (chunk, overlap) = config.chunking(config.collections.get(name));
+    let now = crate::domain::now_ms();
+    store
+        .create_collection(name, chunk as i64, overlap as i64, now)
+        .await?;
+    let collection = store
+        .collection(name)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("collection `{name}` vanished"))?;
+    let mut done = AddReport::default();
+    for (path, id) in files_of(paths)? {
+        let text = match std::fs::read(&path).map(String::from_utf8) {
+            Ok(Ok(text)) => text,
+            Ok(Err(_)) => {
+                done.failed += 1;
+                report(&format!("{id}: failed: not UTF-8 text"));
+                continue;
+            }
+            Err(e) => {
+                done.failed += 1;
+                report(&format!("{id}: failed: {e}"));
+                continue;
+            }
+        };
+        let doc = Document {
+            id: Some(&id),
+            title: None,
+            source_url: None,
+            content_type: ContentType::of_path(&path),
+            text: &text,
+        };
+        match ingest(store, config, &collection, doc, crate::domain::now_ms()).await {
+            Ok(ingested) => {
+                match ingested.outcome {
+                    PutOutcome::Added => done.added += 1,
+                    PutOutcome::Replaced => done.replaced += 1,
+                    PutOutcome::Unchanged => done.unchanged += 1,
+                }
+                if ingested.outcome != PutOutcome::Unchanged {
+                    done.chunks += ingested.chunks;
+                }
+                report(&format!(
+                    "{id}: {} ({} chunks)",
+                    ingested.outcome.as_str(),
+                    ingested.chunks
+                ));
+            }
+            Err(KnowledgeError::Store(e)) => return Err(e.into()),
+            Err(e) => {
+                done.failed += 1;
+                report(&format!("{id}: failed: {e}"));
+            }
+        }
+    }
+    Ok(done)
+}

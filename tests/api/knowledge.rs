@@ -486,3 +486,67 @@ async fn an_agent_naming_a_missing_collection_is_refused() {
     );
     app.stop().await;
 }
+
+/// `assistd knowledge add <name> <folder>` with the real binary: the folder is walked, each
+/// file added under its path below the folder (a file that is not UTF-8 fails alone and the
+/// exit code says so), and adding the folder again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_adds_a_folder_and_adding_it_again_changes_nothing() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("policies/travel")).unwrap();
+    std::fs::write(dir.path().join("policies/travel/flights.md"), TRAVEL).unwrap();
+    std::fs::write(dir.path().join("leave.txt"), LEAVE).unwrap();
+    std::fs::write(dir.path().join("报销.md"), EXPENSES_ZH).unwrap();
+    std::fs::write(dir.path().join("image.png"), [0x89, b'P', b'N', b'G']).unwrap();
+    let run = |paths: Vec<std::path::PathBuf>| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_assistd"))
+            .arg("knowledge")
+            .arg("add")
+            .arg("handbook")
+            .args(paths)
+            .env("ASSISTD_DATABASE__URL", &db.url)
+            .env("ASSISTD_LOG__LEVEL", "warn")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, out) = run(vec![dir.path().to_path_buf()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("policies/travel/flights.md: added"), "{out}");
+    assert!(
+        out.contains("handbook: 3 added, 0 replaced, 0 unchanged, 0 failed"),
+        "{out}"
+    );
+    let (code, out) = run(vec![dir.path().to_path_buf()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("0 added, 0 replaced, 3 unchanged"), "{out}");
+    // A file given by name that is not text fails alone.
+    std::fs::write(dir.path().join("bad.md"), [0xff, 0xfe, 0x00]).unwrap();
+    let (code, out) = run(vec![dir.path().join("bad.md")]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("failed: not UTF-8 text"), "{out}");
+
+    let config = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    let store = assistd::store::Store::connect(&config.database)
+        .await
+        .unwrap();
+    let collection = store.collection("handbook").await.unwrap().unwrap();
+    let ids: Vec<String> = store
+        .documents(collection.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.doc_id)
+        .collect();
+    assert_eq!(ids, ["leave.txt", "policies/travel/flights.md", "报销.md"]);
+    let hits = assistd::knowledge::search(&store, &collection, "怎么申请报销", 1)
+        .await
+        .unwrap();
+    assert_eq!(hits[0].doc_id, "报销.md");
+    store.close().await;
+    db.drop_db().await;
+}
