@@ -149,24 +149,33 @@ async fn finish(
 /// A knowledge agent whose collections hold nothing that answers: `knowledge.unknown_answer`.
 fn unknown_outcome(svc: &Worker, ctx: &TaskContext) -> TaskOutcome {
     let text = svc.config.knowledge.unknown_answer.clone();
-    let content = serde_json::json!({ "text": text }).to_string();
+    let content = serde_json::json!({ "text": text });
+    let summary = format!(
+        "no passage of {} answers the question; said so without asking the model",
+        ctx.agent.knowledge.join(", ")
+    );
+    succeeded(ctx, text, (ReplyType::Text, content), (0, None), summary)
+}
+
+/// A task answered with `text`, replying `reply`; `(retries, step)` of its last call.
+fn succeeded(
+    ctx: &TaskContext,
+    text: String,
+    (reply_type, content): (ReplyType, serde_json::Value),
+    (retries, step): (i64, Option<StepResult>),
+    audit_summary: String,
+) -> TaskOutcome {
+    let in_reply_to = ctx.message.external_message_id.clone();
     TaskOutcome {
         status: TaskStatus::Succeeded,
         result: Some(text),
         trace: None,
         failure_type: None,
         error: None,
-        retries: 0,
-        step: None,
-        reply: ctx.task.reply(
-            ctx.message.external_message_id.clone(),
-            ReplyType::Text,
-            content,
-        ),
-        audit_summary: format!(
-            "no passage of {} answers the question; said so without asking the model",
-            ctx.agent.knowledge.join(", ")
-        ),
+        retries,
+        step,
+        reply: ctx.task.reply(in_reply_to, reply_type, content.to_string()),
+        audit_summary,
     }
 }
 
@@ -281,22 +290,13 @@ fn outcome_of(
                 }
                 (composed, _) => composed,
             };
-            TaskOutcome {
-                status: TaskStatus::Succeeded,
-                result: Some(text),
-                trace: None,
-                failure_type: None,
-                error: None,
-                retries,
-                step,
-                reply: task.reply(in_reply_to, reply_type, content.to_string()),
-                audit_summary: format!(
-                    "answered by {} after {} attempt(s) ({})",
-                    call.model,
-                    call.attempts,
-                    reply_type.as_str()
-                ),
-            }
+            let summary = format!(
+                "answered by {} after {} attempt(s) ({})",
+                call.model,
+                call.attempts,
+                reply_type.as_str()
+            );
+            succeeded(ctx, text, (reply_type, content), (retries, step), summary)
         }
         Err(err) => {
             tracing::warn!(failure_type = %err.failure, error = %err.message, "task failed");

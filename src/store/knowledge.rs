@@ -157,50 +157,37 @@ impl Store {
             .bind(doc.doc_id)
             .fetch_optional(&mut *tx)
             .await?;
-            let (id, outcome) = match existing {
+            let outcome = match existing {
                 Some((_, hash)) if hash == doc.content_hash => return Ok(PutOutcome::Unchanged),
                 Some((id, _)) => {
                     sqlx::query("DELETE FROM knowledge_chunk WHERE document_id = $1")
                         .bind(id)
                         .execute(&mut *tx)
                         .await?;
-                    sqlx::query(
-                        "UPDATE knowledge_document SET title = $1, source_url = $2, \
-                         content_type = $3, content_hash = $4, bytes = $5, chunks = $6, \
-                         updated_at = $7 WHERE id = $8",
-                    )
-                    .bind(doc.title)
-                    .bind(doc.source_url)
-                    .bind(doc.content_type)
-                    .bind(doc.content_hash)
-                    .bind(doc.bytes)
-                    .bind(chunks.len() as i64)
-                    .bind(now)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                    (id, PutOutcome::Replaced)
+                    PutOutcome::Replaced
                 }
-                None => {
-                    let id: i64 = sqlx::query_scalar(
-                        "INSERT INTO knowledge_document (collection_id, doc_id, title, \
-                         source_url, content_type, content_hash, bytes, chunks, updated_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
-                    )
-                    .bind(collection_id)
-                    .bind(doc.doc_id)
-                    .bind(doc.title)
-                    .bind(doc.source_url)
-                    .bind(doc.content_type)
-                    .bind(doc.content_hash)
-                    .bind(doc.bytes)
-                    .bind(chunks.len() as i64)
-                    .bind(now)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                    (id, PutOutcome::Added)
-                }
+                None => PutOutcome::Added,
             };
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO knowledge_document (collection_id, doc_id, title, source_url, \
+                 content_type, content_hash, bytes, chunks, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (collection_id, doc_id) DO UPDATE SET title = excluded.title, \
+                 source_url = excluded.source_url, content_type = excluded.content_type, \
+                 content_hash = excluded.content_hash, bytes = excluded.bytes, \
+                 chunks = excluded.chunks, updated_at = excluded.updated_at RETURNING id",
+            )
+            .bind(collection_id)
+            .bind(doc.doc_id)
+            .bind(doc.title)
+            .bind(doc.source_url)
+            .bind(doc.content_type)
+            .bind(doc.content_hash)
+            .bind(doc.bytes)
+            .bind(chunks.len() as i64)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?;
             for (position, chunk) in chunks.iter().enumerate() {
                 sqlx::query(
                     "INSERT INTO knowledge_chunk (document_id, collection_id, position, heading, \

@@ -33,6 +33,13 @@ impl TestApp {
             .await
     }
 
+    async fn delete_doc(&self, collection: &str, id: &str) -> StatusCode {
+        let path = format!("/api/admin/knowledge/{collection}/documents/{id}");
+        self.admin_call(reqwest::Method::DELETE, &path, None)
+            .await
+            .0
+    }
+
     /// The document ids a search returns, best first.
     async fn search_ids(&self, collection: &str, q: &str, k: usize) -> Vec<String> {
         let q: String = url::form_urlencoded::byte_serialize(q.as_bytes()).collect();
@@ -179,26 +186,14 @@ async fn documents_are_added_searched_replaced_and_deleted() {
         .collect();
     assert_eq!(ids, ["leave", zh_id.as_str(), "travel"]);
 
-    let (status, _) = app
-        .admin_call(
-            reqwest::Method::DELETE,
-            "/api/admin/knowledge/handbook/documents/leave",
-            None,
-        )
-        .await;
+    let status = app.delete_doc("handbook", "leave").await;
     assert_eq!(status, 200);
     assert!(
         app.search_ids("handbook", "annual leave", 5)
             .await
             .is_empty()
     );
-    let (status, _) = app
-        .admin_call(
-            reqwest::Method::DELETE,
-            "/api/admin/knowledge/handbook/documents/leave",
-            None,
-        )
-        .await;
+    let status = app.delete_doc("handbook", "leave").await;
     assert_eq!(status, 404);
     app.stop().await;
 }
@@ -248,13 +243,7 @@ async fn files_come_as_multipart_and_html_keeps_its_headings() {
     );
     assert_eq!(found["results"][0]["document_id"], "guides/vpn.html");
     // A path-like id is deleted by its path.
-    let (status, _) = app
-        .admin_call(
-            reqwest::Method::DELETE,
-            "/api/admin/knowledge/docs/documents/guides/vpn.html",
-            None,
-        )
-        .await;
+    let status = app.delete_doc("docs", "guides/vpn.html").await;
     assert_eq!(status, 200);
     app.stop().await;
 }
