@@ -52,6 +52,14 @@ const PROBES: &[(&str, Probe, &str)] = &[
         "a PostgreSQL server to start privately: apt-get install postgresql",
     ),
     (
+        "assistd_has_corpora",
+        Probe::Files(&[
+            "/usr/share/doc/python3.11/html/library/argparse.html",
+            "/usr/share/debian-reference/ch02.zh-cn.html",
+        ]),
+        "the corpora from Debian: apt-get install python3.11-doc debian-reference-zh-cn",
+    ),
+    (
         "assistd_has_chromium",
         Probe::Files(&["/usr/bin/chromium", "/usr/bin/chromedriver"]),
         "Chromium: apt-get install chromium chromium-driver",

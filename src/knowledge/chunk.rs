@@ -14,8 +14,57 @@ pub struct Piece {
     pub text: String,
 }
 
-/// The sections of a Markdown (or plain) text: (heading path, paragraphs).
-fn sections(text: &str, markdown: bool) -> Vec<(String, Vec<String>)> {
+/// How a text marks its headings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Structure {
+    /// It has none: paragraphs only.
+    Plain,
+    /// Markdown: `#` lines outside code fences.
+    Markdown,
+    /// Lines that begin with [`HEADING_MARK`] and the heading's level (a digit): HTML
+    /// rendered to text by html2text, whose code blocks come out unfenced and may hold `#`
+    /// lines of their own (a root prompt).
+    Marked,
+}
+
+/// Put, with the level, before each HTML heading's text before it is rendered (a
+/// private-use character).
+pub const HEADING_MARK: char = '\u{E000}';
+
+/// The level and title of a heading line of `structure`, if it is one.
+fn heading_of(trimmed: &str, structure: Structure, fenced: bool) -> Option<(usize, String)> {
+    // A heading's own text: without html2text's link brackets, a permalink's ¶, closing
+    // `#`s, and with no-break spaces as spaces.
+    let clean = |t: &str| {
+        t.replace("[¶]", "")
+            .replace(['¶', '[', ']'], "")
+            .replace('\u{a0}', " ")
+            .trim()
+            .trim_end_matches(['#', ' '])
+            .trim()
+            .to_string()
+    };
+    match structure {
+        Structure::Plain => None,
+        Structure::Markdown => {
+            let level = trimmed.chars().take_while(|c| *c == '#').count();
+            let rest = &trimmed[level..];
+            ((1..=6).contains(&level) && rest.starts_with(' ') && !fenced)
+                .then(|| (level, clean(rest)))
+        }
+        Structure::Marked => {
+            let rest = trimmed
+                .trim_start_matches(['#', ' '])
+                .strip_prefix(HEADING_MARK)?;
+            let level = rest.chars().next()?.to_digit(10)? as usize;
+            (1..=6).contains(&level).then(|| (level, clean(&rest[1..])))
+        }
+    }
+}
+
+/// The sections of a text: (heading path, paragraphs).
+fn sections(text: &str, structure: Structure) -> Vec<(String, Vec<String>)> {
+    let markdown = structure == Structure::Markdown;
     let mut out: Vec<(String, Vec<String>)> = vec![(String::new(), Vec::new())];
     let mut path: Vec<(usize, String)> = Vec::new();
     let mut paragraph = String::new();
@@ -32,16 +81,8 @@ fn sections(text: &str, markdown: bool) -> Vec<(String, Vec<String>)> {
         if markdown && (trimmed.starts_with("```") || trimmed.starts_with("~~~")) {
             fenced = !fenced;
         }
-        let level = trimmed.chars().take_while(|c| *c == '#').count();
-        let heading =
-            markdown && !fenced && (1..=6).contains(&level) && trimmed[level..].starts_with(' ');
-        if heading {
+        if let Some((level, title)) = heading_of(trimmed, structure, fenced) {
             flush(&mut paragraph, &mut out);
-            let title = trimmed[level..]
-                .trim()
-                .trim_end_matches('#')
-                .trim()
-                .to_string();
             path.retain(|(l, _)| *l < level);
             path.push((level, title));
             let joined: Vec<&str> = path.iter().map(|(_, t)| t.as_str()).collect();
@@ -52,7 +93,7 @@ fn sections(text: &str, markdown: bool) -> Vec<(String, Vec<String>)> {
             if !paragraph.is_empty() {
                 paragraph.push('\n');
             }
-            paragraph.push_str(line);
+            paragraph.extend(line.chars().filter(|c| *c != HEADING_MARK));
         }
     }
     flush(&mut paragraph, &mut out);
@@ -115,13 +156,13 @@ fn tail(text: &str, overlap: usize) -> &str {
     text[from_word..].trim_start()
 }
 
-/// The chunks of `text` (Markdown when `markdown`), each at most `size` characters plus its
-/// overlap with the one before.
-pub fn chunks(text: &str, markdown: bool, size: usize, overlap: usize) -> Vec<Piece> {
+/// The chunks of `text`, its headings marked as `structure` says, each at most `size`
+/// characters plus its overlap with the one before.
+pub fn chunks(text: &str, structure: Structure, size: usize, overlap: usize) -> Vec<Piece> {
     let size = size.max(1);
     let overlap = overlap.min(size / 2);
     let mut out = Vec::new();
-    for (heading, paragraphs) in sections(text, markdown) {
+    for (heading, paragraphs) in sections(text, structure) {
         let mut packed: Vec<String> = Vec::new();
         let mut current = String::new();
         for paragraph in paragraphs {
@@ -164,16 +205,27 @@ mod tests {
     #[test]
     fn headings_open_sections_with_their_path() {
         let doc = "# Travel\n\nBook early.\n\n## Flights\n\nEconomy only.\n\n```\n# not a heading\n```\n\n# Leave\n\nAsk your lead.";
-        let got = chunks(doc, true, 1000, 0);
+        let got = chunks(doc, Structure::Markdown, 1000, 0);
         let headings: Vec<&str> = got.iter().map(|p| p.heading.as_str()).collect();
         assert_eq!(headings, ["Travel", "Travel > Flights", "Leave"]);
         assert!(got[1].text.contains("# not a heading"));
     }
 
     #[test]
+    fn marked_headings_are_the_only_headings_of_rendered_html() {
+        let text = format!(
+            "{HEADING_MARK}1[Users][¶]\n\nAdd one as root:\n\n# adduser ada\n\n# {HEADING_MARK}2Groups\n\nAsk."
+        );
+        let got = chunks(&text, Structure::Marked, 1000, 0);
+        let headings: Vec<&str> = got.iter().map(|p| p.heading.as_str()).collect();
+        assert_eq!(headings, ["Users", "Users > Groups"]);
+        assert!(got[0].text.contains("# adduser ada"), "{:?}", got[0].text);
+    }
+
+    #[test]
     fn long_paragraphs_are_cut_at_sentences_within_the_size() {
         let paragraph = "This sentence is about forty characters. ".repeat(50);
-        let got = chunks(&paragraph, false, 200, 0);
+        let got = chunks(&paragraph, Structure::Plain, 200, 0);
         assert!(got.len() >= 10);
         for p in &got {
             assert!(p.text.chars().count() <= 200, "{}", p.text.len());
@@ -184,7 +236,7 @@ mod tests {
     #[test]
     fn chinese_without_spaces_is_cut_within_the_size() {
         let text = "差旅政策适用于所有员工请提前两周通过门户预订机票和酒店。".repeat(40);
-        let got = chunks(&text, false, 100, 20);
+        let got = chunks(&text, Structure::Plain, 100, 20);
         for p in &got {
             assert!(
                 p.text.chars().count() <= 100 + 21,
@@ -202,7 +254,7 @@ mod tests {
             .map(|n| format!("Sentence number {n}."))
             .collect::<Vec<_>>()
             .join(" ");
-        let got = chunks(&text, false, 120, 30);
+        let got = chunks(&text, Structure::Plain, 120, 30);
         assert!(got.len() > 2);
         let first_end: String = got[0]
             .text

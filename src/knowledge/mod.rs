@@ -6,6 +6,8 @@
 pub mod chunk;
 pub mod terms;
 
+use chunk::{HEADING_MARK, Structure};
+
 use sha2::{Digest, Sha256};
 
 use crate::config::KnowledgeConfig;
@@ -101,24 +103,46 @@ pub struct Ingested {
 const MAX_ID_BYTES: usize = 512;
 const MAX_TITLE_CHARS: usize = 300;
 
-/// The text a document is chunked from, and whether it is Markdown: HTML is rendered to
-/// Markdown-like text first (headings as `#` lines), by html2text.
-fn readable(doc: &Document<'_>) -> Result<(String, bool), KnowledgeError> {
+/// The text a document is chunked from, and how it marks its headings: HTML is rendered to
+/// text by html2text (headings as `#` lines), each heading marked first, since its code
+/// blocks come out as plain lines that may begin with `#` too.
+fn readable(doc: &Document<'_>) -> Result<(String, Structure), KnowledgeError> {
+    static HEADING: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?i)(<h([1-6])(?:\s[^>]*)?>)").expect("a valid pattern")
+    });
     match doc.content_type {
-        ContentType::Text => Ok((doc.text.to_string(), false)),
-        ContentType::Markdown => Ok((doc.text.to_string(), true)),
-        ContentType::Html => html2text::from_read(doc.text.as_bytes(), 10_000)
-            .map(|text| (text, true))
-            .map_err(|e| KnowledgeError::Invalid(format!("the HTML cannot be read: {e}"))),
+        ContentType::Text => Ok((doc.text.to_string(), Structure::Plain)),
+        ContentType::Markdown => Ok((doc.text.to_string(), Structure::Markdown)),
+        ContentType::Html => {
+            let marked = HEADING.replace_all(doc.text, |c: &regex::Captures<'_>| {
+                format!("{}{HEADING_MARK}{}", &c[1], &c[2])
+            });
+            html2text::config::plain_no_decorate()
+                .string_from_read(marked.as_bytes(), 10_000)
+                .map(|text| (text, Structure::Marked))
+                .map_err(|e| KnowledgeError::Invalid(format!("the HTML cannot be read: {e}")))
+        }
     }
 }
 
 /// A title from the text: its first heading, else its first line.
-fn title_of(text: &str) -> Option<String> {
+fn title_of(text: &str, structure: Structure) -> Option<String> {
     let lines = || text.lines().map(str::trim).filter(|l| !l.is_empty());
-    let heading = lines().find(|l| l.starts_with('#'));
+    let heading = lines().find(|l| match structure {
+        Structure::Marked => l.contains(HEADING_MARK),
+        _ => l.starts_with('#'),
+    });
     let line = heading.or_else(|| lines().next())?;
-    let line = line.trim_start_matches('#').trim();
+    let line = match line.split_once(HEADING_MARK) {
+        // The mark and the level digit after it.
+        Some((_, rest)) => rest.get(1..).unwrap_or(""),
+        None => line.trim_start_matches('#'),
+    };
+    let line = line
+        .replace("[¶]", "")
+        .replace(['¶', '[', ']'], "")
+        .replace('\u{a0}', " ");
+    let line = line.trim();
     (!line.is_empty()).then(|| line.chars().take(120).collect())
 }
 
@@ -163,7 +187,7 @@ pub async fn ingest(
     now: i64,
 ) -> Result<Ingested, KnowledgeError> {
     check(&doc, config)?;
-    let (text, markdown) = readable(&doc)?;
+    let (text, structure) = readable(&doc)?;
     let digest = |parts: &[&str]| {
         let mut hash = Sha256::new();
         for part in parts {
@@ -179,7 +203,7 @@ pub async fn ingest(
     let title = doc
         .title
         .map(str::to_string)
-        .or_else(|| title_of(&text))
+        .or_else(|| title_of(&text, structure))
         .unwrap_or_else(|| id.clone());
     let settings = format!("{}/{}", collection.chunk_chars, collection.overlap_chars);
     let hash = digest(&[
@@ -191,7 +215,7 @@ pub async fn ingest(
     ]);
     let pieces = chunk::chunks(
         &text,
-        markdown,
+        structure,
         collection.chunk_chars.max(1) as usize,
         collection.overlap_chars.max(0) as usize,
     );
