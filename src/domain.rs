@@ -207,6 +207,11 @@ text_enum!(
         JobRun => "JOB_RUN",
         JobEnabled => "JOB_ENABLED",
         JobDisabled => "JOB_DISABLED",
+        /// A knowledge document was added or replaced (API or CLI).
+        KnowledgeDocumentPut => "KNOWLEDGE_DOCUMENT_PUT",
+        KnowledgeDocumentDeleted => "KNOWLEDGE_DOCUMENT_DELETED",
+        /// An admin tried a question on a collection's page.
+        KnowledgeSearched => "KNOWLEDGE_SEARCHED",
     }
 );
 
@@ -717,10 +722,12 @@ pub enum AuditTarget {
     Approval(i64),
     /// A scheduled job, by its name.
     Job(String),
+    /// A knowledge collection, by its name.
+    Knowledge(String),
 }
 
 impl AuditTarget {
-    pub const TYPES: [&'static str; 5] = ["task", "step", "reply", "approval", "job"];
+    pub const TYPES: [&'static str; 6] = ["task", "step", "reply", "approval", "job", "knowledge"];
 
     /// `target_type` and `target_id` as stored.
     pub fn columns(target: Option<&AuditTarget>) -> (Option<&'static str>, Option<String>) {
@@ -731,6 +738,7 @@ impl AuditTarget {
             Some(AuditTarget::Reply(id)) => (Some("reply"), Some(id.to_string())),
             Some(AuditTarget::Approval(id)) => (Some("approval"), Some(id.to_string())),
             Some(AuditTarget::Job(name)) => (Some("job"), Some(name.clone())),
+            Some(AuditTarget::Knowledge(name)) => (Some("knowledge"), Some(name.clone())),
         }
     }
 }

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::context::ApiContext;
 use super::error::ApiError;
 use super::tasks::AdminAuth;
+use crate::domain::{AuditEvent, AuditTarget};
 use crate::knowledge::{ContentType, Document, KnowledgeError};
 use crate::store::knowledge::CollectionRow;
 
@@ -26,6 +27,9 @@ pub fn router(max_document_bytes: usize) -> Router<Arc<ApiContext>> {
             delete(remove),
         )
         .route("/api/admin/knowledge/{name}/search", get(search))
+        .route("/admin/knowledge", get(collections_page))
+        .route("/admin/knowledge/{name}", get(collection_page))
+        .route("/admin/knowledge/{name}/search", post(search_page))
         // A document's text, its JSON escaping and the other fields; the text's own limit
         // is checked with a clear error (413) once it is read.
         .layer(DefaultBodyLimit::max(
@@ -238,6 +242,22 @@ async fn add(
     )
     .await?;
     tracing::info!(collection = %name, id = %done.id, chunks = done.chunks, outcome = done.outcome.as_str(), "knowledge document put");
+    if done.outcome != crate::store::knowledge::PutOutcome::Unchanged {
+        let summary = format!(
+            "document `{}` {} ({} chunks)",
+            done.id,
+            done.outcome.as_str(),
+            done.chunks
+        );
+        audit(
+            &svc,
+            &name,
+            AuditEvent::KnowledgeDocumentPut,
+            "admin:api",
+            &summary,
+        )
+        .await?;
+    }
     Ok(Json(json!({
         "id": done.id,
         "title": done.title,
@@ -253,6 +273,15 @@ async fn remove(
 ) -> Result<Json<Value>, ApiError> {
     let row = collection(&svc, &name).await?;
     if svc.store.delete_document(row.id, &id).await? {
+        let summary = format!("document `{id}` deleted");
+        audit(
+            &svc,
+            &name,
+            AuditEvent::KnowledgeDocumentDeleted,
+            "admin:api",
+            &summary,
+        )
+        .await?;
         Ok(Json(json!({ "deleted": id })))
     } else {
         Err(ApiError::NotFound(format!(
@@ -293,13 +322,116 @@ async fn search(
     let row = collection(&svc, &name).await?;
     let hits = crate::knowledge::search(&svc.store, &row, &q, k).await?;
     Ok(Json(json!({
-        "results": hits.iter().map(|h| json!({
-            "document_id": h.doc_id,
-            "title": h.title,
-            "heading": h.heading,
-            "source_url": h.source_url,
-            "score": h.score,
-            "text": h.text,
-        })).collect::<Vec<_>>(),
+        "results": hits.iter().map(hit_json).collect::<Vec<_>>(),
     })))
+}
+
+/// An audit row about collection `name`, by `actor`.
+async fn audit(
+    svc: &ApiContext,
+    name: &str,
+    event: AuditEvent,
+    actor: &str,
+    summary: &str,
+) -> Result<(), ApiError> {
+    let target = Some(AuditTarget::Knowledge(name.to_string()));
+    let now = crate::domain::now_ms();
+    Ok(svc
+        .store
+        .audit(None, target, event, actor, summary, false, now)
+        .await?)
+}
+
+fn hit_json(h: &crate::store::knowledge::Hit) -> Value {
+    json!({
+        "document_id": h.doc_id,
+        "title": h.title,
+        "heading": h.heading,
+        "source_url": h.source_url,
+        "score": h.score,
+        "text": h.text,
+    })
+}
+
+/// The admin page listing the collections.
+async fn collections_page(
+    admin: super::pages::AdminPage,
+    State(svc): State<Arc<ApiContext>>,
+) -> Result<axum::response::Response, ApiError> {
+    let all = svc.store.collections().await?;
+    Ok(super::pages::render(
+        "knowledge.html",
+        json!({ "collections": all.iter().map(collection_json).collect::<Vec<_>>(), "csrf": admin.csrf }),
+    ))
+}
+
+/// A collection's page: its documents, and (after a search) the ranked passages.
+async fn collection_view(
+    svc: &ApiContext,
+    admin: &super::pages::AdminPage,
+    name: &str,
+    searched: Option<(&str, Vec<Value>)>,
+) -> Result<axum::response::Response, ApiError> {
+    let row = collection(svc, name).await?;
+    let documents = svc.store.documents(row.id).await?;
+    let (q, results) = match searched {
+        Some((q, results)) => (Some(q.to_string()), Some(results)),
+        None => (None, None),
+    };
+    Ok(super::pages::render(
+        "collection.html",
+        json!({
+            "c": collection_json(&row),
+            "documents": documents.iter().map(|d| json!({
+                "id": d.doc_id, "title": d.title, "source_url": d.source_url,
+                "content_type": d.content_type, "bytes": d.bytes, "chunks": d.chunks,
+                "updated_at": d.updated_at,
+            })).collect::<Vec<_>>(),
+            "q": q,
+            "results": results,
+            "k": svc.config.knowledge.top_k,
+            "csrf": admin.csrf,
+        }),
+    ))
+}
+
+async fn collection_page(
+    admin: super::pages::AdminPage,
+    State(svc): State<Arc<ApiContext>>,
+    Path(name): Path<String>,
+) -> Result<axum::response::Response, ApiError> {
+    collection_view(&svc, &admin, &name, None).await
+}
+
+/// Tries a question (CSRF-checked, audited): the passages an agent would get, with scores.
+async fn search_page(
+    admin: super::pages::AdminPage,
+    State(svc): State<Arc<ApiContext>>,
+    Path(name): Path<String>,
+    axum::Form(form): axum::Form<std::collections::HashMap<String, String>>,
+) -> Result<axum::response::Response, ApiError> {
+    super::pages::check_csrf(&admin, &form)?;
+    let q = form.get("q").map(|q| q.trim()).unwrap_or("");
+    if q.is_empty() || q.len() > 4096 {
+        return Err(ApiError::BadRequest(
+            "the question must have 1 to 4096 bytes".into(),
+        ));
+    }
+    let row = collection(&svc, &name).await?;
+    let hits = crate::knowledge::search(&svc.store, &row, q, svc.config.knowledge.top_k).await?;
+    let summary = format!(
+        "searched `{}`: {} passages",
+        q.chars().take(200).collect::<String>(),
+        hits.len()
+    );
+    audit(
+        &svc,
+        &name,
+        AuditEvent::KnowledgeSearched,
+        "admin:web",
+        &summary,
+    )
+    .await?;
+    let results = hits.iter().map(hit_json).collect();
+    collection_view(&svc, &admin, &name, Some((q, results))).await
 }

@@ -61,6 +61,14 @@ fn templates() -> &'static minijinja::Environment<'static> {
                 include_str!("../../templates/admin/tasks.html"),
             ),
             ("task.html", include_str!("../../templates/admin/task.html")),
+            (
+                "knowledge.html",
+                include_str!("../../templates/admin/knowledge.html"),
+            ),
+            (
+                "collection.html",
+                include_str!("../../templates/admin/collection.html"),
+            ),
             ("console.html", include_str!("../../templates/console.html")),
         ] {
             // The templates are part of the binary and checked by the page tests.

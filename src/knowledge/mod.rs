@@ -388,6 +388,17 @@ pub async fn add_files(
                 }
                 if ingested.outcome != PutOutcome::Unchanged {
                     done.chunks += ingested.chunks;
+                    let summary = format!(
+                        "document `{id}` {} ({} chunks)",
+                        ingested.outcome.as_str(),
+                        ingested.chunks
+                    );
+                    let target = Some(crate::domain::AuditTarget::Knowledge(name.to_string()));
+                    let event = crate::domain::AuditEvent::KnowledgeDocumentPut;
+                    let now = crate::domain::now_ms();
+                    store
+                        .audit(None, target, event, "admin:cli", &summary, false, now)
+                        .await?;
                 }
                 report(&format!(
                     "{id}: {} ({} chunks)",

@@ -539,3 +539,78 @@ async fn the_cli_adds_a_folder_and_adding_it_again_changes_nothing() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// The admin pages: the collections with their counts, a collection's documents, and a
+/// question tried on it (CSRF-checked) showing the ranked passages with their scores; the
+/// search, like adding and deleting documents, is audited under the collection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_see_collections_and_try_questions_on_their_pages() {
+    use crate::admin_pages::{browser, csrf_of, page_of, sign_in};
+    let app = TestApp::spawn().await;
+    app.admin_call(
+        reqwest::Method::POST,
+        "/api/admin/knowledge",
+        Some(json!({"name": "handbook"})),
+    )
+    .await;
+    for doc in [
+        json!({"id": "travel", "content_type": "text/markdown", "text": TRAVEL,
+               "source_url": "https://intranet.example/travel"}),
+        json!({"id": "leave", "content_type": "text/markdown", "text": LEAVE}),
+    ] {
+        app.put_doc("handbook", doc).await;
+    }
+    assert_eq!(app.delete_doc("handbook", "leave").await, 200);
+    let http = browser();
+    let cookie = sign_in(&app, &http).await;
+    let list = page_of(&app, &http, &cookie, "/admin/knowledge").await;
+    assert!(
+        list.contains("href=\"/admin/knowledge/handbook\""),
+        "{list}"
+    );
+    let page = page_of(&app, &http, &cookie, "/admin/knowledge/handbook").await;
+    assert!(
+        page.contains("Travel policy") && page.contains("intranet.example"),
+        "{page}"
+    );
+    let csrf = csrf_of(&page);
+    let search = |csrf: String| {
+        http.post(format!("{}/admin/knowledge/handbook/search", app.addr))
+            .header("cookie", &cookie)
+            .form(&[("csrf", csrf), ("q", "hotel price per night".into())])
+            .send()
+    };
+    assert_eq!(
+        search("0".repeat(64)).await.unwrap().status(),
+        403,
+        "a forged form"
+    );
+    let answered = search(csrf).await.unwrap();
+    assert_eq!(answered.status(), 200);
+    let html = answered.text().await.unwrap();
+    let results = &html[html.find("id=\"results\"").expect("a results table")..];
+    assert!(results.contains("Travel policy &gt; Hotels"), "{results}");
+    assert!(results.contains("class=\"score\""), "{results}");
+
+    let (_, events) = app
+        .admin_call(
+            reqwest::Method::GET,
+            "/api/admin/audit?target_type=knowledge&target_id=handbook",
+            None,
+        )
+        .await;
+    let seen: Vec<&str> = events["audit"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{events}"))
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    for event in [
+        "KNOWLEDGE_DOCUMENT_PUT",
+        "KNOWLEDGE_DOCUMENT_DELETED",
+        "KNOWLEDGE_SEARCHED",
+    ] {
+        assert!(seen.contains(&event), "{event} in {seen:?}");
+    }
+    app.stop().await;
+}
