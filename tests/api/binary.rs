@@ -24,8 +24,17 @@ impl Drop for RealServer {
 }
 
 impl RealServer {
+    /// Starts the binary on a free port. A port found free can be taken by another test's
+    /// server before this one binds it: then it starts again on another (at most 5 times).
     pub async fn start(envs: &[(String, String)], workdir: &std::path::Path) -> RealServer {
-        Self::start_on(free_port(), envs, workdir).await
+        for _ in 0..5 {
+            match Self::try_start_on(free_port(), envs, workdir).await {
+                Ok(server) => return server,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!("assistd did not become ready: {log}"),
+            }
+        }
+        panic!("assistd found no free port in 5 tries")
     }
 
     pub async fn start_on(
@@ -33,6 +42,18 @@ impl RealServer {
         envs: &[(String, String)],
         workdir: &std::path::Path,
     ) -> RealServer {
+        Self::try_start_on(port, envs, workdir)
+            .await
+            .unwrap_or_else(|log| panic!("assistd did not become ready: {log}"))
+    }
+
+    /// The server on `port` once `/readyz` answers 200, or its log when it exited first or
+    /// was not ready in 30 s.
+    async fn try_start_on(
+        port: u16,
+        envs: &[(String, String)],
+        workdir: &std::path::Path,
+    ) -> Result<RealServer, String> {
         let log = std::fs::File::create(workdir.join("assistd.log")).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_assistd"))
             .current_dir(workdir)
@@ -47,22 +68,21 @@ impl RealServer {
             .spawn()
             .expect("start assistd");
         let addr = format!("http://127.0.0.1:{port}");
+        let mut server = RealServer { child, addr };
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
+        let log = || std::fs::read_to_string(workdir.join("assistd.log")).unwrap_or_default();
         loop {
-            if let Ok(r) = http.get(format!("{addr}/readyz")).send().await
+            if let Ok(r) = http.get(format!("{}/readyz", server.addr)).send().await
                 && r.status() == 200
             {
-                break;
+                return Ok(server);
             }
-            assert!(
-                Instant::now() < deadline,
-                "assistd did not become ready: {}",
-                std::fs::read_to_string(workdir.join("assistd.log")).unwrap_or_default()
-            );
+            if matches!(server.child.try_wait(), Ok(Some(_))) || Instant::now() >= deadline {
+                return Err(log());
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        RealServer { child, addr }
     }
 
     /// SIGKILL: the process dies mid-whatever, as in an OOM kill or machine loss.
