@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::tasks::AdminAuth;
 use crate::domain::{AuditEvent, AuditTarget};
 use crate::knowledge::{ContentType, Document, KnowledgeError};
-use crate::store::knowledge::CollectionRow;
+use crate::store::knowledge::{Collection, CollectionRow};
 
 pub fn router(max_document_bytes: usize) -> Router<Arc<ApiContext>> {
     Router::new()
@@ -49,22 +49,36 @@ impl From<KnowledgeError> for ApiError {
     }
 }
 
-fn collection_json(c: &CollectionRow) -> Value {
+fn collection_json(row: &CollectionRow) -> Value {
+    let c = &row.collection;
     json!({
         "name": c.name,
-        "documents": c.documents,
-        "chunks": c.chunks,
+        "documents": row.documents,
+        "chunks": row.chunks,
         "chunk_chars": c.chunk_chars,
         "overlap_chars": c.overlap_chars,
         "created_at": c.created_at,
     })
 }
 
-async fn collection(svc: &ApiContext, name: &str) -> Result<CollectionRow, ApiError> {
+fn no_collection(name: &str) -> ApiError {
+    ApiError::NotFound(format!("no knowledge collection `{name}`"))
+}
+
+/// Collection `name`, for adding to or searching it.
+async fn collection(svc: &ApiContext, name: &str) -> Result<Collection, ApiError> {
     svc.store
         .collection(name)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no knowledge collection `{name}`")))
+        .ok_or_else(|| no_collection(name))
+}
+
+/// Collection `name` with its counts, for showing it.
+async fn summary(svc: &ApiContext, name: &str) -> Result<CollectionRow, ApiError> {
+    svc.store
+        .collection_summary(name)
+        .await?
+        .ok_or_else(|| no_collection(name))
 }
 
 async fn list(
@@ -105,7 +119,7 @@ async fn create(
             crate::domain::now_ms(),
         )
         .await?;
-    let row = collection(&svc, &body.name).await?;
+    let row = summary(&svc, &body.name).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -119,8 +133,8 @@ async fn show(
     State(svc): State<Arc<ApiContext>>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let row = collection(&svc, &name).await?;
-    let documents = svc.store.documents(row.id).await?;
+    let row = summary(&svc, &name).await?;
+    let documents = svc.store.documents(row.collection.id).await?;
     let mut out = collection_json(&row);
     out["documents"] = json!(
         documents
@@ -372,8 +386,8 @@ async fn collection_view(
     name: &str,
     searched: Option<(&str, Vec<Value>)>,
 ) -> Result<axum::response::Response, ApiError> {
-    let row = collection(svc, name).await?;
-    let documents = svc.store.documents(row.id).await?;
+    let row = summary(svc, name).await?;
+    let documents = svc.store.documents(row.collection.id).await?;
     let (q, results) = match searched {
         Some((q, results)) => (Some(q.to_string()), Some(results)),
         None => (None, None),

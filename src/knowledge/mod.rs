@@ -11,7 +11,7 @@ use chunk::{HEADING_MARK, Structure};
 use sha2::{Digest, Sha256};
 
 use crate::config::KnowledgeConfig;
-use crate::store::knowledge::{CollectionRow, Hit, NewChunk, NewDocument, PutOutcome};
+use crate::store::knowledge::{Collection, Hit, NewChunk, NewDocument, PutOutcome};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -182,7 +182,7 @@ fn check(doc: &Document<'_>, config: &KnowledgeConfig) -> Result<(), KnowledgeEr
 pub async fn ingest(
     store: &Store,
     config: &KnowledgeConfig,
-    collection: &CollectionRow,
+    collection: &Collection,
     doc: Document<'_>,
     now: i64,
 ) -> Result<Ingested, KnowledgeError> {
@@ -196,9 +196,11 @@ pub async fn ingest(
         }
         hex::encode(hash.finalize())
     };
+    // The text is hashed once: the default id, and (with the rest) the content hash.
+    let text_hash = digest(&[doc.text]);
     let id = match doc.id {
         Some(id) => id.trim().to_string(),
-        None => format!("sha256:{}", &digest(&[doc.text])[..16]),
+        None => format!("sha256:{}", &text_hash[..16]),
     };
     let title = doc
         .title
@@ -211,7 +213,7 @@ pub async fn ingest(
         &title,
         doc.source_url.unwrap_or(""),
         &settings,
-        doc.text,
+        &text_hash,
     ]);
     let pieces = chunk::chunks(
         &text,
@@ -257,7 +259,7 @@ pub async fn ingest(
 /// The `k` chunks of `collection` that answer `question` best, best first.
 pub async fn search(
     store: &Store,
-    collection: &CollectionRow,
+    collection: &Collection,
     question: &str,
     k: usize,
 ) -> Result<Vec<Hit>, KnowledgeError> {

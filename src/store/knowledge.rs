@@ -4,13 +4,21 @@
 
 use super::{Store, StoreResult, on_pool, write_tx};
 
+/// A collection and its chunking, as ingest and search need it.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct CollectionRow {
+pub struct Collection {
     pub id: i64,
     pub name: String,
     pub chunk_chars: i64,
     pub overlap_chars: i64,
     pub created_at: i64,
+}
+
+/// A collection with its counts, for the admin API and pages (not for every question).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CollectionRow {
+    #[sqlx(flatten)]
+    pub collection: Collection,
     pub documents: i64,
     pub chunks: i64,
 }
@@ -77,9 +85,11 @@ pub struct Hit {
     pub score: f64,
 }
 
+/// Counted from the documents (each keeps its chunk count), never by scanning the chunks.
 const COLLECTION_COLUMNS: &str = "c.id, c.name, c.chunk_chars, c.overlap_chars, c.created_at, \
      (SELECT COUNT(*) FROM knowledge_document d WHERE d.collection_id = c.id) AS documents, \
-     (SELECT COUNT(*) FROM knowledge_chunk k WHERE k.collection_id = c.id) AS chunks";
+     (SELECT CAST(COALESCE(SUM(d.chunks), 0) AS BIGINT) FROM knowledge_document d \
+      WHERE d.collection_id = c.id) AS chunks";
 
 impl Store {
     /// Creates collection `name`; `false` when it exists already (its settings kept).
@@ -106,7 +116,21 @@ impl Store {
         Ok(done == 1)
     }
 
-    pub async fn collection(&self, name: &str) -> StoreResult<Option<CollectionRow>> {
+    /// Collection `name` (one indexed read: what a question or a new document needs).
+    pub async fn collection(&self, name: &str) -> StoreResult<Option<Collection>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, Collection>(
+                "SELECT id, name, chunk_chars, overlap_chars, created_at \
+                 FROM knowledge_collection WHERE name = $1",
+            )
+            .bind(name)
+            .fetch_optional(pool)
+            .await?
+        }))
+    }
+
+    /// Collection `name` with its counts.
+    pub async fn collection_summary(&self, name: &str) -> StoreResult<Option<CollectionRow>> {
         let sql =
             format!("SELECT {COLLECTION_COLUMNS} FROM knowledge_collection c WHERE c.name = $1");
         Ok(on_pool!(self, pool => {

@@ -201,13 +201,14 @@ async fn recall_at_5(
     .await
     .unwrap();
     assert_eq!(added.failed, 0, "{added:?}");
-    let collection = store.collection(name).await.unwrap().unwrap();
+    let summary = store.collection_summary(name).await.unwrap().unwrap();
     println!(
         "corpus={name} documents={} chunks={} ingest_s={:.1}",
-        collection.documents,
-        collection.chunks,
+        summary.documents,
+        summary.chunks,
         started.elapsed().as_secs_f64()
     );
+    let collection = summary.collection;
     let mut found = 0;
     for (question, page) in questions {
         let hits = assistd::knowledge::search(store, &collection, question, 5)

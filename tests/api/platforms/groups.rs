@@ -450,20 +450,7 @@ async fn group_chatter_is_kept_as_context_for_the_next_question() {
     )
     .await;
     assert_eq!(counts(&app).await, (0, 0));
-    let id = task_id_of(
-        app.telegram(
-            &tg_update(5, -700, 5, 41, "@helper_bot when is the meeting?"),
-            Some(TG_SECRET),
-        )
-        .await,
-    )
-    .await;
-    app.wait_replied(id, WAIT).await;
-    let calls = model_bodies(&app.model).await;
-    let messages = calls.last().unwrap()["messages"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let messages = ask_about_the_meeting(&app, 5, -700).await;
     let n = messages.len();
     assert_eq!(messages[n - 1]["content"], "when is the meeting?");
     let context = messages[n - 2]["content"].as_str().unwrap();
@@ -593,20 +580,7 @@ async fn a_workflow_agent_sees_the_group_chatter() {
             .await;
         ignored(said).await;
     }
-    let id = task_id_of(
-        app.telegram(
-            &tg_update(4, -800, 4, 41, "@helper_bot when is the meeting?"),
-            Some(TG_SECRET),
-        )
-        .await,
-    )
-    .await;
-    app.wait_replied(id, WAIT).await;
-    let calls = model_bodies(&app.model).await;
-    let messages = calls.last().unwrap()["messages"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let messages = ask_about_the_meeting(app, 4, -800).await;
     let n = messages.len();
     let prompt = messages[n - 1]["content"].as_str().unwrap();
     assert_eq!(
@@ -620,4 +594,17 @@ async fn a_workflow_agent_sees_the_group_chatter() {
         "{context}"
     );
     flow.app.stop().await;
+}
+
+/// Asks the bot in Telegram group `chat` (update and message `n`) when the meeting is, and
+/// returns the messages of the model call that answered.
+async fn ask_about_the_meeting(app: &TestApp, n: i64, chat: i64) -> Vec<Value> {
+    let asked = tg_update(n, chat, n, 41, "@helper_bot when is the meeting?");
+    let id = task_id_of(app.telegram(&asked, Some(TG_SECRET)).await).await;
+    app.wait_replied(id, WAIT).await;
+    let calls = model_bodies(&app.model).await;
+    calls.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .clone()
 }

@@ -145,8 +145,8 @@ async fn a_streamed_part_in_doubt_on_telegram_makes_the_answer_unknown_not_doubl
         }
     }
     let api = platform_api().await;
-    let telegram = SlowSecondSend(Default::default(), Default::default());
-    let held = telegram.0.clone();
+    // One message store for both calls; each mock counts its own sends (edits count none).
+    let held = super::chat_doubles::TelegramMessages::default();
     for call in ["sendMessage", "editMessageText"] {
         Mock::given(method("POST"))
             .and(path(format!("/bot{TG_TOKEN}/{call}")))
@@ -155,7 +155,6 @@ async fn a_streamed_part_in_doubt_on_telegram_makes_the_answer_unknown_not_doubl
             .mount(&api)
             .await;
     }
-    drop(telegram);
     let (app, _model, _) = streaming_long_answer(&api, |c, uri| {
         enable_platforms(c, uri, "default");
         c.outbox.timeout_secs = 1;
