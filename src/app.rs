@@ -30,6 +30,7 @@ pub struct App {
     worker: Arc<Worker>,
     sender: Arc<Sender>,
     jobs: Arc<Jobs>,
+    ingester: Arc<crate::knowledge::ingest::Ingester>,
     wake: Arc<Wake>,
     listener: TcpListener,
 }
@@ -73,6 +74,9 @@ impl App {
         } else {
             (0, 0)
         };
+        if config.server.role.runs_workers() {
+            store.release_ingests_of(&instance_id).await?;
+        }
         if tasks + replies > 0 {
             tracing::info!(
                 instance = %instance_id,
@@ -167,6 +171,13 @@ impl App {
             tools: tools.clone(),
             admin_token,
             jobs: jobs.clone(),
+            wake: wake.clone(),
+        });
+        let ingester = Arc::new(crate::knowledge::ingest::Ingester {
+            config: config.clone(),
+            store: store.clone(),
+            instance_id: instance_id.clone(),
+            wake: wake.clone(),
         });
         let worker = Arc::new(Worker {
             config: config.clone(),
@@ -195,6 +206,7 @@ impl App {
             worker,
             sender,
             jobs,
+            ingester,
             wake,
             listener,
         })
@@ -235,6 +247,7 @@ impl App {
             worker,
             sender,
             jobs,
+            ingester,
             wake,
             listener,
         } = self;
@@ -251,6 +264,10 @@ impl App {
         if role.runs_workers() {
             background.spawn(crate::engine::run_workers(worker.clone(), shutdown.clone()));
             background.spawn(crate::outbox::run_outbox(sender, shutdown.clone()));
+            background.spawn(crate::knowledge::ingest::run_ingester(
+                ingester,
+                shutdown.clone(),
+            ));
             if config.scheduler.enabled {
                 background.spawn(crate::scheduler::run_scheduler(jobs, shutdown.clone()));
             }

@@ -212,6 +212,12 @@ text_enum!(
         KnowledgeDocumentDeleted => "KNOWLEDGE_DOCUMENT_DELETED",
         /// An admin tried a question on a collection's page.
         KnowledgeSearched => "KNOWLEDGE_SEARCHED",
+        /// A batch of documents was committed as a background ingest job.
+        KnowledgeIngestQueued => "KNOWLEDGE_INGEST_QUEUED",
+        /// An ingest job ended with each document added or failed on its own.
+        KnowledgeIngestFinished => "KNOWLEDGE_INGEST_FINISHED",
+        /// An ingest job was given up (claimed too often without progress).
+        KnowledgeIngestFailed => "KNOWLEDGE_INGEST_FAILED",
     }
 );
 
@@ -228,6 +234,7 @@ impl AuditEvent {
                 | AuditEvent::TaskReclaimed
                 | AuditEvent::TaskAborted
                 | AuditEvent::ReplyFailed
+                | AuditEvent::KnowledgeIngestFailed
         )
     }
 }

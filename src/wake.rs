@@ -10,4 +10,6 @@ pub struct Wake {
     pub tasks: Notify,
     /// Rung after a reply is committed to the outbox.
     pub replies: Notify,
+    /// Rung after a knowledge ingest job is committed.
+    pub knowledge: Notify,
 }

@@ -55,6 +55,17 @@ pub struct KnowledgeConfig {
     pub min_score: f64,
     /// What an agent says when no passage answers the question (the model is not asked).
     pub unknown_answer: String,
+    /// Documents one ingest job may hold.
+    pub ingest_max_documents: usize,
+    /// The largest ingest request body, in bytes.
+    pub ingest_max_bytes: usize,
+    /// How long a claimed ingest job stays with its instance without progress, in seconds.
+    pub ingest_lease_secs: u64,
+    /// How often idle instances look for ingest jobs, in milliseconds.
+    pub ingest_poll_ms: u64,
+    /// Claims of one job without progress before it is failed (a document that crashes the
+    /// process each time ends here).
+    pub ingest_max_claims: i64,
     /// Collections created at start-up when missing.
     #[serde(default)]
     pub collections: BTreeMap<String, CollectionConfig>,

@@ -27,4 +27,6 @@ pub struct ApiContext {
     pub admin_token: String,
     /// The scheduled jobs (run now, switch on and off).
     pub jobs: Arc<Jobs>,
+    /// Rings the background ingest worker when a job is committed.
+    pub wake: Arc<crate::wake::Wake>,
 }

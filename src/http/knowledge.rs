@@ -66,7 +66,7 @@ fn no_collection(name: &str) -> ApiError {
 }
 
 /// Collection `name`, for adding to or searching it.
-async fn collection(svc: &ApiContext, name: &str) -> Result<Collection, ApiError> {
+pub(super) async fn collection(svc: &ApiContext, name: &str) -> Result<Collection, ApiError> {
     svc.store
         .collection(name)
         .await?
@@ -151,8 +151,7 @@ async fn show(
             .collect::<Vec<_>>()
     );
     out["document_count"] = json!(row.documents);
-    // Documents are added one request (or one CLI file) at a time, each in one transaction.
-    out["ingest"] = json!({ "state": "idle" });
+    out["ingest"] = ingest_state(&svc, row.collection.id).await?;
     Ok(Json(out))
 }
 
@@ -341,7 +340,7 @@ async fn search(
 }
 
 /// An audit row about collection `name`, by `actor`.
-async fn audit(
+pub(super) async fn audit(
     svc: &ApiContext,
     name: &str,
     event: AuditEvent,
@@ -401,6 +400,7 @@ async fn collection_view(
                 "content_type": d.content_type, "bytes": d.bytes, "chunks": d.chunks,
                 "updated_at": d.updated_at,
             })).collect::<Vec<_>>(),
+            "ingest": ingest_state(svc, row.collection.id).await?,
             "q": q,
             "results": results,
             "k": svc.config.knowledge.top_k,
@@ -448,4 +448,47 @@ async fn search_page(
     .await?;
     let results = hits.iter().map(hit_json).collect();
     collection_view(&svc, &admin, &name, Some((q, results))).await
+}
+
+/// Failed documents listed with a job.
+const FAILURES_SHOWN: i64 = 20;
+
+/// A job as JSON, with its first failed documents.
+pub(super) async fn ingest_json(
+    svc: &ApiContext,
+    row: &crate::store::knowledge_ingest::IngestRow,
+) -> Result<Value, ApiError> {
+    let failures = if row.failed > 0 {
+        svc.store.ingest_failures(row.id, FAILURES_SHOWN).await?
+    } else {
+        Vec::new()
+    };
+    Ok(json!({
+        "id": row.id,
+        "state": row.state,
+        "documents": row.documents,
+        "done": row.done,
+        "failed": row.failed,
+        "chunks": row.chunks,
+        "error": row.error,
+        "failures": failures.iter().map(|f| json!({
+            "position": f.position, "id": f.doc_id, "error": f.error,
+        })).collect::<Vec<_>>(),
+        "actor": row.actor,
+        "created_at": row.created_at,
+        "finished_at": row.finished_at,
+    }))
+}
+
+/// The collection's ingest state: `queued` or `running` with the job's progress while one
+/// is open, else `idle` with the last job (and its error or failed documents), if any.
+async fn ingest_state(svc: &ApiContext, collection_id: i64) -> Result<Value, ApiError> {
+    let Some(row) = svc.store.latest_ingest(collection_id).await? else {
+        return Ok(json!({ "state": "idle" }));
+    };
+    let job = ingest_json(svc, &row).await?;
+    Ok(match row.state.as_str() {
+        "queued" | "running" => json!({ "state": row.state, "job": job }),
+        _ => json!({ "state": "idle", "last": job }),
+    })
 }

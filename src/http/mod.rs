@@ -14,6 +14,7 @@ pub mod context;
 pub mod dashboard;
 pub mod error;
 pub mod health;
+pub mod ingest;
 pub mod jobs;
 pub mod knowledge;
 pub mod pages;
@@ -31,6 +32,7 @@ pub fn router(svc: Arc<ApiContext>) -> Router {
         .merge(tasks::router())
         .merge(agents::router())
         .merge(knowledge::router(svc.config.knowledge.max_document_bytes))
+        .merge(ingest::router(svc.config.knowledge.ingest_max_bytes))
         .merge(admin::router())
         .merge(jobs::router())
         .merge(pages::router())

@@ -4,6 +4,7 @@
 //! (`store/knowledge.rs`), and a question finds the best chunks, for agents and admins alike.
 
 pub mod chunk;
+pub mod ingest;
 pub mod terms;
 
 use chunk::{HEADING_MARK, Structure};
@@ -146,7 +147,8 @@ fn title_of(text: &str, structure: Structure) -> Option<String> {
     (!line.is_empty()).then(|| line.chars().take(120).collect())
 }
 
-fn check(doc: &Document<'_>, config: &KnowledgeConfig) -> Result<(), KnowledgeError> {
+/// Refuses a document that cannot be added (size, empty text, bad id, title or URL).
+pub fn check(doc: &Document<'_>, config: &KnowledgeConfig) -> Result<(), KnowledgeError> {
     let invalid = |m: &str| Err(KnowledgeError::Invalid(m.to_string()));
     if doc.text.len() > config.max_document_bytes {
         return Err(KnowledgeError::TooLarge(
@@ -177,15 +179,37 @@ fn check(doc: &Document<'_>, config: &KnowledgeConfig) -> Result<(), KnowledgeEr
     Ok(())
 }
 
-/// Adds `doc` to `collection`, replacing the chunks of a changed document with the same id
-/// in one transaction; an unchanged one (the same content and settings) costs one read.
-pub async fn ingest(
-    store: &Store,
+/// A document made ready to be written: its id, title, content hash and chunks.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub id: String,
+    pub title: String,
+    pub source_url: Option<String>,
+    pub content_type: ContentType,
+    pub hash: String,
+    pub bytes: usize,
+    pub chunks: Vec<NewChunk>,
+}
+
+impl Prepared {
+    pub fn document(&self) -> NewDocument<'_> {
+        NewDocument {
+            doc_id: &self.id,
+            title: &self.title,
+            source_url: self.source_url.as_deref(),
+            content_type: self.content_type.as_str(),
+            content_hash: &self.hash,
+            bytes: self.bytes as i64,
+        }
+    }
+}
+
+/// Checks `doc` and cuts it into chunks with `collection`'s settings (CPU only: no I/O).
+pub fn prepare(
     config: &KnowledgeConfig,
     collection: &Collection,
     doc: Document<'_>,
-    now: i64,
-) -> Result<Ingested, KnowledgeError> {
+) -> Result<Prepared, KnowledgeError> {
     check(&doc, config)?;
     let (text, structure) = readable(&doc)?;
     let digest = |parts: &[&str]| {
@@ -237,21 +261,34 @@ pub async fn ingest(
             "the document has no text to search".into(),
         ));
     }
-    let new = NewDocument {
-        doc_id: &id,
-        title: &title,
-        source_url: doc.source_url,
-        content_type: doc.content_type.as_str(),
-        content_hash: &hash,
-        bytes: doc.text.len() as i64,
-    };
-    let outcome = store
-        .put_document(collection.id, &new, &chunks, now)
-        .await?;
-    Ok(Ingested {
+    Ok(Prepared {
         id,
         title,
-        chunks: chunks.len(),
+        source_url: doc.source_url.map(str::to_string),
+        content_type: doc.content_type,
+        hash,
+        bytes: doc.text.len(),
+        chunks,
+    })
+}
+
+/// Adds `doc` to `collection`, replacing the chunks of a changed document with the same id
+/// in one transaction; an unchanged one (the same content and settings) costs one read.
+pub async fn ingest(
+    store: &Store,
+    config: &KnowledgeConfig,
+    collection: &Collection,
+    doc: Document<'_>,
+    now: i64,
+) -> Result<Ingested, KnowledgeError> {
+    let ready = prepare(config, collection, doc)?;
+    let outcome = store
+        .put_document(collection.id, &ready.document(), &ready.chunks, now)
+        .await?;
+    Ok(Ingested {
+        id: ready.id,
+        title: ready.title,
+        chunks: ready.chunks.len(),
         outcome,
     })
 }

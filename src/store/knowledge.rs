@@ -2,6 +2,7 @@
 //! each database's own full-text index (SQLite FTS5 with bm25, PostgreSQL tsvector with a
 //! GIN index). The words searched (`terms`) are made by `knowledge::terms`, not here.
 
+use super::knowledge_ingest::{IngestStep, step_done};
 use super::{Store, StoreResult, on_pool, write_tx};
 
 /// A collection and its chunking, as ingest and search need it.
@@ -129,6 +130,19 @@ impl Store {
         }))
     }
 
+    /// Collection number `id` (an ingest job's).
+    pub async fn collection_by_id(&self, id: i64) -> StoreResult<Option<Collection>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, Collection>(
+                "SELECT id, name, chunk_chars, overlap_chars, created_at \
+                 FROM knowledge_collection WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+        }))
+    }
+
     /// Collection `name` with its counts.
     pub async fn collection_summary(&self, name: &str) -> StoreResult<Option<CollectionRow>> {
         let sql =
@@ -172,7 +186,28 @@ impl Store {
         chunks: &[NewChunk],
         now: i64,
     ) -> StoreResult<PutOutcome> {
+        let put = self.put_document_in(collection_id, doc, chunks, None, now);
+        Ok(put.await?.unwrap_or(PutOutcome::Unchanged))
+    }
+
+    /// [`Store::put_document`] as one item of an ingest job: the item's state and the job's
+    /// progress are written in the same transaction, which commits only while the job is
+    /// still held under `step`'s claim (`None`: it was not, and nothing was written).
+    pub async fn put_document_in(
+        &self,
+        collection_id: i64,
+        doc: &NewDocument<'_>,
+        chunks: &[NewChunk],
+        step: Option<&IngestStep<'_>>,
+        now: i64,
+    ) -> StoreResult<Option<PutOutcome>> {
         let outcome = write_tx!(self, tx => {
+            if let Some(step) = step {
+                let outcome_chunks = chunks.len() as i64;
+                if !step_done!(tx, step, "done", outcome_chunks, None::<&str>, now) {
+                    return Ok(None);
+                }
+            }
             let existing: Option<(i64, String)> = sqlx::query_as(
                 "SELECT id, content_hash FROM knowledge_document \
                  WHERE collection_id = $1 AND doc_id = $2",
@@ -182,53 +217,63 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
             let outcome = match existing {
-                Some((_, hash)) if hash == doc.content_hash => return Ok(PutOutcome::Unchanged),
-                Some((id, _)) => {
-                    sqlx::query("DELETE FROM knowledge_chunk WHERE document_id = $1")
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                    PutOutcome::Replaced
-                }
+                Some((_, hash)) if hash == doc.content_hash => PutOutcome::Unchanged,
+                Some(_) => PutOutcome::Replaced,
                 None => PutOutcome::Added,
             };
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO knowledge_document (collection_id, doc_id, title, source_url, \
-                 content_type, content_hash, bytes, chunks, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-                 ON CONFLICT (collection_id, doc_id) DO UPDATE SET title = excluded.title, \
-                 source_url = excluded.source_url, content_type = excluded.content_type, \
-                 content_hash = excluded.content_hash, bytes = excluded.bytes, \
-                 chunks = excluded.chunks, updated_at = excluded.updated_at RETURNING id",
-            )
-            .bind(collection_id)
-            .bind(doc.doc_id)
-            .bind(doc.title)
-            .bind(doc.source_url)
-            .bind(doc.content_type)
-            .bind(doc.content_hash)
-            .bind(doc.bytes)
-            .bind(chunks.len() as i64)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await?;
-            for (position, chunk) in chunks.iter().enumerate() {
-                sqlx::query(
-                    "INSERT INTO knowledge_chunk (document_id, collection_id, position, heading, \
-                     text, terms) VALUES ($1, $2, $3, $4, $5, $6)",
+            if outcome != PutOutcome::Unchanged {
+                let id: i64 = sqlx::query_scalar(
+                    "INSERT INTO knowledge_document (collection_id, doc_id, title, source_url, \
+                     content_type, content_hash, bytes, chunks, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                     ON CONFLICT (collection_id, doc_id) DO UPDATE SET title = excluded.title, \
+                     source_url = excluded.source_url, content_type = excluded.content_type, \
+                     content_hash = excluded.content_hash, bytes = excluded.bytes, \
+                     chunks = excluded.chunks, updated_at = excluded.updated_at RETURNING id",
                 )
-                .bind(id)
                 .bind(collection_id)
-                .bind(position as i64)
-                .bind(&chunk.heading)
-                .bind(&chunk.text)
-                .bind(&chunk.terms)
-                .execute(&mut *tx)
+                .bind(doc.doc_id)
+                .bind(doc.title)
+                .bind(doc.source_url)
+                .bind(doc.content_type)
+                .bind(doc.content_hash)
+                .bind(doc.bytes)
+                .bind(chunks.len() as i64)
+                .bind(now)
+                .fetch_one(&mut *tx)
                 .await?;
+                // Whatever chunks the document had go, even when this transaction saw no
+                // document: a concurrent put of the same id (read committed) may have
+                // added it since, and its chunks must not stay beside these.
+                sqlx::query("DELETE FROM knowledge_chunk WHERE document_id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                for (position, chunk) in chunks.iter().enumerate() {
+                    sqlx::query(
+                        "INSERT INTO knowledge_chunk (document_id, collection_id, position, \
+                         heading, text, terms) VALUES ($1, $2, $3, $4, $5, $6)",
+                    )
+                    .bind(id)
+                    .bind(collection_id)
+                    .bind(position as i64)
+                    .bind(&chunk.heading)
+                    .bind(&chunk.text)
+                    .bind(&chunk.terms)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+            if let Some(step) = step {
+                sqlx::query("UPDATE knowledge_ingest_item SET outcome = $1 WHERE id = $2")
+                    .bind(outcome.as_str())
+                    .bind(step.item_id)
+                    .execute(&mut *tx)
+                    .await?;
             }
             outcome
         });
-        Ok(outcome)
+        Ok(Some(outcome))
     }
 
     /// Deletes a document and its chunks; `false` when there was none.

@@ -21,6 +21,7 @@ pub mod intake;
 pub mod jobs;
 pub mod journal;
 pub mod knowledge;
+pub mod knowledge_ingest;
 pub mod lifecycle;
 pub mod notify;
 pub mod outbox;

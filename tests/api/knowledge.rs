@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 impl TestApp {
-    async fn admin_call(
+    pub(crate) async fn admin_call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -41,7 +41,7 @@ impl TestApp {
     }
 
     /// The document ids a search returns, best first.
-    async fn search_ids(&self, collection: &str, q: &str, k: usize) -> Vec<String> {
+    pub(crate) async fn search_ids(&self, collection: &str, q: &str, k: usize) -> Vec<String> {
         let q: String = url::form_urlencoded::byte_serialize(q.as_bytes()).collect();
         let path = format!("/api/admin/knowledge/{collection}/search?q={q}&k={k}");
         let (status, body) = self.admin_call(reqwest::Method::GET, &path, None).await;

@@ -18,6 +18,7 @@ mod deploy;
 mod examples;
 mod jobs;
 mod knowledge;
+mod knowledge_ingest;
 mod knowledge_recall;
 mod lifecycle;
 mod mcp;
