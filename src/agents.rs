@@ -43,18 +43,15 @@ pub fn validate(
             Err("a single_turn agent has no workflow (set mode to workflow)".into())
         }
         (AgentMode::Workflow, None) => Err("a workflow agent needs a `workflow`".into()),
-        (AgentMode::Workflow, Some(_)) if !definition.knowledge.is_empty() => Err(
-            "knowledge: only single_turn agents answer from knowledge collections so far".into(),
-        ),
         (AgentMode::Workflow, Some(w)) => {
+            check_knowledge(definition)?;
             Workflow::parse(w, tools, !definition.approvers.is_empty()).map(|_| ())
         }
         (AgentMode::SingleTurn, None) => check_knowledge(definition),
     }
 }
 
-/// Knowledge collections are for single-turn agents (a workflow's `knowledge.search` tool
-/// and `retrieve` node are not built yet), named as collections are.
+/// Knowledge collections are named as collections are.
 fn check_knowledge(definition: &AgentDefinition) -> Result<(), String> {
     match definition
         .knowledge
@@ -77,8 +74,9 @@ pub async fn publish(
 ) -> Result<Published, PublishError> {
     let mut definition = definition.clone();
     definition.mcp_tools = tools.resolve_mcp(definition.workflow.as_ref());
-    let view =
-        TaskTools::new(tools.clone(), &definition.mcp_tools).map_err(PublishError::Invalid)?;
+    let view = TaskTools::new(tools.clone(), &definition.mcp_tools)
+        .map_err(PublishError::Invalid)?
+        .with_knowledge(&definition.knowledge, usize::MAX, None);
     validate(&definition, &view, models).map_err(PublishError::Invalid)?;
     for name in &definition.knowledge {
         if store

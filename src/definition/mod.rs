@@ -42,7 +42,8 @@ pub struct AgentDefinition {
     /// Sent when the model answers nothing; empty = the task fails.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub fallback_text: String,
-    /// Knowledge collections a single-turn agent answers from (docs/knowledge.md).
+    /// Knowledge collections the agent answers from (single-turn) or searches (workflows:
+    /// the `knowledge.search` tool and `retrieve` nodes); docs/knowledge.md.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub knowledge: Vec<String>,
     /// The placeholder of a slow run (`replies.placeholder` when absent; "" = none).
@@ -113,6 +114,9 @@ pub struct McpToolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undo: Option<String>,
 }
+
+/// The built-in tool that searches an agent's knowledge collections (docs/knowledge.md).
+pub const KNOWLEDGE_SEARCH: &str = "knowledge.search";
 
 /// The tools a workflow may name, as the publishing side knows them (the configured tools
 /// and the MCP tools pinned into the version).

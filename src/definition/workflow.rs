@@ -36,6 +36,23 @@ pub enum NodeKind {
     Condition(ConditionNode),
     HumanConfirm(HumanConfirmNode),
     Reply(ReplyNode),
+    Retrieve(RetrieveNode),
+}
+
+/// Searches the agent's knowledge collections (`knowledge.search`, journalled like a tool
+/// step); its output is `passages`, `found` and `text` (the passages numbered, for a prompt).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrieveNode {
+    /// Template of the question searched for.
+    pub query: String,
+    /// One of the agent's collections (all of them when absent).
+    #[serde(default)]
+    pub collection: Option<String>,
+    /// Passages at most (`knowledge.top_k` when absent).
+    #[serde(default)]
+    pub k: Option<u32>,
+    pub next: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -212,6 +229,15 @@ impl Workflow {
                     template(id, "prompt", &n.prompt)?;
                     target("next", &n.next)?;
                 }
+                NodeKind::Retrieve(n) => {
+                    if !tools.has(super::KNOWLEDGE_SEARCH) {
+                        return Err(format!(
+                            "node `{id}`: a retrieve node needs the agent's `knowledge = [...]`"
+                        ));
+                    }
+                    template(id, "query", &n.query)?;
+                    target("next", &n.next)?;
+                }
                 NodeKind::Tool(n) => {
                     if !tools.has(&n.tool) {
                         return Err(format!(
@@ -299,6 +325,7 @@ impl Workflow {
         match &node.kind {
             NodeKind::Llm(n) => vec![&n.next],
             NodeKind::Tool(n) => vec![&n.next],
+            NodeKind::Retrieve(n) => vec![&n.next],
             NodeKind::Agent(n) => vec![&n.next],
             NodeKind::HumanConfirm(n) => vec![&n.next],
             NodeKind::Condition(n) => n
@@ -395,9 +422,10 @@ fn parse_node(raw: &Value, position: usize) -> Result<Node, String> {
         "condition" => NodeKind::Condition(spec(&id, rest)?),
         "human_confirm" => NodeKind::HumanConfirm(spec(&id, rest)?),
         "reply" => NodeKind::Reply(spec(&id, rest)?),
+        "retrieve" => NodeKind::Retrieve(spec(&id, rest)?),
         other => {
             return Err(format!(
-                "node `{id}`: field `type` is `{other}`; expected llm, tool, agent, condition, human_confirm or reply"
+                "node `{id}`: field `type` is `{other}`; expected llm, tool, agent, condition, human_confirm, reply or retrieve"
             ));
         }
     };

@@ -17,7 +17,7 @@ use crate::domain::{NewStep, ReplyType, StepStatus, StepType};
 use crate::llm::ChatMessage;
 
 /// The name the retrieval step is journalled under.
-pub const TOOL: &str = "knowledge.search";
+pub const TOOL: &str = crate::definition::KNOWLEDGE_SEARCH;
 
 /// One passage given to the model, numbered as it is cited (`[n]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,18 +66,42 @@ pub async fn retrieve(
             .map_err(|e| RunError::Corrupt(format!("journalled passages unreadable: {e}")));
     }
     let started = Instant::now();
+    let found = find(
+        &svc.store,
+        settings,
+        &ctx.agent.knowledge,
+        question,
+        settings.top_k,
+    )
+    .await
+    .map_err(|e| match e {
+        crate::knowledge::KnowledgeError::Store(e) => RunError::Store(e),
+        other => RunError::Corrupt(other.to_string()),
+    })?;
+    let output = serde_json::to_string(&found).unwrap_or_else(|_| "[]".into());
+    let duration = started.elapsed().as_millis() as i64;
+    exec.complete(&step::record(&row, 1, duration, Ok((output, None, None))))
+        .await?;
+    tracing::info!(passages = found.len(), "knowledge retrieved");
+    Ok(found)
+}
+
+/// The best `k` passages for `question` from `collections` (a missing one is skipped),
+/// each scoring above `knowledge.min_score`, numbered from 1, best first.
+pub async fn find(
+    store: &crate::store::Store,
+    settings: &crate::config::KnowledgeConfig,
+    collections: &[String],
+    question: &str,
+    k: usize,
+) -> Result<Vec<Passage>, crate::knowledge::KnowledgeError> {
     let mut found: Vec<Passage> = Vec::new();
-    for name in &ctx.agent.knowledge {
-        let Some(collection) = svc.store.collection(name).await? else {
+    for name in collections {
+        let Some(collection) = store.collection(name).await? else {
             tracing::warn!(collection = %name, "the agent's knowledge collection is gone");
             continue;
         };
-        let hits = crate::knowledge::search(&svc.store, &collection, question, settings.top_k)
-            .await
-            .map_err(|e| match e {
-                crate::knowledge::KnowledgeError::Store(e) => RunError::Store(e),
-                other => RunError::Corrupt(other.to_string()),
-            })?;
+        let hits = crate::knowledge::search(store, &collection, question, k).await?;
         found.extend(hits.into_iter().map(|h| Passage {
             n: 0,
             collection: name.clone(),
@@ -91,16 +115,55 @@ pub async fn retrieve(
     }
     found.retain(|p| p.score > settings.min_score);
     found.sort_by(|a, b| b.score.total_cmp(&a.score));
-    found.truncate(settings.top_k);
+    found.truncate(k);
     for (i, passage) in found.iter_mut().enumerate() {
         passage.n = i + 1;
     }
-    let output = serde_json::to_string(&found).unwrap_or_else(|_| "[]".into());
-    let duration = started.elapsed().as_millis() as i64;
-    exec.complete(&step::record(&row, 1, duration, Ok((output, None, None))))
-        .await?;
-    tracing::info!(passages = found.len(), "knowledge retrieved");
     Ok(found)
+}
+
+/// What a workflow's `knowledge.search` runs: `{"query", "collection"?, "k"?}` (checked
+/// against the tool's schema first) over `collections`, answered with `passages`, `found`
+/// and `text` (the passages numbered, ready for a prompt).
+pub fn search_tool(
+    store: crate::store::Store,
+    config: std::sync::Arc<crate::config::Config>,
+    collections: Vec<String>,
+) -> crate::tools::task_tools::SearchFn {
+    std::sync::Arc::new(move |args: Value| {
+        let (store, config, collections) = (store.clone(), config.clone(), collections.clone());
+        Box::pin(async move {
+            let settings = &config.knowledge;
+            let query = args["query"].as_str().unwrap_or_default();
+            let k = args["k"].as_u64().map_or(settings.top_k, |k| k as usize);
+            let only: Vec<String> = match args["collection"].as_str() {
+                Some(one) => vec![one.to_string()],
+                None => collections,
+            };
+            let found = find(&store, settings, &only, query, k).await.map_err(|e| {
+                crate::tools::ToolError {
+                    retryable: matches!(e, crate::knowledge::KnowledgeError::Store(_)),
+                    message: format!("knowledge.search: {e}"),
+                }
+            })?;
+            let text = passages_text(&found);
+            Ok(json!({ "passages": found, "found": found.len(), "text": text }))
+        })
+    })
+}
+
+/// The passages numbered, each with its title and heading.
+fn passages_text(passages: &[Passage]) -> String {
+    let mut text = String::new();
+    for p in passages {
+        let heading = if p.heading.is_empty() {
+            String::new()
+        } else {
+            format!(" — {}", p.heading)
+        };
+        text.push_str(&format!("\n[{}] {}{heading}\n{}\n", p.n, p.title, p.text));
+    }
+    text
 }
 
 /// The message that gives the model the passages, put just before the question.
@@ -110,14 +173,7 @@ pub fn passages_message(passages: &[Passage]) -> ChatMessage {
          Cite the passages you use by their numbers, like [1]. If they do not hold the \
          answer, say that you do not know; do not guess.\n",
     );
-    for p in passages {
-        let heading = if p.heading.is_empty() {
-            String::new()
-        } else {
-            format!(" — {}", p.heading)
-        };
-        text.push_str(&format!("\n[{}] {}{heading}\n{}\n", p.n, p.title, p.text));
-    }
+    text.push_str(&passages_text(passages));
     ChatMessage::user(text)
 }
 

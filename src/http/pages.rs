@@ -376,11 +376,44 @@ async fn task_page(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let mut task = super::tasks::task_json(&svc, id).await?;
+    let passages = retrieved_passages(&task, true);
     redact_bodies(&mut task);
     Ok(render(
         "task.html",
-        json!({ "t": task, "csrf": admin.csrf, "message": q.get("message"), "raw": false }),
+        json!({ "t": task, "passages": passages, "csrf": admin.csrf,
+                "message": q.get("message"), "raw": false }),
     ))
+}
+
+/// The passages the task's `knowledge.search` steps found (a single-turn agent's list, or
+/// a workflow's `{"passages": [...]}`), each with the step it came from; their text through
+/// the redaction unless the page is shown raw.
+fn retrieved_passages(task: &Value, redacted: bool) -> Vec<Value> {
+    let mut out = Vec::new();
+    let steps = task["steps"].as_array().into_iter().flatten();
+    for step in steps.filter(|s| s["tool"] == crate::definition::KNOWLEDGE_SEARCH) {
+        let Some(output) = step["output"].as_str() else {
+            continue;
+        };
+        let Ok(output) = serde_json::from_str::<Value>(output) else {
+            continue;
+        };
+        let list = output.get("passages").unwrap_or(&output);
+        for p in list.as_array().into_iter().flatten() {
+            let text: String = p["text"].as_str().unwrap_or("").chars().take(600).collect();
+            let text = if redacted {
+                crate::redaction::redact(&text).to_string()
+            } else {
+                text
+            };
+            out.push(json!({
+                "step_no": step["step_no"], "n": p["n"], "title": p["title"],
+                "heading": p["heading"], "url": p["source_url"], "score": p["score"],
+                "document_id": p["document_id"], "collection": p["collection"], "text": text,
+            }));
+        }
+    }
+    out
 }
 
 /// The task page's bodies (message text, step inputs and outputs) through the audit's
@@ -414,9 +447,11 @@ async fn raw_task_page(svc: &ApiContext, admin: &AdminPage, id: i64) -> Result<R
             now_ms(),
         )
         .await?;
+    let passages = retrieved_passages(&task, false);
     Ok(render(
         "task.html",
-        json!({ "t": task, "csrf": admin.csrf, "message": null, "raw": true }),
+        json!({ "t": task, "passages": passages, "csrf": admin.csrf, "message": null,
+                "raw": true }),
     ))
 }
 

@@ -18,7 +18,18 @@ pub struct TaskTools {
     registry: Arc<ToolRegistry>,
     /// `<server>.<tool>` → the pinned spec, as a tool config, and its compiled schema.
     mcp: BTreeMap<String, (McpToolSpec, ToolConfig, ArgsSchema)>,
+    /// `knowledge.search`, for agents that name knowledge collections.
+    knowledge: Option<(ToolConfig, ArgsSchema, Option<SearchFn>)>,
 }
+
+pub use crate::definition::KNOWLEDGE_SEARCH;
+
+/// What `knowledge.search` runs: its checked arguments in, its result out.
+pub type SearchFn = Arc<
+    dyn Fn(Value) -> std::pin::Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send>>
+        + Send
+        + Sync,
+>;
 
 impl TaskTools {
     /// The view over `registry` with `pinned` MCP tools; a pinned schema that does not
@@ -45,7 +56,56 @@ impl TaskTools {
             };
             mcp.insert(name.clone(), (spec.clone(), config, schema));
         }
-        Ok(TaskTools { registry, mcp })
+        Ok(TaskTools {
+            registry,
+            mcp,
+            knowledge: None,
+        })
+    }
+
+    /// Offers `knowledge.search` over `collections` (read-only; `k` up to `max_k`), run by
+    /// `search` (`None` when only checking a workflow). No collections: not offered.
+    pub fn with_knowledge(
+        mut self,
+        collections: &[String],
+        max_k: usize,
+        search: Option<SearchFn>,
+    ) -> TaskTools {
+        if collections.is_empty() {
+            return self;
+        }
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": 4096,
+                          "description": "what to look for, in the words the documents would use"},
+                "collection": {"type": "string", "enum": collections,
+                               "description": "one collection to search (all when absent)"},
+                "k": {"type": "integer", "minimum": 1, "maximum": max_k.max(1),
+                      "description": "how many passages (knowledge.top_k when absent)"},
+            },
+            "required": ["query"],
+            "additionalProperties": false,
+        });
+        let config = ToolConfig {
+            kind: ToolKind::ReadOnly,
+            description: "Searches the organisation's documents and returns the best \
+                          passages, numbered, with their titles and links."
+                .into(),
+            method: "BUILTIN".into(),
+            url: String::new(),
+            headers: BTreeMap::new(),
+            body: None,
+            timeout_secs: 0,
+            args_schema: schema.clone(),
+            idempotent: Some(true),
+            undo: None,
+        };
+        // A schema built here always compiles.
+        if let Ok(compiled) = ArgsSchema::compile(&schema) {
+            self.knowledge = Some((config, compiled, search));
+        }
+        self
     }
 
     pub fn registry(&self) -> &ToolRegistry {
@@ -54,6 +114,9 @@ impl TaskTools {
 
     /// Tool `name`: a pinned MCP tool, else a configured one.
     pub fn get(&self, name: &str) -> Option<&ToolConfig> {
+        if name == KNOWLEDGE_SEARCH {
+            return self.knowledge.as_ref().map(|(config, _, _)| config);
+        }
         match self.mcp.get(name) {
             Some((_, config, _)) => Some(config),
             None => self.registry.get(name),
@@ -94,6 +157,9 @@ impl TaskTools {
 
     /// Checks `args` against tool `name`'s schema.
     pub fn check_args(&self, name: &str, args: &Value) -> Result<(), String> {
+        if let (KNOWLEDGE_SEARCH, Some((_, schema, _))) = (name, &self.knowledge) {
+            return schema.check(args);
+        }
         match self.mcp.get(name) {
             Some((_, _, schema)) => schema.check(args),
             None => self.registry.check_args(name, args),
@@ -120,6 +186,15 @@ impl TaskTools {
         args: &Value,
         idempotency_key: &str,
     ) -> Result<Value, ToolError> {
+        if let (KNOWLEDGE_SEARCH, Some((_, schema, search))) = (name, &self.knowledge) {
+            schema.check(args).map_err(|e| {
+                ToolError::permanent(format!("invalid arguments for `{name}`: {e}"))
+            })?;
+            let search = search
+                .as_ref()
+                .ok_or_else(|| ToolError::permanent("knowledge.search is not wired here"))?;
+            return search(args.clone()).await;
+        }
         let Some((spec, _, schema)) = self.mcp.get(name) else {
             return self.registry.call(name, args, idempotency_key).await;
         };

@@ -404,6 +404,20 @@ async fn an_agent_answers_from_its_collection_with_cited_sources() {
             .contains("\"document_id\":\"travel\"")
     );
     assert_eq!(steps[1]["tool"], "chat");
+    {
+        use crate::admin_pages::{browser, page_of, sign_in};
+        let http = browser();
+        let cookie = sign_in(&app, &http).await;
+        let page = page_of(&app, &http, &cookie, &format!("/admin/tasks/{id}")).await;
+        let table = page
+            .split("id=\"passages\"")
+            .nth(1)
+            .expect("a passages table");
+        assert!(
+            table.contains("intranet.example") && table.contains("Economy class"),
+            "the task page shows the passages retrieved: {page}"
+        );
+    }
     let asked = model_bodies(&app.model).await;
     let given = asked[0]["messages"].as_array().unwrap();
     let passages = given[given.len() - 2]["content"].as_str().unwrap();

@@ -20,6 +20,7 @@ mod jobs;
 mod knowledge;
 mod knowledge_ingest;
 mod knowledge_recall;
+mod knowledge_workflow;
 mod lifecycle;
 mod mcp;
 mod metrics;

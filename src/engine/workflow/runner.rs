@@ -167,8 +167,18 @@ impl<'a> Runner<'a> {
         } else {
             ctx.agent.mcp_tools.clone()
         };
+        let search = crate::engine::knowledge::search_tool(
+            svc.store.clone(),
+            svc.config.clone(),
+            ctx.agent.knowledge.clone(),
+        );
         let tools = crate::tools::task_tools::TaskTools::new(svc.tools.clone(), &pinned)
-            .map_err(|e| RunError::Corrupt(format!("snapshotted MCP tools are invalid: {e}")))?;
+            .map_err(|e| RunError::Corrupt(format!("snapshotted MCP tools are invalid: {e}")))?
+            .with_knowledge(
+                &ctx.agent.knowledge,
+                svc.config.knowledge.max_results,
+                Some(search),
+            );
         let workflow = Workflow::parse(raw, &tools, !ctx.agent.approvers.is_empty())
             .map_err(|e| RunError::Corrupt(format!("snapshotted workflow is invalid: {e}")))?;
         let journal = svc
@@ -374,12 +384,13 @@ impl<'a> Runner<'a> {
                 }
                 NodeKind::Tool(n) => {
                     let args = self.render_value(&n.args)?;
-                    match self.tool_call(&n.tool, args).await? {
-                        Ok(output) => {
-                            self.outputs.insert(id.clone(), output);
-                        }
-                        Err(message) => return Err(Stop::Failed(FailureType::ToolFailed, message)),
-                    }
+                    self.tool_node(&id, &n.tool, args).await?;
+                    Some(n.next.clone())
+                }
+                NodeKind::Retrieve(n) => {
+                    let args = retrieve_args(&self.render(&n.query)?, n);
+                    self.tool_node(&id, crate::definition::KNOWLEDGE_SEARCH, args)
+                        .await?;
                     Some(n.next.clone())
                 }
                 NodeKind::Agent(n) => {
@@ -531,11 +542,43 @@ pub(super) fn node_type(kind: &NodeKind) -> &'static str {
     match kind {
         NodeKind::Llm(_) => "llm",
         NodeKind::Tool(_) => "tool",
+        NodeKind::Retrieve(_) => "retrieve",
         NodeKind::Agent(_) => "agent",
         NodeKind::Condition(_) => "condition",
         NodeKind::HumanConfirm(_) => "human_confirm",
         NodeKind::Reply(_) => "reply",
     }
+}
+
+impl Runner<'_> {
+    /// A `tool` or `retrieve` node: the tool's result is the node's output; a failure
+    /// (after the tool's retries) ends the run.
+    async fn tool_node(&mut self, id: &str, tool: &str, args: Value) -> Result<(), Stop> {
+        match self.tool_call(tool, args).await? {
+            Ok(output) => {
+                self.outputs.insert(id.to_string(), output);
+                Ok(())
+            }
+            Err(message) => Err(Stop::Failed(FailureType::ToolFailed, message)),
+        }
+    }
+}
+
+/// A `retrieve` node's `knowledge.search` arguments; the search takes 4096 bytes of
+/// question, so a longer one is cut.
+fn retrieve_args(query: &str, n: &crate::definition::workflow::RetrieveNode) -> Value {
+    let mut end = query.len().min(4096);
+    while !query.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut args = json!({ "query": &query[..end] });
+    if let Some(collection) = &n.collection {
+        args["collection"] = json!(collection);
+    }
+    if let Some(k) = n.k {
+        args["k"] = json!(k);
+    }
+    args
 }
 
 /// A tool call's result as a step outcome: a failure retried per `plan` when the tool says
