@@ -122,22 +122,13 @@ impl App {
         listener: TcpListener,
     ) -> anyhow::Result<App> {
         let wake = Arc::new(Wake::default());
+        let knowledge = Arc::new(crate::knowledge::Knowledge::new(
+            store.clone(),
+            config.clone(),
+            llm.clone(),
+        ));
         let running = Arc::new(RunningTasks::default());
-        let jobs = &config.scheduler.jobs;
-        let channels = Arc::new(Channels::new(
-            &config.channels,
-            std::time::Duration::from_secs(config.outbox.timeout_secs),
-            [
-                (
-                    crate::domain::CALLBACK_CHANNEL,
-                    &jobs.confirm_timeout.approval_callback_url,
-                ),
-                (
-                    crate::domain::ORPHAN_ALERT_CHANNEL,
-                    &jobs.orphan_reclaim.alert_url,
-                ),
-            ],
-        )?);
+        let channels = channels_of(&config)?;
         let journal = Arc::new(
             Journal::start(store.clone(), &config.worker)
                 .with_inline_max(config.journal.inline_max_bytes),
@@ -172,10 +163,12 @@ impl App {
             admin_token,
             jobs: jobs.clone(),
             wake: wake.clone(),
+            knowledge: knowledge.clone(),
         });
         let ingester = Arc::new(crate::knowledge::ingest::Ingester {
             config: config.clone(),
             store: store.clone(),
+            knowledge: knowledge.clone(),
             instance_id: instance_id.clone(),
             wake: wake.clone(),
         });
@@ -190,6 +183,7 @@ impl App {
             running,
             slot_free: Notify::new(),
             channels: channels.clone(),
+            knowledge,
         });
         let sender = Arc::new(Sender {
             config: config.clone(),
@@ -307,6 +301,25 @@ impl App {
         tracing::info!("assistd stopped");
         Ok(())
     }
+}
+
+/// The platforms' senders, with the two internal channels (approval callbacks, orphan alerts).
+fn channels_of(config: &Config) -> anyhow::Result<Arc<Channels>> {
+    let jobs = &config.scheduler.jobs;
+    Ok(Arc::new(Channels::new(
+        &config.channels,
+        std::time::Duration::from_secs(config.outbox.timeout_secs),
+        [
+            (
+                crate::domain::CALLBACK_CHANNEL,
+                &jobs.confirm_timeout.approval_callback_url,
+            ),
+            (
+                crate::domain::ORPHAN_ALERT_CHANNEL,
+                &jobs.orphan_reclaim.alert_url,
+            ),
+        ],
+    )?))
 }
 
 /// The configured admin token, or one generated for this run and written to

@@ -125,10 +125,11 @@ async fn migrate(config: Config) -> anyhow::Result<()> {
 async fn add_knowledge(config: Config, name: &str, paths: &[PathBuf]) -> anyhow::Result<()> {
     let store = assistd::store::Store::connect(&config.database).await?;
     store.migrate().await?;
-    let report = assistd::knowledge::add_files(&store, &config.knowledge, name, paths, |line| {
-        println!("{line}")
-    })
-    .await;
+    let llm = std::sync::Arc::new(assistd::llm::ModelClients::new(&config.llm)?);
+    let knowledge =
+        assistd::knowledge::Knowledge::new(store.clone(), std::sync::Arc::new(config), llm);
+    let report =
+        assistd::knowledge::add_files(&knowledge, name, paths, |line| println!("{line}")).await;
     store.close().await;
     let report = report?;
     println!(

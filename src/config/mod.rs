@@ -4,10 +4,12 @@
 //! `load` the layering, `validate` the checks, `error` the error and its small checks.
 
 mod error;
+mod knowledge;
 mod load;
 mod sections;
 mod validate;
 
 pub use error::ConfigError;
+pub use knowledge::*;
 pub use load::DEFAULT_TOML;
 pub use sections::*;

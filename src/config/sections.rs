@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::knowledge::KnowledgeConfig;
 use crate::definition::{AgentDefinition, AgentMode, ToolKind};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -34,65 +35,6 @@ pub struct Config {
     /// MCP servers whose tools agents may use as `<server>.<tool>`.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
-}
-
-/// Knowledge bases (docs/knowledge.md).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KnowledgeConfig {
-    /// Characters per chunk of a new collection.
-    pub chunk_chars: usize,
-    /// Characters of the chunk before that a later chunk of a section begins with.
-    pub overlap_chars: usize,
-    /// The largest document taken, in bytes.
-    pub max_document_bytes: usize,
-    /// The most results one search returns.
-    pub max_results: usize,
-    /// Passages an agent's answer is drawn from, at most.
-    pub top_k: usize,
-    /// Passages must score above this to be given to the model (the score's scale is the
-    /// database's: bm25 on SQLite, ts_rank on PostgreSQL).
-    pub min_score: f64,
-    /// What an agent says when no passage answers the question (the model is not asked).
-    pub unknown_answer: String,
-    /// Documents one ingest job may hold.
-    pub ingest_max_documents: usize,
-    /// The largest ingest request body, in bytes.
-    pub ingest_max_bytes: usize,
-    /// How long a claimed ingest job stays with its instance without progress, in seconds.
-    pub ingest_lease_secs: u64,
-    /// How often idle instances look for ingest jobs, in milliseconds.
-    pub ingest_poll_ms: u64,
-    /// Claims of one job without progress before it is failed (a document that crashes the
-    /// process each time ends here).
-    pub ingest_max_claims: i64,
-    /// Collections created at start-up when missing.
-    #[serde(default)]
-    pub collections: BTreeMap<String, CollectionConfig>,
-}
-
-/// A collection declared in the config (`[knowledge.collections.<name>]`).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CollectionConfig {
-    /// This collection's chunk size (`knowledge.chunk_chars` when absent).
-    #[serde(default)]
-    pub chunk_chars: Option<usize>,
-    /// This collection's overlap (`knowledge.overlap_chars` when absent).
-    #[serde(default)]
-    pub overlap_chars: Option<usize>,
-}
-
-impl KnowledgeConfig {
-    /// The chunk size and overlap of a collection declared as `declared` (or of one
-    /// created through the API with no settings of its own).
-    pub fn chunking(&self, declared: Option<&CollectionConfig>) -> (usize, usize) {
-        let declared = declared.cloned().unwrap_or_default();
-        (
-            declared.chunk_chars.unwrap_or(self.chunk_chars),
-            declared.overlap_chars.unwrap_or(self.overlap_chars),
-        )
-    }
 }
 
 /// One MCP server: over streamable HTTP (`url`) or a child process speaking stdio

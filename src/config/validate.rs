@@ -22,6 +22,34 @@ impl Config {
         positive("knowledge.max_document_bytes", k.max_document_bytes as u64)?;
         positive("knowledge.max_results", k.max_results as u64)?;
         positive("knowledge.top_k", k.top_k as u64)?;
+        positive("knowledge.embedding_batch", k.embedding_batch as u64)?;
+        positive(
+            "knowledge.embedding_input_chars",
+            k.embedding_input_chars as u64,
+        )?;
+        positive("knowledge.fusion_candidates", k.fusion_candidates as u64)?;
+        positive(
+            "knowledge.ingest_max_documents",
+            k.ingest_max_documents as u64,
+        )?;
+        positive("knowledge.ingest_max_bytes", k.ingest_max_bytes as u64)?;
+        positive("knowledge.ingest_lease_secs", k.ingest_lease_secs)?;
+        positive(
+            "knowledge.ingest_max_claims",
+            k.ingest_max_claims.max(0) as u64,
+        )?;
+        if !(k.fusion_k.is_finite() && k.fusion_k >= 0.0) {
+            return Err(invalid(
+                "knowledge.fusion_k",
+                "must be a number of at least 0".to_string(),
+            ));
+        }
+        if !(-1.0..=1.0).contains(&k.min_similarity) {
+            return Err(invalid(
+                "knowledge.min_similarity",
+                "must be between -1 and 1 (cosine)".to_string(),
+            ));
+        }
         if !k.min_score.is_finite() {
             return Err(invalid(
                 "knowledge.min_score",
@@ -34,7 +62,7 @@ impl Config {
                 "must not be empty".to_string(),
             ));
         }
-        let mut declared: Vec<(String, Option<&super::sections::CollectionConfig>)> =
+        let mut declared: Vec<(String, Option<&super::knowledge::CollectionConfig>)> =
             vec![("knowledge".to_string(), None)];
         for (name, c) in &k.collections {
             declared.push((format!("knowledge.collections.{name}"), Some(c)));
@@ -59,6 +87,19 @@ impl Config {
                 return Err(invalid(
                     &format!("knowledge.collections.{name}"),
                     "a collection name is 1 to 64 letters, digits, '-' or '_'".to_string(),
+                ));
+            }
+        }
+        for (name, c) in &k.collections {
+            if let Some(p) = c.embedding_provider.as_deref()
+                && p != "default"
+                && !self.llm.providers.contains_key(p)
+            {
+                return Err(invalid(
+                    &format!("knowledge.collections.{name}.embedding_provider"),
+                    format!(
+                        "no provider `{p}`: use `default` for [llm] or a name of [llm.providers]"
+                    ),
                 ));
             }
         }

@@ -67,8 +67,7 @@ pub async fn retrieve(
     }
     let started = Instant::now();
     let found = find(
-        &svc.store,
-        settings,
+        &svc.knowledge,
         &ctx.agent.knowledge,
         question,
         settings.top_k,
@@ -87,34 +86,46 @@ pub async fn retrieve(
 }
 
 /// The best `k` passages for `question` from `collections` (a missing one is skipped),
-/// each scoring above `knowledge.min_score`, numbered from 1, best first.
+/// each above the collection's thresholds, numbered from 1: one collection's in its own
+/// order; several taken in turns by rank (their scores are on different scales when some
+/// rank by words and others by words and meaning).
 pub async fn find(
-    store: &crate::store::Store,
-    settings: &crate::config::KnowledgeConfig,
+    knowledge: &crate::knowledge::Knowledge,
     collections: &[String],
     question: &str,
     k: usize,
 ) -> Result<Vec<Passage>, crate::knowledge::KnowledgeError> {
-    let mut found: Vec<Passage> = Vec::new();
+    let mut lists: Vec<Vec<Passage>> = Vec::new();
     for name in collections {
-        let Some(collection) = store.collection(name).await? else {
+        let Some(collection) = knowledge.store.collection(name).await? else {
             tracing::warn!(collection = %name, "the agent's knowledge collection is gone");
             continue;
         };
-        let hits = crate::knowledge::search(store, &collection, question, k).await?;
-        found.extend(hits.into_iter().map(|h| Passage {
-            n: 0,
-            collection: name.clone(),
-            document_id: h.doc_id,
-            title: h.title,
-            heading: h.heading,
-            source_url: h.source_url,
-            text: h.text,
-            score: h.score,
-        }));
+        let found = knowledge.search(&collection, question, k).await?;
+        lists.push(
+            found
+                .hits
+                .into_iter()
+                .map(|h| Passage {
+                    n: 0,
+                    collection: name.clone(),
+                    document_id: h.doc_id,
+                    title: h.title,
+                    heading: h.heading,
+                    source_url: h.source_url,
+                    text: h.text,
+                    score: h.score,
+                })
+                .collect(),
+        );
     }
-    found.retain(|p| p.score > settings.min_score);
-    found.sort_by(|a, b| b.score.total_cmp(&a.score));
+    let mut found: Vec<Passage> = Vec::new();
+    let deepest = lists.iter().map(Vec::len).max().unwrap_or(0);
+    for rank in 0..deepest {
+        let mut row: Vec<Passage> = lists.iter().filter_map(|l| l.get(rank).cloned()).collect();
+        row.sort_by(|a, b| b.score.total_cmp(&a.score));
+        found.extend(row);
+    }
     found.truncate(k);
     for (i, passage) in found.iter_mut().enumerate() {
         passage.n = i + 1;
@@ -126,26 +137,26 @@ pub async fn find(
 /// against the tool's schema first) over `collections`, answered with `passages`, `found`
 /// and `text` (the passages numbered, ready for a prompt).
 pub fn search_tool(
-    store: crate::store::Store,
-    config: std::sync::Arc<crate::config::Config>,
+    knowledge: std::sync::Arc<crate::knowledge::Knowledge>,
     collections: Vec<String>,
 ) -> crate::tools::task_tools::SearchFn {
     std::sync::Arc::new(move |args: Value| {
-        let (store, config, collections) = (store.clone(), config.clone(), collections.clone());
+        let (knowledge, collections) = (knowledge.clone(), collections.clone());
         Box::pin(async move {
-            let settings = &config.knowledge;
+            let settings = &knowledge.config.knowledge;
             let query = args["query"].as_str().unwrap_or_default();
             let k = args["k"].as_u64().map_or(settings.top_k, |k| k as usize);
             let only: Vec<String> = match args["collection"].as_str() {
                 Some(one) => vec![one.to_string()],
                 None => collections,
             };
-            let found = find(&store, settings, &only, query, k).await.map_err(|e| {
-                crate::tools::ToolError {
-                    retryable: matches!(e, crate::knowledge::KnowledgeError::Store(_)),
-                    message: format!("knowledge.search: {e}"),
-                }
-            })?;
+            let found =
+                find(&knowledge, &only, query, k)
+                    .await
+                    .map_err(|e| crate::tools::ToolError {
+                        retryable: e.is_transient(),
+                        message: format!("knowledge.search: {e}"),
+                    })?;
             let text = passages_text(&found);
             Ok(json!({ "passages": found, "found": found.len(), "text": text }))
         })

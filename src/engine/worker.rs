@@ -30,6 +30,8 @@ pub struct Worker {
     pub slot_free: Notify,
     /// The platforms, for the typing indicator shown while a task runs.
     pub channels: Arc<crate::channels::Channels>,
+    /// Knowledge search for agents that answer from collections.
+    pub knowledge: Arc<crate::knowledge::Knowledge>,
 }
 
 /// Tasks this instance is running, with the token that stops each (cancel, lost lease).

@@ -29,4 +29,6 @@ pub struct ApiContext {
     pub jobs: Arc<Jobs>,
     /// Rings the background ingest worker when a job is committed.
     pub wake: Arc<crate::wake::Wake>,
+    /// Knowledge search and ingest (embedding providers, vectors held here).
+    pub knowledge: Arc<crate::knowledge::Knowledge>,
 }

@@ -44,6 +44,7 @@ impl From<KnowledgeError> for ApiError {
         match e {
             KnowledgeError::Invalid(m) => ApiError::BadRequest(m),
             KnowledgeError::TooLarge(_, max) => ApiError::PayloadTooLarge(max),
+            KnowledgeError::Embedding { message, .. } => ApiError::Unavailable(message),
             KnowledgeError::Store(e) => e.into(),
         }
     }
@@ -57,6 +58,10 @@ fn collection_json(row: &CollectionRow) -> Value {
         "chunks": row.chunks,
         "chunk_chars": c.chunk_chars,
         "overlap_chars": c.overlap_chars,
+        "embedding": c.embedding_provider.as_ref().map(|p| json!({
+            "provider": if p.is_empty() { "default" } else { p.as_str() },
+            "model": c.embedding_model,
+        })),
         "created_at": c.created_at,
     })
 }
@@ -95,6 +100,10 @@ async fn list(
 #[serde(deny_unknown_fields)]
 struct NewCollection {
     name: String,
+    /// `default` (`[llm]`) or a `[llm.providers]` name: the collection's chunks and
+    /// questions are embedded by it, and search fuses words and meaning.
+    embedding_provider: Option<String>,
+    embedding_model: Option<String>,
 }
 
 /// Creates a collection with the configured chunking; 201, or 200 when it exists already.
@@ -110,12 +119,27 @@ async fn create(
         ));
     }
     let (chunk, overlap) = svc.config.knowledge.chunking(None);
+    let declared = crate::config::CollectionConfig {
+        embedding_provider: body.embedding_provider.clone(),
+        embedding_model: body.embedding_model.clone(),
+        ..Default::default()
+    };
+    let embedding = crate::knowledge::embedding_of(&declared);
+    if let Some(e) = &embedding
+        && !svc.llm.has(&e.provider)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "`embedding_provider`: no provider `{}` (use `default` for [llm] or a name of [llm.providers])",
+            body.embedding_provider.as_deref().unwrap_or("")
+        )));
+    }
     let created = svc
         .store
         .create_collection(
             &body.name,
             chunk as i64,
             overlap as i64,
+            embedding.as_ref(),
             crate::domain::now_ms(),
         )
         .await?;
@@ -246,14 +270,8 @@ async fn add(
         content_type: ContentType::parse(doc.content_type.as_deref())?,
         text,
     };
-    let done = crate::knowledge::ingest(
-        &svc.store,
-        &svc.config.knowledge,
-        &row,
-        document,
-        crate::domain::now_ms(),
-    )
-    .await?;
+    let done =
+        crate::knowledge::ingest(&svc.knowledge, &row, document, crate::domain::now_ms()).await?;
     tracing::info!(collection = %name, id = %done.id, chunks = done.chunks, outcome = done.outcome.as_str(), "knowledge document put");
     if done.outcome != crate::store::knowledge::PutOutcome::Unchanged {
         let summary = format!(
@@ -333,9 +351,11 @@ async fn search(
         )));
     }
     let row = collection(&svc, &name).await?;
-    let hits = crate::knowledge::search(&svc.store, &row, &q, k).await?;
+    let found = svc.knowledge.search(&row, &q, k).await?;
     Ok(Json(json!({
-        "results": hits.iter().map(hit_json).collect::<Vec<_>>(),
+        "results": found.hits.iter().map(hit_json).collect::<Vec<_>>(),
+        "ranking": found.ranking,
+        "note": found.note,
     })))
 }
 
@@ -432,7 +452,11 @@ async fn search_page(
         ));
     }
     let row = collection(&svc, &name).await?;
-    let hits = crate::knowledge::search(&svc.store, &row, q, svc.config.knowledge.top_k).await?;
+    let hits = svc
+        .knowledge
+        .search(&row, q, svc.config.knowledge.top_k)
+        .await?
+        .hits;
     let summary = format!(
         "searched `{}`: {} passages",
         q.chars().take(200).collect::<String>(),

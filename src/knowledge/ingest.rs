@@ -25,6 +25,7 @@ const BATCH: i64 = 16;
 pub struct Ingester {
     pub config: Arc<Config>,
     pub store: Store,
+    pub knowledge: Arc<super::Knowledge>,
     pub instance_id: String,
     pub wake: Arc<Wake>,
 }
@@ -168,6 +169,16 @@ impl Ingester {
             lease_until: self.lease_until(),
         };
         let now = now_ms();
+        let prepared = match prepared {
+            Ok(mut ready) => {
+                let embedded = self
+                    .knowledge
+                    .embed_chunks(collection, &ready.title, &mut ready.chunks)
+                    .await;
+                embedded.map(|()| ready)
+            }
+            Err(e) => Err(e),
+        };
         match prepared {
             Ok(ready) => {
                 let put = self
@@ -186,6 +197,9 @@ impl Ingester {
                 Ok(put.is_some())
             }
             Err(KnowledgeError::Store(e)) => Err(e.into()),
+            // An outage of the embedding provider (after its retries): the document stays
+            // pending, and a later claim tries again.
+            Err(e) if e.is_transient() => Err(e.into()),
             Err(e) => {
                 tracing::info!(ingest = claim.id, position, error = %e, "knowledge document refused");
                 Ok(self.store.fail_item(&step, &e.to_string(), now).await?)

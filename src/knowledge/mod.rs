@@ -4,29 +4,21 @@
 //! (`store/knowledge.rs`), and a question finds the best chunks, for agents and admins alike.
 
 pub mod chunk;
+mod error;
 pub mod ingest;
+pub mod search;
 pub mod terms;
+
+pub use error::KnowledgeError;
+pub use search::{Found, Knowledge};
 
 use chunk::{HEADING_MARK, Structure};
 
 use sha2::{Digest, Sha256};
 
 use crate::config::KnowledgeConfig;
-use crate::store::knowledge::{Collection, Hit, NewChunk, NewDocument, PutOutcome};
+use crate::store::knowledge::{Collection, Embedding, Hit, NewChunk, NewDocument, PutOutcome};
 use crate::store::{Store, StoreError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum KnowledgeError {
-    /// The request is wrong; nothing was written.
-    #[error("{0}")]
-    Invalid(String),
-    #[error(
-        "the document is {0} bytes; a document may have at most {1} (knowledge.max_document_bytes)"
-    )]
-    TooLarge(usize, usize),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
 
 /// The formats a document may come in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +223,14 @@ pub fn prepare(
         .map(str::to_string)
         .or_else(|| title_of(&text, structure))
         .unwrap_or_else(|| id.clone());
-    let settings = format!("{}/{}", collection.chunk_chars, collection.overlap_chars);
+    // A change of chunking or of embedding model makes the document new.
+    let settings = format!(
+        "{}/{}/{}/{}",
+        collection.chunk_chars,
+        collection.overlap_chars,
+        collection.embedding_provider.as_deref().unwrap_or("-"),
+        collection.embedding_model.as_deref().unwrap_or("-"),
+    );
     let hash = digest(&[
         doc.content_type.as_str(),
         &title,
@@ -253,6 +252,7 @@ pub fn prepare(
                 terms: terms::terms(&searched).join(" "),
                 heading: p.heading,
                 text: p.text,
+                embedding: None,
             }
         })
         .collect();
@@ -274,14 +274,30 @@ pub fn prepare(
 
 /// Adds `doc` to `collection`, replacing the chunks of a changed document with the same id
 /// in one transaction; an unchanged one (the same content and settings) costs one read.
+/// A collection with an embedding provider embeds the chunks first.
 pub async fn ingest(
-    store: &Store,
-    config: &KnowledgeConfig,
+    knowledge: &Knowledge,
     collection: &Collection,
     doc: Document<'_>,
     now: i64,
 ) -> Result<Ingested, KnowledgeError> {
-    let ready = prepare(config, collection, doc)?;
+    let mut ready = prepare(&knowledge.config.knowledge, collection, doc)?;
+    let store = &knowledge.store;
+    if collection.embedding_provider.is_some()
+        && store
+            .document_is(collection.id, &ready.id, &ready.hash)
+            .await?
+    {
+        return Ok(Ingested {
+            id: ready.id,
+            title: ready.title,
+            chunks: ready.chunks.len(),
+            outcome: PutOutcome::Unchanged,
+        });
+    }
+    knowledge
+        .embed_chunks(collection, &ready.title, &mut ready.chunks)
+        .await?;
     let outcome = store
         .put_document(collection.id, &ready.document(), &ready.chunks, now)
         .await?;
@@ -293,8 +309,9 @@ pub async fn ingest(
     })
 }
 
-/// The `k` chunks of `collection` that answer `question` best, best first.
-pub async fn search(
+/// The `k` chunks of `collection` whose words match `question` best, best first, with no
+/// threshold and no vectors (what the database's full-text index alone ranks).
+pub async fn search_words(
     store: &Store,
     collection: &Collection,
     question: &str,
@@ -302,6 +319,19 @@ pub async fn search(
 ) -> Result<Vec<Hit>, KnowledgeError> {
     let terms = terms::query_terms(question, 32);
     Ok(store.search_chunks(collection.id, &terms, k as i64).await?)
+}
+
+/// How a declared collection embeds, if it does (`default` names `[llm]` itself, stored
+/// as the empty provider name).
+pub fn embedding_of(declared: &crate::config::CollectionConfig) -> Option<Embedding> {
+    declared.embedding_provider.as_deref().map(|p| Embedding {
+        provider: if p == "default" {
+            String::new()
+        } else {
+            p.to_string()
+        },
+        model: declared.embedding_model.clone().unwrap_or_default(),
+    })
 }
 
 /// Creates the collections the config declares (`knowledge.collections`) that are missing;
@@ -312,12 +342,24 @@ pub async fn create_configured_collections(
 ) -> Result<(), StoreError> {
     for (name, declared) in &config.collections {
         let (chunk, overlap) = config.chunking(Some(declared));
+        let embedding = embedding_of(declared);
         let now = crate::domain::now_ms();
         if store
-            .create_collection(name, chunk as i64, overlap as i64, now)
+            .create_collection(name, chunk as i64, overlap as i64, embedding.as_ref(), now)
             .await?
         {
             tracing::info!(collection = %name, "created knowledge collection");
+        } else if let Some(have) = store.collection(name).await? {
+            let want = embedding
+                .as_ref()
+                .map(|e| (e.provider.as_str(), e.model.as_str()));
+            let held = have
+                .embedding_provider
+                .as_deref()
+                .map(|p| (p, have.embedding_model.as_deref().unwrap_or("")));
+            if want != held {
+                tracing::warn!(collection = %name, "the configured embedding differs from the collection's; the collection keeps its own (create a new collection to change it)");
+            }
         }
     }
     Ok(())
@@ -378,8 +420,7 @@ fn files_of(paths: &[std::path::PathBuf]) -> std::io::Result<Vec<(std::path::Pat
 /// missing), one document per file, each in its own transaction; `report` gets a line per
 /// file. A file that cannot be read or is refused counts as failed, and the rest go on.
 pub async fn add_files(
-    store: &Store,
-    config: &KnowledgeConfig,
+    knowledge: &Knowledge,
     name: &str,
     paths: &[std::path::PathBuf],
     mut report: impl FnMut(&str),
@@ -387,10 +428,13 @@ pub async fn add_files(
     if !crate::domain::is_valid_name(name) {
         anyhow::bail!("`{name}`: collection names are 1 to 64 letters, digits, '-' or '_'");
     }
-    let (chunk, overlap) = config.chunking(config.collections.get(name));
+    let (store, config) = (&knowledge.store, &knowledge.config.knowledge);
+    let declared = config.collections.get(name);
+    let (chunk, overlap) = config.chunking(declared);
+    let embedding = declared.and_then(embedding_of);
     let now = crate::domain::now_ms();
     store
-        .create_collection(name, chunk as i64, overlap as i64, now)
+        .create_collection(name, chunk as i64, overlap as i64, embedding.as_ref(), now)
         .await?;
     let collection = store
         .collection(name)
@@ -418,7 +462,7 @@ pub async fn add_files(
             content_type: ContentType::of_path(&path),
             text: &text,
         };
-        match ingest(store, config, &collection, doc, crate::domain::now_ms()).await {
+        match ingest(knowledge, &collection, doc, crate::domain::now_ms()).await {
             Ok(ingested) => {
                 match ingested.outcome {
                     PutOutcome::Added => done.added += 1,

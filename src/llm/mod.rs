@@ -5,6 +5,7 @@
 //! taxonomy; never retries by itself (the engine decides, so retries are journalled and
 //! bounded).
 
+mod embed;
 pub mod gate;
 mod types;
 
@@ -29,6 +30,8 @@ const ERROR_BODY_LIMIT: usize = 500;
 pub struct OpenAiClient {
     http: reqwest::Client,
     endpoint: String,
+    /// The provider's OpenAI-compatible `/embeddings` endpoint.
+    embeddings_endpoint: String,
     api_key: String,
     api_key_header: String,
     headers: Vec<(String, String)>,
@@ -52,6 +55,7 @@ impl OpenAiClient {
         Ok(OpenAiClient {
             http,
             endpoint: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            embeddings_endpoint: format!("{}/embeddings", config.base_url.trim_end_matches('/')),
             api_key: config.api_key.clone(),
             api_key_header: config.api_key_header.clone(),
             headers: config
@@ -206,6 +210,17 @@ impl OpenAiClient {
         request: &WireRequest,
         idempotency_key: &str,
     ) -> Result<reqwest::Response, LlmError> {
+        self.post_to(&self.endpoint, request, idempotency_key).await
+    }
+
+    /// Sends `request` as JSON to `url` with the provider's credentials; the response when
+    /// it is a 2xx, else the failure classified.
+    async fn post_to(
+        &self,
+        url: &str,
+        request: &impl serde::Serialize,
+        idempotency_key: &str,
+    ) -> Result<reqwest::Response, LlmError> {
         let body = serde_json::to_vec(request).map_err(|e| {
             LlmError::new(
                 FailureType::Unknown,
@@ -214,10 +229,12 @@ impl OpenAiClient {
         })?;
         let mut call = self
             .http
-            .post(&self.endpoint)
+            .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("idempotency-key", idempotency_key)
             .body(body);
+        if !idempotency_key.is_empty() {
+            call = call.header("idempotency-key", idempotency_key);
+        }
         // The call's span, for a provider or proxy that traces (W3C Trace Context).
         if let Some(traceparent) = crate::telemetry::traceparent() {
             call = call.header("traceparent", traceparent);

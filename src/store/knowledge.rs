@@ -13,6 +13,19 @@ pub struct Collection {
     pub chunk_chars: i64,
     pub overlap_chars: i64,
     pub created_at: i64,
+    /// The `[llm]` provider (`""` for the default one) whose `/embeddings` makes this
+    /// collection's vectors; `None`: lexical search only.
+    pub embedding_provider: Option<String>,
+    pub embedding_model: Option<String>,
+    /// Goes up with every document written or deleted.
+    pub generation: i64,
+}
+
+/// How a new collection embeds its chunks, if it does.
+#[derive(Debug, Clone, Default)]
+pub struct Embedding {
+    pub provider: String,
+    pub model: String,
 }
 
 /// A collection with its counts, for the admin API and pages (not for every question).
@@ -46,12 +59,14 @@ pub struct NewDocument<'a> {
     pub bytes: i64,
 }
 
-/// One chunk: its heading path, text and searched words.
+/// One chunk: its heading path, text and searched words, and its vector when the
+/// collection embeds.
 #[derive(Debug, Clone)]
 pub struct NewChunk {
     pub heading: String,
     pub text: String,
     pub terms: String,
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// What putting a document did.
@@ -77,6 +92,7 @@ impl PutOutcome {
 /// A chunk found by a search, best first.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Hit {
+    pub chunk_id: i64,
     pub doc_id: String,
     pub title: String,
     pub heading: String,
@@ -88,28 +104,93 @@ pub struct Hit {
 
 /// Counted from the documents (each keeps its chunk count), never by scanning the chunks.
 const COLLECTION_COLUMNS: &str = "c.id, c.name, c.chunk_chars, c.overlap_chars, c.created_at, \
+     c.embedding_provider, c.embedding_model, c.generation, \
      (SELECT COUNT(*) FROM knowledge_document d WHERE d.collection_id = c.id) AS documents, \
      (SELECT CAST(COALESCE(SUM(d.chunks), 0) AS BIGINT) FROM knowledge_document d \
       WHERE d.collection_id = c.id) AS chunks";
 
+/// A vector as stored: little-endian f32s.
+pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A stored vector read back; `None` when its length is not a whole number of f32s.
+pub fn vector_of(bytes: &[u8]) -> Option<Vec<f32>> {
+    bytes.len().is_multiple_of(4).then(|| {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    })
+}
+
+/// Inside a write transaction: the collection's generation goes up (its vectors changed).
+macro_rules! bump_generation {
+    ($tx:ident, $collection_id:expr) => {
+        sqlx::query("UPDATE knowledge_collection SET generation = generation + 1 WHERE id = $1")
+            .bind($collection_id)
+            .execute(&mut *$tx)
+            .await?;
+    };
+}
+
 impl Store {
+    /// The vectors of collection `collection_id`'s chunks, with the chunk ids, and the
+    /// generation they were read at (one transaction-consistent read).
+    pub async fn collection_vectors(&self, collection_id: i64) -> StoreResult<Vec<(i64, Vec<u8>)>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as::<_, (i64, Vec<u8>)>(
+                "SELECT id, embedding FROM knowledge_chunk \
+                 WHERE collection_id = $1 AND embedding IS NOT NULL ORDER BY id",
+            )
+            .bind(collection_id)
+            .fetch_all(pool)
+            .await?
+        }))
+    }
+
+    /// Chunks by id, as search hits (score 0; the caller ranks them).
+    pub async fn chunk_hits(&self, ids: &[i64]) -> StoreResult<Vec<Hit>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let marks: Vec<String> = (1..=ids.len()).map(|n| format!("${n}")).collect();
+        let sql = format!(
+            "SELECT c.id AS chunk_id, d.doc_id, d.title, c.heading, d.source_url, c.text, \
+             CAST(0 AS DOUBLE PRECISION) AS score FROM knowledge_chunk c \
+             JOIN knowledge_document d ON d.id = c.document_id WHERE c.id IN ({})",
+            marks.join(", ")
+        );
+        Ok(on_pool!(self, pool => {
+            let mut query = sqlx::query_as::<_, Hit>(&sql);
+            for id in ids {
+                query = query.bind(*id);
+            }
+            query.fetch_all(pool).await?
+        }))
+    }
+
     /// Creates collection `name`; `false` when it exists already (its settings kept).
     pub async fn create_collection(
         &self,
         name: &str,
         chunk_chars: i64,
         overlap_chars: i64,
+        embedding: Option<&Embedding>,
         now: i64,
     ) -> StoreResult<bool> {
         let done = on_pool!(self, pool => {
             sqlx::query(
-                "INSERT INTO knowledge_collection (name, chunk_chars, overlap_chars, created_at) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
+                "INSERT INTO knowledge_collection (name, chunk_chars, overlap_chars, created_at, \
+                 embedding_provider, embedding_model) VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (name) DO NOTHING",
             )
             .bind(name)
             .bind(chunk_chars)
             .bind(overlap_chars)
             .bind(now)
+            .bind(embedding.map(|e| e.provider.as_str()))
+            .bind(embedding.map(|e| e.model.as_str()))
             .execute(pool)
             .await?
             .rows_affected()
@@ -121,8 +202,8 @@ impl Store {
     pub async fn collection(&self, name: &str) -> StoreResult<Option<Collection>> {
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, Collection>(
-                "SELECT id, name, chunk_chars, overlap_chars, created_at \
-                 FROM knowledge_collection WHERE name = $1",
+                "SELECT id, name, chunk_chars, overlap_chars, created_at, embedding_provider, \
+                 embedding_model, generation FROM knowledge_collection WHERE name = $1",
             )
             .bind(name)
             .fetch_optional(pool)
@@ -134,8 +215,8 @@ impl Store {
     pub async fn collection_by_id(&self, id: i64) -> StoreResult<Option<Collection>> {
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, Collection>(
-                "SELECT id, name, chunk_chars, overlap_chars, created_at \
-                 FROM knowledge_collection WHERE id = $1",
+                "SELECT id, name, chunk_chars, overlap_chars, created_at, embedding_provider, \
+                 embedding_model, generation FROM knowledge_collection WHERE id = $1",
             )
             .bind(id)
             .fetch_optional(pool)
@@ -252,7 +333,7 @@ impl Store {
                 for (position, chunk) in chunks.iter().enumerate() {
                     sqlx::query(
                         "INSERT INTO knowledge_chunk (document_id, collection_id, position, \
-                         heading, text, terms) VALUES ($1, $2, $3, $4, $5, $6)",
+                         heading, text, terms, embedding) VALUES ($1, $2, $3, $4, $5, $6, $7)",
                     )
                     .bind(id)
                     .bind(collection_id)
@@ -260,9 +341,11 @@ impl Store {
                     .bind(&chunk.heading)
                     .bind(&chunk.text)
                     .bind(&chunk.terms)
+                    .bind(chunk.embedding.as_deref().map(vector_bytes))
                     .execute(&mut *tx)
                     .await?;
                 }
+                bump_generation!(tx, collection_id);
             }
             if let Some(step) = step {
                 sqlx::query("UPDATE knowledge_ingest_item SET outcome = $1 WHERE id = $2")
@@ -274,6 +357,26 @@ impl Store {
             outcome
         });
         Ok(Some(outcome))
+    }
+
+    /// Whether document `doc_id` is held with content hash `hash` (then adding it again
+    /// writes nothing, and need not be embedded again).
+    pub async fn document_is(
+        &self,
+        collection_id: i64,
+        doc_id: &str,
+        hash: &str,
+    ) -> StoreResult<bool> {
+        let held: Option<String> = on_pool!(self, pool => {
+            sqlx::query_scalar(
+                "SELECT content_hash FROM knowledge_document WHERE collection_id = $1 AND doc_id = $2",
+            )
+            .bind(collection_id)
+            .bind(doc_id)
+            .fetch_optional(pool)
+            .await?
+        });
+        Ok(held.as_deref() == Some(hash))
     }
 
     /// Deletes a document and its chunks; `false` when there was none.
@@ -297,6 +400,7 @@ impl Store {
                         .bind(id)
                         .execute(&mut *tx)
                         .await?;
+                    bump_generation!(tx, collection_id);
                     true
                 }
             }
@@ -319,7 +423,7 @@ impl Store {
             Store::Sqlite(pool, _) => {
                 let query: Vec<String> = terms.iter().map(|t| format!("\"{t}\"")).collect();
                 sqlx::query_as::<_, Hit>(
-                    "SELECT d.doc_id, d.title, c.heading, d.source_url, c.text, \
+                    "SELECT c.id AS chunk_id, d.doc_id, d.title, c.heading, d.source_url, c.text, \
                      -bm25(knowledge_fts) AS score \
                      FROM knowledge_fts JOIN knowledge_chunk c ON c.id = knowledge_fts.rowid \
                      JOIN knowledge_document d ON d.id = c.document_id \
@@ -335,7 +439,7 @@ impl Store {
             Store::Postgres(pool) => {
                 let query: Vec<String> = terms.iter().map(|t| format!("'{t}'")).collect();
                 sqlx::query_as::<_, Hit>(
-                    "SELECT d.doc_id, d.title, c.heading, d.source_url, c.text, \
+                    "SELECT c.id AS chunk_id, d.doc_id, d.title, c.heading, d.source_url, c.text, \
                      ts_rank(c.tsv, q, 1)::float8 AS score \
                      FROM knowledge_chunk c JOIN knowledge_document d ON d.id = c.document_id, \
                      to_tsquery('simple', $1) q \

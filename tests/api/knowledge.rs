@@ -546,7 +546,7 @@ async fn the_cli_adds_a_folder_and_adding_it_again_changes_nothing() {
         .map(|d| d.doc_id)
         .collect();
     assert_eq!(ids, ["leave.txt", "policies/travel/flights.md", "报销.md"]);
-    let hits = assistd::knowledge::search(&store, &collection, "怎么申请报销", 1)
+    let hits = assistd::knowledge::search_words(&store, &collection, "怎么申请报销", 1)
         .await
         .unwrap();
     assert_eq!(hits[0].doc_id, "报销.md");

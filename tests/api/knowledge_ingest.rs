@@ -267,7 +267,10 @@ async fn a_stale_claim_writes_nothing() {
         .await
         .unwrap();
     store.migrate().await.unwrap();
-    store.create_collection("c", 1200, 200, 1).await.unwrap();
+    store
+        .create_collection("c", 1200, 200, None, 1)
+        .await
+        .unwrap();
     let collection = store.collection("c").await.unwrap().unwrap();
     let item = NewItem {
         doc_id: Some("a".into()),

@@ -184,22 +184,16 @@ fn on(hit: &assistd::store::knowledge::Hit, want: &str) -> bool {
 /// Adds `folder` to collection `name` and returns recall@5 over `questions`, printing it and
 /// each miss.
 async fn recall_at_5(
-    store: &assistd::store::Store,
-    config: &assistd::config::Config,
+    knowledge: &assistd::knowledge::Knowledge,
     name: &str,
     folder: &str,
     questions: &[(&str, &str)],
 ) -> f64 {
     let started = std::time::Instant::now();
-    let added = assistd::knowledge::add_files(
-        store,
-        &config.knowledge,
-        name,
-        &[PathBuf::from(folder)],
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let (store, config) = (&knowledge.store, &knowledge.config);
+    let added = assistd::knowledge::add_files(knowledge, name, &[PathBuf::from(folder)], |_| {})
+        .await
+        .unwrap();
     assert_eq!(added.failed, 0, "{added:?}");
     let summary = store.collection_summary(name).await.unwrap().unwrap();
     println!(
@@ -211,9 +205,11 @@ async fn recall_at_5(
     let collection = summary.collection;
     let mut found = 0;
     for (question, page) in questions {
-        let hits = assistd::knowledge::search(store, &collection, question, 5)
+        let hits = knowledge
+            .search(&collection, question, 5)
             .await
-            .unwrap();
+            .unwrap()
+            .hits;
         if hits.iter().any(|h| on(h, page)) {
             found += 1;
         } else {
@@ -226,13 +222,18 @@ async fn recall_at_5(
     }
     let recall = found as f64 / questions.len() as f64;
     println!(
-        "corpus={name} db={} questions={} recall_at_5={recall:.2} (lexical)",
+        "corpus={name} db={} questions={} recall_at_5={recall:.2} ({})",
         if config.database.url.starts_with("postgres") {
             "postgres"
         } else {
             "sqlite"
         },
-        questions.len()
+        questions.len(),
+        if collection.embedding_provider.is_some() {
+            "hybrid"
+        } else {
+            "lexical"
+        }
     );
     recall
 }
@@ -249,8 +250,11 @@ async fn recall_at_5_on_the_python_library_and_the_chinese_debian_reference() {
         .await
         .unwrap();
     store.migrate().await.unwrap();
-    let english = recall_at_5(&store, &config, "python", PYTHON_LIBRARY, ENGLISH).await;
-    let chinese = recall_at_5(&store, &config, "debian_zh", DEBIAN_REFERENCE, CHINESE).await;
+    let llm = std::sync::Arc::new(assistd::llm::ModelClients::new(&config.llm).unwrap());
+    let knowledge =
+        assistd::knowledge::Knowledge::new(store.clone(), std::sync::Arc::new(config), llm);
+    let english = recall_at_5(&knowledge, "python", PYTHON_LIBRARY, ENGLISH).await;
+    let chinese = recall_at_5(&knowledge, "debian_zh", DEBIAN_REFERENCE, CHINESE).await;
     assert!(english >= 0.6, "English recall@5 {english:.2}");
     assert!(chinese >= 0.6, "Chinese recall@5 {chinese:.2}");
     store.close().await;

@@ -168,8 +168,7 @@ impl<'a> Runner<'a> {
             ctx.agent.mcp_tools.clone()
         };
         let search = crate::engine::knowledge::search_tool(
-            svc.store.clone(),
-            svc.config.clone(),
+            svc.knowledge.clone(),
             ctx.agent.knowledge.clone(),
         );
         let tools = crate::tools::task_tools::TaskTools::new(svc.tools.clone(), &pinned)
