@@ -120,7 +120,7 @@ pub fn check(body: &Value) -> Result<Vec<String>, String> {
         ));
     }
     if let Some(d) = body.get("dimensions")
-        && !d.as_u64().is_some_and(|d| d > 0)
+        && d.as_u64().is_none_or(|d| d == 0)
     {
         return Err("dimensions must be a positive integer".into());
     }
