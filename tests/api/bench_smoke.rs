@@ -46,6 +46,7 @@ fn every_benchmark_scenario_runs_at_small_n() {
         "connections",
         "history",
         "provider-limit",
+        "knowledge",
     ] {
         assert!(
             stdout.contains(&format!("scenario={scenario} db={db}")),

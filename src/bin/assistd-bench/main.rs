@@ -3,7 +3,7 @@
 //! figures per scenario; asserts nothing about speed.
 //!
 //! ```text
-//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|connections|history|provider-limit|recovery|all> \
+//! cargo run --release --bin assistd-bench -- <ingest|end-to-end|in-flight|steps|context|feedback|mcp-steps|instances|connections|history|provider-limit|knowledge|recovery|all> \
 //!     [--db sqlite|postgres] [--n N] [--concurrency C] [--model-latency-ms MS] [--stream-ms MS]
 //! ```
 //! PostgreSQL runs create a fresh database from ASSISTD_BENCH_POSTGRES_URL (or
@@ -16,6 +16,7 @@ mod feedback;
 mod harness;
 mod history;
 mod instances;
+mod knowledge;
 mod mcp;
 mod scenarios;
 
@@ -53,6 +54,9 @@ pub(crate) enum Scenario {
     /// N tasks queued behind a provider limited to 64 calls at once: drain time against the
     /// ideal, and resident memory.
     ProviderLimit,
+    /// A knowledge base of N chunks added through the background ingest API, then searched:
+    /// chunks per second, search p50 and p99.
+    Knowledge,
     /// The child of `connections` (not a scenario of its own).
     #[value(hide = true)]
     ConnectionsChild,
@@ -117,6 +121,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::Connections => connections::connections(&args).await,
             Scenario::History => history::history(&args).await,
             Scenario::ProviderLimit => provider_limit(&args).await,
+            Scenario::Knowledge => knowledge::knowledge(&args).await,
             Scenario::ConnectionsChild => connections::child(&args).await,
             Scenario::All => {
                 ingest(&args).await?;
@@ -130,6 +135,7 @@ fn main() -> anyhow::Result<()> {
                 connections::connections(&args).await?;
                 history::history(&args).await?;
                 provider_limit(&args).await?;
+                knowledge::knowledge(&args).await?;
                 recovery(&args).await
             }
         }
