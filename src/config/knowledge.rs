@@ -23,6 +23,12 @@ pub struct KnowledgeConfig {
     pub min_score: f64,
     /// What an agent says when no passage answers the question (the model is not asked).
     pub unknown_answer: String,
+    /// A question's word held by more than this share of a collection's chunks is not
+    /// searched for (it ranks little and matches most of the collection).
+    pub common_term_share: f64,
+    /// A question's telling words are searched for, rarest first, only as long as together
+    /// they are held by at most this many chunks (the ranking's work).
+    pub max_ranked_chunks: usize,
     /// Chunks embedded per `/embeddings` call.
     pub embedding_batch: usize,
     /// Characters of a chunk (title, heading and text) given to the embedding model.

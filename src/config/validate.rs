@@ -28,6 +28,7 @@ impl Config {
             k.embedding_input_chars as u64,
         )?;
         positive("knowledge.fusion_candidates", k.fusion_candidates as u64)?;
+        positive("knowledge.max_ranked_chunks", k.max_ranked_chunks as u64)?;
         positive(
             "knowledge.ingest_max_documents",
             k.ingest_max_documents as u64,
@@ -42,6 +43,12 @@ impl Config {
             return Err(invalid(
                 "knowledge.fusion_k",
                 "must be a number of at least 0".to_string(),
+            ));
+        }
+        if !(k.common_term_share > 0.0 && k.common_term_share <= 1.0) {
+            return Err(invalid(
+                "knowledge.common_term_share",
+                "must be above 0 and at most 1".to_string(),
             ));
         }
         if !(-1.0..=1.0).contains(&k.min_similarity) {

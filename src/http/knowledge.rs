@@ -356,6 +356,11 @@ async fn search(
         "results": found.hits.iter().map(hit_json).collect::<Vec<_>>(),
         "ranking": found.ranking,
         "note": found.note,
+        "words": {
+            "searched": found.searched,
+            "left_out": found.left_out,
+            "all_required": found.all_required,
+        },
     })))
 }
 

@@ -82,6 +82,14 @@ impl Ingester {
 
     /// Ends the job and audits how it ended.
     async fn end(&self, claim: &IngestClaim, error: Option<&str>) -> anyhow::Result<()> {
+        // The collection's words are counted (PostgreSQL) before the job shows as done, so
+        // searches after it find the counts; once, after the last job queued for it.
+        let latest = self.store.latest_ingest(claim.collection_id).await?;
+        if latest.is_none_or(|j| j.id == claim.id)
+            && let Err(e) = self.knowledge.count_terms(claim.collection_id).await
+        {
+            tracing::warn!(ingest = claim.id, error = %e, "could not count the collection's words");
+        }
         let now = now_ms();
         if !self
             .store
@@ -108,6 +116,7 @@ impl Ingester {
             (None, None) => return Ok(()),
         };
         tracing::info!(ingest = claim.id, collection = %name, %summary, "knowledge ingest ended");
+
         let target = Some(AuditTarget::Knowledge(name));
         self.store
             .audit(None, target, event, &claim.actor, &summary, false, now)

@@ -21,6 +21,8 @@ pub struct Knowledge {
     pub config: Arc<Config>,
     pub llm: Arc<ModelClients>,
     vectors: Mutex<HashMap<i64, Arc<Vectors>>>,
+    /// When this instance last began counting a collection's words (PostgreSQL).
+    counted: Mutex<HashMap<i64, std::time::Instant>>,
 }
 
 /// A collection's vectors at one generation, each of unit length, one after another.
@@ -39,6 +41,11 @@ pub struct Found {
     pub ranking: &'static str,
     /// Why a hybrid collection was searched by words alone this time, if it was.
     pub note: Option<String>,
+    /// The question's words searched for, and those left out as too common.
+    pub searched: Vec<String>,
+    pub left_out: Vec<String>,
+    /// Every searched word was common, so a passage had to hold all of them (then fewer).
+    pub all_required: bool,
 }
 
 fn unit(mut v: Vec<f32>) -> Vec<f32> {
@@ -56,6 +63,7 @@ impl Knowledge {
             config,
             llm,
             vectors: Mutex::new(HashMap::new()),
+            counted: Mutex::new(HashMap::new()),
         }
     }
 
@@ -192,21 +200,42 @@ impl Knowledge {
     ) -> Result<Found, KnowledgeError> {
         let settings = &self.config.knowledge;
         let terms = super::terms::query_terms(question, 32);
+        let plan = self.search_plan(collection, terms.clone()).await?;
+        let searched: Vec<String> = plan.first().map(|(t, _)| t.clone()).unwrap_or_default();
+        let left_out: Vec<String> = terms
+            .into_iter()
+            .filter(|t| !searched.contains(t))
+            .collect();
+        let all_required = plan.first().is_some_and(|(_, all)| *all);
         let wanted = if collection.embedding_provider.is_some() {
             settings.fusion_candidates.max(k)
         } else {
             k
         };
-        let mut lexical = self
-            .store
-            .search_chunks(collection.id, &terms, wanted as i64)
-            .await?;
+        let mut lexical: Vec<Hit> = Vec::new();
+        for (terms, all) in plan {
+            if lexical.len() >= wanted {
+                break;
+            }
+            let more = self
+                .store
+                .search_chunks_with(collection.id, &terms, all, wanted as i64)
+                .await?;
+            for hit in more {
+                if lexical.len() < wanted && !lexical.iter().any(|h| h.chunk_id == hit.chunk_id) {
+                    lexical.push(hit);
+                }
+            }
+        }
         lexical.retain(|h| h.score > settings.min_score);
         if collection.embedding_provider.is_none() {
             return Ok(Found {
                 hits: lexical,
                 ranking: "lexical",
                 note: None,
+                searched,
+                left_out,
+                all_required,
             });
         }
         let asked = self.embed(collection, &[question.to_string()]).await;
@@ -220,6 +249,9 @@ impl Knowledge {
                     hits: lexical,
                     ranking: "lexical",
                     note: Some(e.to_string()),
+                    searched,
+                    left_out,
+                    all_required,
                 });
             }
         };
@@ -230,7 +262,90 @@ impl Knowledge {
             hits,
             ranking: "hybrid",
             note: None,
+            searched,
+            left_out,
+            all_required,
         })
+    }
+
+    /// How to search for `terms`, as a list of tries (each: words, and whether a passage
+    /// needs all of them), taken in turn until `k` passages are found. The words that tell
+    /// passages apart are those held by at most `knowledge.common_term_share` of the
+    /// chunks; of them the rarest first, as long as together they match at most
+    /// `knowledge.max_ranked_chunks` (a common word ranks little and matches most of the
+    /// collection, which then all has to be ranked). A question with no such word (each is
+    /// common, or even its rarest matches more than that) needs all of its words in a
+    /// passage, then its two rarest, then its rarest.
+    async fn search_plan(
+        &self,
+        collection: &Collection,
+        terms: Vec<String>,
+    ) -> Result<Vec<(Vec<String>, bool)>, KnowledgeError> {
+        if terms.len() < 2 {
+            return Ok(vec![(terms, false)]);
+        }
+        let counts = self.store.term_counts(collection.id, &terms).await?;
+        if counts
+            .generation
+            .is_some_and(|g| g != collection.generation)
+        {
+            self.count_terms_later(collection);
+        }
+        let settings = &self.config.knowledge;
+        // Without counts, or where ranking every chunk is within the budget: every word.
+        if counts.total <= settings.max_ranked_chunks as i64 {
+            return Ok(vec![(terms, false)]);
+        }
+        let held = |t: &String| counts.chunks.get(t).copied().unwrap_or(0);
+        let mut by_rarity = terms;
+        by_rarity.sort_by_key(held);
+        let common = |t: &String| held(t) as f64 > settings.common_term_share * counts.total as f64;
+        let mut telling = Vec::new();
+        let mut matched = 0;
+        for term in by_rarity.iter().filter(|t| !common(t)) {
+            if matched + held(term) > settings.max_ranked_chunks as i64 {
+                break;
+            }
+            matched += held(term);
+            telling.push(term.clone());
+        }
+        if !telling.is_empty() {
+            return Ok(vec![(telling, false)]);
+        }
+        let two: Vec<String> = by_rarity.iter().take(2).cloned().collect();
+        let one: Vec<String> = by_rarity.iter().take(1).cloned().collect();
+        Ok(vec![(by_rarity, true), (two, true), (one, false)])
+    }
+
+    /// PostgreSQL: counts the collection's words again in the background, at most once a
+    /// minute per collection in this instance (the counts only make searches faster).
+    fn count_terms_later(&self, collection: &Collection) {
+        {
+            let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            if counted
+                .get(&collection.id)
+                .is_some_and(|at| now.duration_since(*at) < Duration::from_secs(60))
+            {
+                return;
+            }
+            counted.insert(collection.id, now);
+        }
+        let (store, id, name) = (self.store.clone(), collection.id, collection.name.clone());
+        tokio::spawn(async move {
+            if let Err(e) = store.count_terms(id).await {
+                tracing::warn!(collection = %name, error = %e, "could not count the collection's words");
+            }
+        });
+    }
+
+    /// Counts the collection's words now (after an ingest job; PostgreSQL only).
+    pub async fn count_terms(&self, collection_id: i64) -> Result<(), KnowledgeError> {
+        self.counted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(collection_id, std::time::Instant::now());
+        Ok(self.store.count_terms(collection_id).await?)
     }
 
     /// Reciprocal rank fusion: each chunk scores Σ 1 / (fusion_k + rank) over the rankings

@@ -2,6 +2,8 @@
 //! each database's own full-text index (SQLite FTS5 with bm25, PostgreSQL tsvector with a
 //! GIN index). The words searched (`terms`) are made by `knowledge::terms`, not here.
 
+use std::collections::HashMap;
+
 use super::knowledge_ingest::{IngestStep, step_done};
 use super::{Store, StoreResult, on_pool, write_tx};
 
@@ -415,6 +417,18 @@ impl Store {
         terms: &[String],
         k: i64,
     ) -> StoreResult<Vec<Hit>> {
+        self.search_chunks_with(collection_id, terms, false, k)
+            .await
+    }
+
+    /// [`Store::search_chunks`]; with `all`, a chunk must hold every one of `terms`.
+    pub async fn search_chunks_with(
+        &self,
+        collection_id: i64,
+        terms: &[String],
+        all: bool,
+        k: i64,
+    ) -> StoreResult<Vec<Hit>> {
         if terms.is_empty() {
             return Ok(Vec::new());
         }
@@ -430,7 +444,7 @@ impl Store {
                      WHERE knowledge_fts MATCH $1 AND c.collection_id = $2 \
                      ORDER BY bm25(knowledge_fts) LIMIT $3",
                 )
-                .bind(query.join(" OR "))
+                .bind(query.join(if all { " AND " } else { " OR " }))
                 .bind(collection_id)
                 .bind(k)
                 .fetch_all(pool)
@@ -446,7 +460,7 @@ impl Store {
                      WHERE c.collection_id = $2 AND c.tsv @@ q \
                      ORDER BY score DESC, c.id LIMIT $3",
                 )
-                .bind(query.join(" | "))
+                .bind(query.join(if all { " & " } else { " | " }))
                 .bind(collection_id)
                 .bind(k)
                 .fetch_all(pool)
@@ -454,5 +468,123 @@ impl Store {
             }
         };
         Ok(hits)
+    }
+}
+
+/// How many chunks hold each of some words, out of how many.
+#[derive(Debug, Clone, Default)]
+pub struct TermCounts {
+    pub chunks: HashMap<String, i64>,
+    /// The chunks counted over (0: no counts yet).
+    pub total: i64,
+    /// PostgreSQL: the collection's generation the counts were made at (`None` on SQLite,
+    /// whose counts are always current).
+    pub generation: Option<i64>,
+}
+
+/// Words held by at least this share of a collection's chunks are kept by the PostgreSQL
+/// count (rarer ones are absent, and count as rare).
+const COUNTED_SHARE: f64 = 0.005;
+
+impl Store {
+    /// How many chunks hold each of `terms`: on SQLite from FTS5's vocabulary (over all
+    /// collections), on PostgreSQL from the collection's last count.
+    pub async fn term_counts(
+        &self,
+        collection_id: i64,
+        terms: &[String],
+    ) -> StoreResult<TermCounts> {
+        if terms.is_empty() {
+            return Ok(TermCounts::default());
+        }
+        let marks: Vec<String> = (1..=terms.len()).map(|n| format!("${n}")).collect();
+        let counts = match self {
+            Store::Sqlite(pool, _) => {
+                let sql = format!(
+                    "SELECT term, doc FROM knowledge_vocab WHERE term IN ({})",
+                    marks.join(", ")
+                );
+                let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
+                for t in terms {
+                    query = query.bind(t);
+                }
+                let rows = query.fetch_all(pool).await?;
+                let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM knowledge_chunk")
+                    .fetch_one(pool)
+                    .await?;
+                TermCounts {
+                    chunks: rows.into_iter().collect(),
+                    total,
+                    generation: None,
+                }
+            }
+            Store::Postgres(pool) => {
+                let (total, generation): (i64, i64) = sqlx::query_as(
+                    "SELECT stats_chunks, stats_generation FROM knowledge_collection WHERE id = $1",
+                )
+                .bind(collection_id)
+                .fetch_one(pool)
+                .await?;
+                let rows: Vec<(String, i64)> = sqlx::query_as(
+                    "SELECT term, chunks FROM knowledge_term_stats \
+                     WHERE collection_id = $1 AND term = ANY($2)",
+                )
+                .bind(collection_id)
+                .bind(terms)
+                .fetch_all(pool)
+                .await?;
+                TermCounts {
+                    chunks: rows.into_iter().collect(),
+                    total,
+                    generation: Some(generation),
+                }
+            }
+        };
+        Ok(counts)
+    }
+
+    /// PostgreSQL: counts the collection's common words again (ts_stat over its chunks) and
+    /// records the generation counted at; nothing to do on SQLite.
+    pub async fn count_terms(&self, collection_id: i64) -> StoreResult<()> {
+        let Store::Postgres(pool) = self else {
+            return Ok(());
+        };
+        let mut tx = pool.begin().await?;
+        let (generation, total): (i64, i64) = sqlx::query_as(
+            "SELECT c.generation, (SELECT COUNT(*) FROM knowledge_chunk k \
+             WHERE k.collection_id = c.id) FROM knowledge_collection c WHERE c.id = $1",
+        )
+        .bind(collection_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM knowledge_term_stats WHERE collection_id = $1")
+            .bind(collection_id)
+            .execute(&mut *tx)
+            .await?;
+        // ts_stat takes the query as text: the id is a number formatted here, not input.
+        let counted = format!(
+            "SELECT tsv FROM knowledge_chunk WHERE collection_id = {}",
+            collection_id
+        );
+        sqlx::query(
+            "INSERT INTO knowledge_term_stats (collection_id, term, chunks) \
+             SELECT $1, word, ndoc FROM ts_stat($2) WHERE ndoc >= $3",
+        )
+        .bind(collection_id)
+        .bind(counted)
+        .bind(((total as f64) * COUNTED_SHARE).ceil().max(2.0) as i64)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE knowledge_collection SET stats_generation = $1, stats_chunks = $2 \
+             WHERE id = $3",
+        )
+        .bind(generation)
+        .bind(total)
+        .bind(collection_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
     }
 }

@@ -21,6 +21,7 @@ mod knowledge;
 mod knowledge_hybrid;
 mod knowledge_ingest;
 mod knowledge_recall;
+mod knowledge_search;
 mod knowledge_workflow;
 mod lifecycle;
 mod mcp;

@@ -40,7 +40,9 @@ impl Words {
         let mut seen = std::collections::HashSet::new();
         while words.len() < VOCABULARY {
             let word = if words.len() % 10 == 9 {
-                (0..2 + rng.usize(0..2)).map(|_| han[rng.usize(0..han.len())]).collect()
+                (0..2 + rng.usize(0..2))
+                    .map(|_| han[rng.usize(0..han.len())])
+                    .collect()
             } else {
                 (0..2 + rng.usize(0..3))
                     .map(|_| syllables[rng.usize(0..syllables.len())])
@@ -111,7 +113,13 @@ pub(crate) async fn knowledge(args: &Args) -> anyhow::Result<()> {
     let server = start_server(config).await?;
     let base = format!("http://{}/api/admin/knowledge", server.addr);
     let http = reqwest::Client::new();
-    call(&http, reqwest::Method::POST, &base, Some(json!({"name": "bench"}))).await?;
+    call(
+        &http,
+        reqwest::Method::POST,
+        &base,
+        Some(json!({"name": "bench"})),
+    )
+    .await?;
     let mut words = Words::new(34);
     let documents = args.n.div_ceil(PARAGRAPHS).max(1);
     let started = Instant::now();
@@ -136,7 +144,8 @@ pub(crate) async fn knowledge(args: &Args) -> anyhow::Result<()> {
     }
     let chunks = loop {
         let shown = call(&http, reqwest::Method::GET, &format!("{base}/bench"), None).await?;
-        if shown["ingest"]["state"] == "idle" && shown["ingest"]["last"]["id"] == json!(jobs.last()) {
+        if shown["ingest"]["state"] == "idle" && shown["ingest"]["last"]["id"] == json!(jobs.last())
+        {
             anyhow::ensure!(
                 shown["document_count"] == json!(documents),
                 "{} of {documents} documents in",
@@ -148,6 +157,8 @@ pub(crate) async fn knowledge(args: &Args) -> anyhow::Result<()> {
     };
     let ingest = started.elapsed();
     let mut times = Vec::with_capacity(QUESTIONS);
+    // Questions with a word that tells passages apart, and those of common words only.
+    let (mut telling, mut common) = (Vec::new(), Vec::new());
     let mut found = 0;
     for _ in 0..QUESTIONS {
         let n = 3 + words.rng.usize(0..4);
@@ -157,19 +168,34 @@ pub(crate) async fn knowledge(args: &Args) -> anyhow::Result<()> {
         let asked = Instant::now();
         let body = call(&http, reqwest::Method::GET, &url, None).await?;
         times.push(asked.elapsed());
+        if body["words"]["all_required"] == true {
+            common.push(asked.elapsed());
+        } else {
+            telling.push(asked.elapsed());
+        }
         found += usize::from(body["results"].as_array().is_some_and(|r| !r.is_empty()));
     }
     times.sort();
+    telling.sort();
+    common.sort();
     println!(
         "scenario=knowledge db={} chunks={chunks} documents={documents} ingest_s={:.1} \
          ingest_chunks_per_s={:.0} questions={QUESTIONS} answered={found} search_p50={:.1}ms \
-         search_p99={:.1}ms search_max={:.1}ms ranking=lexical",
+         search_p99={:.1}ms search_max={:.1}ms ranking=lexical telling_questions={} \
+         telling_p50={:.1}ms telling_p99={:.1}ms common_only_questions={} common_only_p50={:.1}ms \
+         common_only_p99={:.1}ms",
         db_name(args.db),
         ingest.as_secs_f64(),
         chunks as f64 / ingest.as_secs_f64().max(1e-9),
         percentile(&times, 0.50),
         percentile(&times, 0.99),
         times.last().map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+        telling.len(),
+        percentile(&telling, 0.50),
+        percentile(&telling, 0.99),
+        common.len(),
+        percentile(&common, 0.50),
+        percentile(&common, 0.99),
     );
     server.stop().await;
     mocks.stop.cancel();
