@@ -180,11 +180,21 @@ impl Ingester {
         let now = now_ms();
         let prepared = match prepared {
             Ok(mut ready) => {
-                let embedded = self
-                    .knowledge
-                    .embed_chunks(collection, &ready.title, &mut ready.chunks)
-                    .await;
-                embedded.map(|()| ready)
+                // An unchanged document is not embedded again (its put writes nothing).
+                let no_embedding = collection.embedding_provider.is_none()
+                    || self
+                        .store
+                        .document_is(collection.id, &ready.id, &ready.hash)
+                        .await?;
+                if no_embedding {
+                    Ok(ready)
+                } else {
+                    let embedded = self
+                        .knowledge
+                        .embed_chunks(collection, &ready.title, &mut ready.chunks)
+                        .await;
+                    embedded.map(|()| ready)
+                }
             }
             Err(e) => Err(e),
         };

@@ -93,9 +93,37 @@ async fn meaning_finds_what_words_miss_and_the_agent_cites_it() {
         3,
         "one /embeddings call per hybrid document"
     );
-    // Adding the same documents again embeds nothing.
+    // Adding the same documents again embeds nothing, one by one or as a job.
     put_all(&app, "handbook").await;
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let batch: Vec<Value> = [("expenses", EXPENSES), ("leave", LEAVE), ("laptop", LAPTOP)]
+        .iter()
+        .map(|(id, text)| json!({"id": id, "content_type": "text/markdown", "text": text}))
+        .collect();
+    let (status, job) = app
+        .admin_call(
+            Method::POST,
+            "/api/admin/knowledge/handbook/ingest",
+            Some(json!({ "documents": batch })),
+        )
+        .await;
+    assert_eq!(status, 202, "{job}");
+    let path = format!("/api/admin/knowledge/handbook/ingest/{}", job["id"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, job) = app.admin_call(Method::GET, &path, None).await;
+        if job["state"] == "done" {
+            assert_eq!(job["done"], 3, "{job}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{job}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "the job embedded nothing again"
+    );
 
     let words = search(&app, "plain", QUESTION).await;
     assert_eq!(words["ranking"], "lexical");

@@ -34,7 +34,7 @@ runpy.run_module('llama_cpp.server', run_name='__main__')
 ";
 
 /// A running `python3 -m llama_cpp.server`, stopped on drop.
-struct LlamaServer {
+pub(crate) struct LlamaServer {
     child: Child,
     port: u16,
 }
@@ -107,7 +107,11 @@ impl LlamaServer {
     /// [`Self::start`]; with `embedding`, the server also answers `/v1/embeddings`, mean-pooled
     /// (llama-cpp-python's server has no switch for the pooling, and a chat model's own
     /// default is per-token vectors, which no OpenAI client reads: a small wrapper sets it).
-    async fn start_with(chat_format: &str, n_ctx: u32, embedding: bool) -> Option<LlamaServer> {
+    pub(crate) async fn start_with(
+        chat_format: &str,
+        n_ctx: u32,
+        embedding: bool,
+    ) -> Option<LlamaServer> {
         let mode = std::env::var("ASSISTD_TEST_LLAMA").unwrap_or_default();
         if mode == "skip" {
             eprintln!("skipping the real-model test: ASSISTD_TEST_LLAMA=skip");
@@ -125,7 +129,14 @@ impl LlamaServer {
         let port = free_port();
         let mut command = Command::new(python());
         if embedding {
-            command.args(["-c", MEAN_POOLED_SERVER, "--embedding", "true"]);
+            command.args([
+                "-c",
+                MEAN_POOLED_SERVER,
+                "--embedding",
+                "true",
+                "--n_threads",
+                "2",
+            ]);
         } else {
             command.args(["-m", "llama_cpp.server"]);
         }
@@ -159,7 +170,7 @@ impl LlamaServer {
         }
     }
 
-    fn base_url(&self) -> String {
+    pub(crate) fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.port)
     }
 }
