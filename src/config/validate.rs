@@ -30,6 +30,10 @@ impl Config {
         positive("knowledge.fusion_candidates", k.fusion_candidates as u64)?;
         positive("knowledge.max_ranked_chunks", k.max_ranked_chunks as u64)?;
         positive(
+            "knowledge.common_only_candidates",
+            k.common_only_candidates as u64,
+        )?;
+        positive(
             "knowledge.ingest_max_documents",
             k.ingest_max_documents as u64,
         )?;

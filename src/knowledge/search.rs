@@ -217,9 +217,12 @@ impl Knowledge {
             if lexical.len() >= wanted {
                 break;
             }
+            // A passage must hold all of several common words: the first
+            // `common_only_candidates` that do are ranked, not every one.
+            let candidates = all.then_some(settings.common_only_candidates as i64);
             let more = self
                 .store
-                .search_chunks_with(collection.id, &terms, all, wanted as i64)
+                .search_chunks_with(collection.id, &terms, all, candidates, wanted as i64)
                 .await?;
             for hit in more {
                 if lexical.len() < wanted && !lexical.iter().any(|h| h.chunk_id == hit.chunk_id) {
@@ -275,7 +278,8 @@ impl Knowledge {
     /// `knowledge.max_ranked_chunks` (a common word ranks little and matches most of the
     /// collection, which then all has to be ranked). A question with no such word (each is
     /// common, or even its rarest matches more than that) needs all of its words in a
-    /// passage, then its two rarest, then its rarest.
+    /// passage, then its two rarest, then its rarest (each time the best of the first
+    /// `knowledge.common_only_candidates` passages, by id, that hold them).
     async fn search_plan(
         &self,
         collection: &Collection,
@@ -314,7 +318,7 @@ impl Knowledge {
         }
         let two: Vec<String> = by_rarity.iter().take(2).cloned().collect();
         let one: Vec<String> = by_rarity.iter().take(1).cloned().collect();
-        Ok(vec![(by_rarity, true), (two, true), (one, false)])
+        Ok(vec![(by_rarity, true), (two, true), (one, true)])
     }
 
     /// PostgreSQL: counts the collection's words again in the background, at most once a

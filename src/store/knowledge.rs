@@ -417,16 +417,18 @@ impl Store {
         terms: &[String],
         k: i64,
     ) -> StoreResult<Vec<Hit>> {
-        self.search_chunks_with(collection_id, terms, false, k)
+        self.search_chunks_with(collection_id, terms, false, None, k)
             .await
     }
 
-    /// [`Store::search_chunks`]; with `all`, a chunk must hold every one of `terms`.
+    /// [`Store::search_chunks`]; with `all`, a chunk must hold every one of `terms`, and
+    /// only the first `candidates` chunks (by id) that do are ranked, when given.
     pub async fn search_chunks_with(
         &self,
         collection_id: i64,
         terms: &[String],
         all: bool,
+        candidates: Option<i64>,
         k: i64,
     ) -> StoreResult<Vec<Hit>> {
         if terms.is_empty() {
@@ -436,33 +438,68 @@ impl Store {
         let hits = match self {
             Store::Sqlite(pool, _) => {
                 let query: Vec<String> = terms.iter().map(|t| format!("\"{t}\"")).collect();
+                let query = query.join(if all { " AND " } else { " OR " });
+                let bound = match candidates {
+                    // FTS5 walks its matches in rowid order and stops at the bound.
+                    Some(n) => sqlx::query_scalar::<_, i64>(
+                        "SELECT f.rowid FROM knowledge_fts f \
+                         JOIN knowledge_chunk c ON c.id = f.rowid \
+                         WHERE knowledge_fts MATCH $1 AND c.collection_id = $2 \
+                         ORDER BY f.rowid LIMIT 1 OFFSET $3",
+                    )
+                    .bind(&query)
+                    .bind(collection_id)
+                    .bind(n.max(1) - 1)
+                    .fetch_optional(pool)
+                    .await?
+                    .unwrap_or(i64::MAX),
+                    None => i64::MAX,
+                };
                 sqlx::query_as::<_, Hit>(
                     "SELECT c.id AS chunk_id, d.doc_id, d.title, c.heading, d.source_url, c.text, \
                      -bm25(knowledge_fts) AS score \
                      FROM knowledge_fts JOIN knowledge_chunk c ON c.id = knowledge_fts.rowid \
                      JOIN knowledge_document d ON d.id = c.document_id \
                      WHERE knowledge_fts MATCH $1 AND c.collection_id = $2 \
+                     AND knowledge_fts.rowid <= $4 \
                      ORDER BY bm25(knowledge_fts) LIMIT $3",
                 )
-                .bind(query.join(if all { " AND " } else { " OR " }))
+                .bind(&query)
                 .bind(collection_id)
                 .bind(k)
+                .bind(bound)
                 .fetch_all(pool)
                 .await?
             }
             Store::Postgres(pool) => {
                 let query: Vec<String> = terms.iter().map(|t| format!("'{t}'")).collect();
+                let query = query.join(if all { " & " } else { " | " });
+                let bound = match candidates {
+                    Some(n) => sqlx::query_scalar::<_, i64>(
+                        "SELECT id FROM knowledge_chunk \
+                         WHERE collection_id = $1 AND tsv @@ to_tsquery('simple', $2) \
+                         ORDER BY id LIMIT 1 OFFSET $3",
+                    )
+                    .bind(collection_id)
+                    .bind(&query)
+                    .bind(n.max(1) - 1)
+                    .fetch_optional(pool)
+                    .await?
+                    .unwrap_or(i64::MAX),
+                    None => i64::MAX,
+                };
                 sqlx::query_as::<_, Hit>(
                     "SELECT c.id AS chunk_id, d.doc_id, d.title, c.heading, d.source_url, c.text, \
                      ts_rank(c.tsv, q, 1)::float8 AS score \
                      FROM knowledge_chunk c JOIN knowledge_document d ON d.id = c.document_id, \
                      to_tsquery('simple', $1) q \
-                     WHERE c.collection_id = $2 AND c.tsv @@ q \
+                     WHERE c.collection_id = $2 AND c.tsv @@ q AND c.id <= $4 \
                      ORDER BY score DESC, c.id LIMIT $3",
                 )
-                .bind(query.join(if all { " & " } else { " | " }))
+                .bind(&query)
                 .bind(collection_id)
                 .bind(k)
+                .bind(bound)
                 .fetch_all(pool)
                 .await?
             }
