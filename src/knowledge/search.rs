@@ -231,44 +231,39 @@ impl Knowledge {
             }
         }
         lexical.retain(|h| h.score > settings.min_score);
-        if collection.embedding_provider.is_none() {
-            return Ok(Found {
-                hits: lexical,
-                ranking: "lexical",
-                note: None,
-                searched,
-                left_out,
-                all_required,
-            });
-        }
-        let asked = self.embed(collection, &[question.to_string()]).await;
-        let query = match asked {
-            Ok(mut v) if !v.is_empty() => v.remove(0),
-            Ok(_) => unreachable!("one embedding per input"),
-            Err(e) => {
-                tracing::warn!(collection = %collection.name, error = %e, "searching by words alone: the question could not be embedded");
-                lexical.truncate(k);
-                return Ok(Found {
-                    hits: lexical,
-                    ranking: "lexical",
-                    note: Some(e.to_string()),
-                    searched,
-                    left_out,
-                    all_required,
-                });
-            }
-        };
-        let vectors = self.vectors(collection).await?;
-        let dense = nearest(&vectors, &query, wanted, settings.min_similarity);
-        let hits = self.fuse(lexical, &dense, settings.fusion_k, k).await?;
-        Ok(Found {
-            hits,
-            ranking: "hybrid",
+        let mut found = Found {
+            hits: Vec::new(),
+            ranking: "lexical",
             note: None,
             searched,
             left_out,
             all_required,
-        })
+        };
+        if collection.embedding_provider.is_none() {
+            found.hits = lexical;
+            return Ok(found);
+        }
+        let asked = self.embed(collection, &[question.to_string()]).await;
+        let query = match asked.map(|v| v.into_iter().next()) {
+            Ok(Some(query)) => query,
+            failed => {
+                // `embed` answers one vector per input: no vector is a failure too.
+                let why = match failed {
+                    Err(e) => e.to_string(),
+                    _ => "the provider answered no vector".to_string(),
+                };
+                tracing::warn!(collection = %collection.name, error = %why, "searching by words alone: the question could not be embedded");
+                lexical.truncate(k);
+                found.hits = lexical;
+                found.note = Some(why);
+                return Ok(found);
+            }
+        };
+        let vectors = self.vectors(collection).await?;
+        let dense = nearest(&vectors, &query, wanted, settings.min_similarity);
+        found.hits = self.fuse(lexical, &dense, settings.fusion_k, k).await?;
+        found.ranking = "hybrid";
+        Ok(found)
     }
 
     /// How to search for `terms`, as a list of tries (each: words, and whether a passage
