@@ -29,8 +29,8 @@ pub struct KnowledgeConfig {
     /// A question's telling words are searched for, rarest first, only as long as together
     /// they are held by at most this many chunks (the ranking's work).
     pub max_ranked_chunks: usize,
-    /// A question of common words only: the first this many chunks (by id) holding them are
-    /// ranked.
+    /// A question of common words only: the first this many chunks holding them are ranked
+    /// (by id on SQLite, in storage order on PostgreSQL).
     pub common_only_candidates: usize,
     /// Chunks embedded per `/embeddings` call.
     pub embedding_batch: usize,

@@ -274,7 +274,8 @@ impl Knowledge {
     /// collection, which then all has to be ranked). A question with no such word (each is
     /// common, or even its rarest matches more than that) needs all of its words in a
     /// passage, then its two rarest, then its rarest (each time the best of the first
-    /// `knowledge.common_only_candidates` passages, by id, that hold them).
+    /// `knowledge.common_only_candidates` passages that hold them: by id on SQLite, in storage
+    /// order on PostgreSQL).
     async fn search_plan(
         &self,
         collection: &Collection,

@@ -422,7 +422,8 @@ impl Store {
     }
 
     /// [`Store::search_chunks`]; with `all`, a chunk must hold every one of `terms`, and
-    /// only the first `candidates` chunks (by id) that do are ranked, when given.
+    /// only the first `candidates` chunks that do are ranked, when given (SQLite: by id;
+    /// PostgreSQL: as its index finds them, in storage order).
     pub async fn search_chunks_with(
         &self,
         collection_id: i64,
@@ -474,34 +475,30 @@ impl Store {
             Store::Postgres(pool) => {
                 let query: Vec<String> = terms.iter().map(|t| format!("'{t}'")).collect();
                 let query = query.join(if all { " & " } else { " | " });
-                let bound = match candidates {
-                    Some(n) => sqlx::query_scalar::<_, i64>(
-                        "SELECT id FROM knowledge_chunk \
-                         WHERE collection_id = $1 AND tsv @@ to_tsquery('simple', $2) \
-                         ORDER BY id LIMIT 1 OFFSET $3",
-                    )
-                    .bind(collection_id)
+                // The chunks to rank: every match, or the first `candidates` the index
+                // yields, in storage order (no order asked, so the heap is read only that
+                // far; ordering by id would read every match first).
+                let limit = if candidates.is_some() { "LIMIT $4" } else { "" };
+                // Ranked on the narrow rows; texts and documents read for the best `k` only.
+                let sql = format!(
+                    "WITH q AS (SELECT to_tsquery('simple', $1) AS q), \
+                     matched AS MATERIALIZED (SELECT id, tsv FROM knowledge_chunk, q \
+                     WHERE collection_id = $2 AND tsv @@ q.q {limit}), \
+                     best AS (SELECT id, ts_rank(tsv, q.q, 1)::float8 AS score FROM matched, q \
+                     ORDER BY score DESC, id LIMIT $3) \
+                     SELECT c.id AS chunk_id, d.doc_id, d.title, c.heading, d.source_url, c.text, \
+                     best.score FROM best JOIN knowledge_chunk c ON c.id = best.id \
+                     JOIN knowledge_document d ON d.id = c.document_id \
+                     ORDER BY best.score DESC, c.id"
+                );
+                let mut ranked = sqlx::query_as::<_, Hit>(&sql)
                     .bind(&query)
-                    .bind(n.max(1) - 1)
-                    .fetch_optional(pool)
-                    .await?
-                    .unwrap_or(i64::MAX),
-                    None => i64::MAX,
-                };
-                sqlx::query_as::<_, Hit>(
-                    "SELECT c.id AS chunk_id, d.doc_id, d.title, c.heading, d.source_url, c.text, \
-                     ts_rank(c.tsv, q, 1)::float8 AS score \
-                     FROM knowledge_chunk c JOIN knowledge_document d ON d.id = c.document_id, \
-                     to_tsquery('simple', $1) q \
-                     WHERE c.collection_id = $2 AND c.tsv @@ q AND c.id <= $4 \
-                     ORDER BY score DESC, c.id LIMIT $3",
-                )
-                .bind(&query)
-                .bind(collection_id)
-                .bind(k)
-                .bind(bound)
-                .fetch_all(pool)
-                .await?
+                    .bind(collection_id)
+                    .bind(k);
+                if let Some(n) = candidates {
+                    ranked = ranked.bind(n);
+                }
+                ranked.fetch_all(pool).await?
             }
         };
         Ok(hits)

@@ -78,8 +78,9 @@ async fn common_words_are_left_out_and_a_question_of_common_words_needs_them_all
         json!(["laptop", "desk"]),
         "{found}"
     );
-    // Common words only: a passage needs them all, and only the first three chunks (by id)
-    // that hold them are ranked.
+    // Common words only: a passage needs them all, and only the first three chunks that hold
+    // them are ranked (by id on SQLite, in storage order on PostgreSQL: the same here, each
+    // document written once).
     let found = search(&app, "company policy").await;
     assert_eq!(found["words"]["all_required"], true, "{found}");
     let ids: Vec<&str> = found["results"]
