@@ -56,8 +56,10 @@ const PROBES: &[(&str, Probe, &str)] = &[
         Probe::Files(&[
             "/usr/share/doc/python3.11/html/library/argparse.html",
             "/usr/share/debian-reference/ch02.zh-cn.html",
+            "/usr/share/doc/debian-refcard/refcard-zh_CN-a4.pdf.gz",
         ]),
-        "the corpora from Debian: apt-get install python3.11-doc debian-reference-zh-cn",
+        "the corpora from Debian: apt-get install python3.11-doc debian-reference-zh-cn \
+         debian-refcard",
     ),
     (
         "assistd_has_chromium",

@@ -54,6 +54,10 @@ pub struct KnowledgeConfig {
     /// Claims of one job without progress before it is failed (a document that crashes the
     /// process each time ends here).
     pub ingest_max_claims: i64,
+    /// How long reading one PDF's text may take, in milliseconds.
+    pub pdf_timeout_ms: u64,
+    /// The most pages of a PDF that is read.
+    pub pdf_max_pages: usize,
     /// Collections created at start-up when missing.
     #[serde(default)]
     pub collections: BTreeMap<String, CollectionConfig>,

@@ -39,6 +39,8 @@ impl Config {
         )?;
         positive("knowledge.ingest_max_bytes", k.ingest_max_bytes as u64)?;
         positive("knowledge.ingest_lease_secs", k.ingest_lease_secs)?;
+        positive("knowledge.pdf_timeout_ms", k.pdf_timeout_ms)?;
+        positive("knowledge.pdf_max_pages", k.pdf_max_pages as u64)?;
         positive(
             "knowledge.ingest_max_claims",
             k.ingest_max_claims.max(0) as u64,

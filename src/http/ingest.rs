@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::knowledge::{audit, collection, ingest_json};
 use super::tasks::AdminAuth;
 use crate::domain::AuditEvent;
-use crate::knowledge::{ContentType, Document, KnowledgeError};
+use crate::knowledge::{Body, ContentType, Document, KnowledgeError};
 use crate::store::knowledge_ingest::NewItem;
 
 pub fn router(max_bytes: usize) -> Router<Arc<ApiContext>> {
@@ -40,18 +40,29 @@ struct Item {
     source_url: Option<String>,
     content_type: Option<String>,
     text: Option<String>,
+    content_base64: Option<String>,
 }
 
 /// Checks each document as the worker will (so a batch with a bad one is refused whole).
+/// A PDF is checked for its header and size here and read by the worker, which keeps it
+/// in base64 meanwhile (a PDF that cannot be read fails alone in the job).
 fn checked(svc: &ApiContext, n: usize, item: Item) -> Result<NewItem, ApiError> {
     let at = |e: KnowledgeError| match ApiError::from(e) {
         ApiError::BadRequest(m) => ApiError::BadRequest(format!("documents[{n}]: {m}")),
         other => other,
     };
-    let text = item
-        .text
-        .ok_or_else(|| ApiError::BadRequest(format!("documents[{n}]: `text` is required")))?;
+    let config = &svc.config.knowledge;
     let content_type = ContentType::parse(item.content_type.as_deref()).map_err(at)?;
+    let body = Body::of(content_type, item.text, item.content_base64.as_deref()).map_err(at)?;
+    let text = match body {
+        Body::Text(text) => text,
+        Body::Bytes(bytes) if content_type.is_binary() => {
+            crate::knowledge::pdf::check(&bytes, config.max_document_bytes).map_err(at)?;
+            item.content_base64.unwrap_or_default()
+        }
+        Body::Bytes(bytes) => String::from_utf8(bytes)
+            .map_err(|_| at(KnowledgeError::Invalid("the file is not UTF-8 text".into())))?,
+    };
     let doc = Document {
         id: item.id.as_deref(),
         title: item.title.as_deref(),
@@ -59,7 +70,11 @@ fn checked(svc: &ApiContext, n: usize, item: Item) -> Result<NewItem, ApiError> 
         content_type,
         text: &text,
     };
-    crate::knowledge::check(&doc, &svc.config.knowledge).map_err(at)?;
+    if content_type.is_binary() {
+        crate::knowledge::check_fields(&doc).map_err(at)?;
+    } else {
+        crate::knowledge::check(&doc, config).map_err(at)?;
+    }
     Ok(NewItem {
         doc_id: item.id,
         title: item.title,

@@ -14,7 +14,7 @@ use super::context::ApiContext;
 use super::error::ApiError;
 use super::tasks::AdminAuth;
 use crate::domain::{AuditEvent, AuditTarget};
-use crate::knowledge::{ContentType, Document, KnowledgeError};
+use crate::knowledge::{Body, ContentType, Document, KnowledgeError};
 use crate::store::knowledge::{Collection, CollectionRow};
 
 pub fn router(max_document_bytes: usize) -> Router<Arc<ApiContext>> {
@@ -179,7 +179,7 @@ async fn show(
     Ok(Json(out))
 }
 
-/// A document as JSON, or as multipart form fields (the text as a `file` part).
+/// A document as JSON, or as multipart form fields (the body as a `file` part).
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewDocument {
@@ -188,6 +188,11 @@ struct NewDocument {
     source_url: Option<String>,
     content_type: Option<String>,
     text: Option<String>,
+    /// The file's bytes in base64 (a PDF; any format may come so).
+    content_base64: Option<String>,
+    /// A multipart `file` part's bytes.
+    #[serde(skip)]
+    file: Option<Vec<u8>>,
 }
 
 async fn from_multipart(mut form: Multipart) -> Result<NewDocument, ApiError> {
@@ -209,10 +214,7 @@ async fn from_multipart(mut form: Multipart) -> Result<NewDocument, ApiError> {
             if doc.title.is_none() && doc.id.is_none() {
                 doc.id = field.file_name().map(str::to_string);
             }
-            let bytes = field.bytes().await.map_err(bad)?;
-            let text = String::from_utf8(bytes.to_vec())
-                .map_err(|_| ApiError::BadRequest("the file is not UTF-8 text".into()))?;
-            doc.text = Some(text);
+            doc.file = Some(field.bytes().await.map_err(bad)?.to_vec());
             continue;
         }
         let value = field.text().await.map_err(bad)?;
@@ -233,8 +235,9 @@ async fn from_multipart(mut form: Multipart) -> Result<NewDocument, ApiError> {
     Ok(doc)
 }
 
-/// Adds (or replaces) one document: JSON `{"text", "id"?, "title"?, "source_url"?,
-/// "content_type"?}` or multipart with a `file` part and the same optional fields.
+/// Adds (or replaces) one document: JSON `{"text" | "content_base64", "id"?, "title"?,
+/// "source_url"?, "content_type"?}` or multipart with a `file` part and the same optional
+/// fields.
 async fn add(
     _auth: AdminAuth,
     State(svc): State<Arc<ApiContext>>,
@@ -259,16 +262,28 @@ async fn add(
                 .map_err(|e| ApiError::BadRequest(e.body_text()))?;
         doc
     };
-    let text = doc
-        .text
-        .as_deref()
-        .ok_or_else(|| ApiError::BadRequest("`text` (or a `file` part) is required".into()))?;
+    let content_type = ContentType::parse(doc.content_type.as_deref())?;
+    let body = match doc.file {
+        Some(_) if doc.text.is_some() || doc.content_base64.is_some() => {
+            return Err(ApiError::BadRequest(
+                "give a `file` part or `text`, not both".into(),
+            ));
+        }
+        Some(bytes) => Body::Bytes(bytes),
+        None => Body::of(content_type, doc.text, doc.content_base64.as_deref())?,
+    };
+    let read = match body {
+        Body::Text(text) => crate::knowledge::pdf::Read { text, title: None },
+        Body::Bytes(bytes) => {
+            crate::knowledge::text_of_bytes(content_type, bytes, &svc.config.knowledge).await?
+        }
+    };
     let document = Document {
         id: doc.id.as_deref(),
-        title: doc.title.as_deref(),
+        title: doc.title.as_deref().or(read.title.as_deref()),
         source_url: doc.source_url.as_deref(),
-        content_type: ContentType::parse(doc.content_type.as_deref())?,
-        text,
+        content_type,
+        text: &read.text,
     };
     let done =
         crate::knowledge::ingest(&svc.knowledge, &row, document, crate::domain::now_ms()).await?;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::pdf::Read;
 use super::{ContentType, Document, KnowledgeError};
 use crate::config::Config;
 use crate::domain::{AuditEvent, AuditTarget, now_ms};
@@ -157,15 +158,32 @@ impl Ingester {
         let on = collection.clone();
         let item_id = item.id;
         let position = item.position;
+        let text = item.text;
+        let read = match ContentType::parse(Some(&item.content_type)) {
+            // A PDF waits in base64 (`http/ingest.rs`) and is read here.
+            Ok(content_type) if content_type.is_binary() => {
+                match super::Body::of(content_type, None, Some(&text)) {
+                    Ok(super::Body::Bytes(bytes)) => {
+                        super::text_of_bytes(content_type, bytes, &config.knowledge)
+                            .await
+                            .map(|read| (content_type, read))
+                    }
+                    Ok(super::Body::Text(text)) => Ok((content_type, Read { text, title: None })),
+                    Err(e) => Err(e),
+                }
+            }
+            Ok(content_type) => Ok((content_type, Read { text, title: None })),
+            Err(e) => Err(e),
+        };
         // Chunking and word cutting are CPU work: off the runtime's threads.
         let prepared = tokio::task::spawn_blocking(move || {
-            let content_type = ContentType::parse(Some(&item.content_type))?;
+            let (content_type, read) = read?;
             let doc = Document {
                 id: item.doc_id.as_deref(),
-                title: item.title.as_deref(),
+                title: item.title.as_deref().or(read.title.as_deref()),
                 source_url: item.source_url.as_deref(),
                 content_type,
-                text: &item.text,
+                text: &read.text,
             };
             super::prepare(&config.knowledge, &on, doc)
         })

@@ -6,6 +6,7 @@
 pub mod chunk;
 mod error;
 pub mod ingest;
+pub mod pdf;
 pub mod search;
 pub mod terms;
 
@@ -26,10 +27,13 @@ pub enum ContentType {
     Text,
     Markdown,
     Html,
+    /// Sent as the file's bytes; a [`Document`]'s text is what [`pdf::text_of`] extracted.
+    Pdf,
 }
 
 impl ContentType {
-    /// `text/plain` (the default), `text/markdown` or `text/html`, parameters ignored.
+    /// `text/plain` (the default), `text/markdown`, `text/html` or `application/pdf`,
+    /// parameters ignored.
     pub fn parse(given: Option<&str>) -> Result<ContentType, KnowledgeError> {
         let Some(given) = given else {
             return Ok(ContentType::Text);
@@ -44,13 +48,15 @@ impl ContentType {
             "" | "text/plain" => Ok(ContentType::Text),
             "text/markdown" | "text/x-markdown" => Ok(ContentType::Markdown),
             "text/html" => Ok(ContentType::Html),
+            "application/pdf" => Ok(ContentType::Pdf),
             other => Err(KnowledgeError::Invalid(format!(
-                "content_type `{other}` is not taken; use text/plain, text/markdown or text/html"
+                "content_type `{other}` is not taken; use text/plain, text/markdown, text/html \
+                 or application/pdf"
             ))),
         }
     }
 
-    /// The format a file's name says (`.md`, `.html`; anything else is plain text).
+    /// The format a file's name says (`.md`, `.html`, `.pdf`; anything else is plain text).
     pub fn of_path(path: &std::path::Path) -> ContentType {
         match path
             .extension()
@@ -60,6 +66,7 @@ impl ContentType {
         {
             Some("md" | "markdown") => ContentType::Markdown,
             Some("html" | "htm") => ContentType::Html,
+            Some("pdf") => ContentType::Pdf,
             _ => ContentType::Text,
         }
     }
@@ -69,7 +76,70 @@ impl ContentType {
             ContentType::Text => "text/plain",
             ContentType::Markdown => "text/markdown",
             ContentType::Html => "text/html",
+            ContentType::Pdf => "application/pdf",
         }
+    }
+
+    /// Whether the document is sent as bytes rather than text (a file part, or
+    /// `content_base64`).
+    pub fn is_binary(self) -> bool {
+        self == ContentType::Pdf
+    }
+}
+
+/// A document's body as a request sends it: text, or a file's bytes.
+#[derive(Debug)]
+pub enum Body {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+impl Body {
+    /// The body from a request's `text` or `content_base64` (one of them; a binary format
+    /// only as bytes).
+    pub fn of(
+        content_type: ContentType,
+        text: Option<String>,
+        base64: Option<&str>,
+    ) -> Result<Body, KnowledgeError> {
+        use base64::Engine as _;
+        let invalid = |m: String| Err(KnowledgeError::Invalid(m));
+        match (text, base64) {
+            (Some(_), Some(_)) => invalid("give `text` or `content_base64`, not both".into()),
+            (Some(_), None) if content_type.is_binary() => invalid(format!(
+                "a {} document is sent as `content_base64` (or a multipart `file`), not as `text`",
+                content_type.as_str()
+            )),
+            (Some(text), None) => Ok(Body::Text(text)),
+            (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+                .decode(encoded.trim())
+                .map(Body::Bytes)
+                .or_else(|e| invalid(format!("`content_base64` is not base64: {e}"))),
+            (None, None) => invalid("`text` (or `content_base64`) is required".into()),
+        }
+    }
+}
+
+/// The text of a document sent as a file's bytes (a PDF's pages, `pdf.rs`; any other
+/// format as UTF-8), and the title the file itself gives, if any.
+pub async fn text_of_bytes(
+    content_type: ContentType,
+    bytes: Vec<u8>,
+    config: &KnowledgeConfig,
+) -> Result<pdf::Read, KnowledgeError> {
+    if content_type == ContentType::Pdf {
+        let timeout = std::time::Duration::from_millis(config.pdf_timeout_ms);
+        return pdf::text_of(
+            bytes,
+            config.max_document_bytes,
+            config.pdf_max_pages,
+            timeout,
+        )
+        .await;
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(pdf::Read { text, title: None }),
+        Err(_) => Err(KnowledgeError::Invalid("the file is not UTF-8 text".into())),
     }
 }
 
@@ -106,6 +176,8 @@ fn readable(doc: &Document<'_>) -> Result<(String, Structure), KnowledgeError> {
     match doc.content_type {
         ContentType::Text => Ok((doc.text.to_string(), Structure::Plain)),
         ContentType::Markdown => Ok((doc.text.to_string(), Structure::Markdown)),
+        // Already text, with its pages as marked headings.
+        ContentType::Pdf => Ok((doc.text.to_string(), Structure::Marked)),
         ContentType::Html => {
             let marked = HEADING.replace_all(doc.text, |c: &regex::Captures<'_>| {
                 format!("{}{HEADING_MARK}{}", &c[1], &c[2])
@@ -141,7 +213,6 @@ fn title_of(text: &str, structure: Structure) -> Option<String> {
 
 /// Refuses a document that cannot be added (size, empty text, bad id, title or URL).
 pub fn check(doc: &Document<'_>, config: &KnowledgeConfig) -> Result<(), KnowledgeError> {
-    let invalid = |m: &str| Err(KnowledgeError::Invalid(m.to_string()));
     if doc.text.len() > config.max_document_bytes {
         return Err(KnowledgeError::TooLarge(
             doc.text.len(),
@@ -149,8 +220,14 @@ pub fn check(doc: &Document<'_>, config: &KnowledgeConfig) -> Result<(), Knowled
         ));
     }
     if doc.text.trim().is_empty() {
-        return invalid("`text` is empty");
+        return Err(KnowledgeError::Invalid("`text` is empty".into()));
     }
+    check_fields(doc)
+}
+
+/// Refuses a document whose id, title or source URL cannot be taken (its text aside).
+pub fn check_fields(doc: &Document<'_>) -> Result<(), KnowledgeError> {
+    let invalid = |m: &str| Err(KnowledgeError::Invalid(m.to_string()));
     if let Some(id) = doc.id
         && (id.trim().is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control))
     {
@@ -221,7 +298,11 @@ pub fn prepare(
     let title = doc
         .title
         .map(str::to_string)
-        .or_else(|| title_of(&text, structure))
+        .or_else(|| match doc.content_type {
+            // Its headings are page numbers: its first line.
+            ContentType::Pdf => pdf::first_line(&text).map(|l| l.chars().take(120).collect()),
+            _ => title_of(&text, structure),
+        })
         .unwrap_or_else(|| id.clone());
     // A change of chunking or of embedding model makes the document new.
     let settings = format!(
@@ -376,7 +457,7 @@ pub struct AddReport {
 }
 
 /// The extensions a folder's files are taken by.
-const FILE_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "html", "htm"];
+const FILE_EXTENSIONS: [&str; 6] = ["txt", "md", "markdown", "html", "htm", "pdf"];
 
 /// The files to add for each path given, with their ids: a file as given; a folder's files
 /// (recursively, by extension, in name order) by their path below it.
@@ -442,13 +523,13 @@ pub async fn add_files(
         .ok_or_else(|| anyhow::anyhow!("collection `{name}` vanished"))?;
     let mut done = AddReport::default();
     for (path, id) in files_of(paths)? {
-        let text = match std::fs::read(&path).map(String::from_utf8) {
-            Ok(Ok(text)) => text,
-            Ok(Err(_)) => {
-                done.failed += 1;
-                report(&format!("{id}: failed: not UTF-8 text"));
-                continue;
-            }
+        let content_type = ContentType::of_path(&path);
+        let read = match std::fs::read(&path) {
+            Ok(bytes) => text_of_bytes(content_type, bytes, config).await,
+            Err(e) => Err(KnowledgeError::Invalid(e.to_string())),
+        };
+        let read = match read {
+            Ok(read) => read,
             Err(e) => {
                 done.failed += 1;
                 report(&format!("{id}: failed: {e}"));
@@ -457,10 +538,10 @@ pub async fn add_files(
         };
         let doc = Document {
             id: Some(&id),
-            title: None,
+            title: read.title.as_deref(),
             source_url: None,
-            content_type: ContentType::of_path(&path),
-            text: &text,
+            content_type,
+            text: &read.text,
         };
         match ingest(knowledge, &collection, doc, crate::domain::now_ms()).await {
             Ok(ingested) => {

@@ -531,7 +531,7 @@ async fn the_cli_adds_a_folder_and_adding_it_again_changes_nothing() {
     std::fs::write(dir.path().join("bad.md"), [0xff, 0xfe, 0x00]).unwrap();
     let (code, out) = run(vec![dir.path().join("bad.md")]);
     assert_ne!(code, Some(0), "{out}");
-    assert!(out.contains("failed: not UTF-8 text"), "{out}");
+    assert!(out.contains("failed: the file is not UTF-8 text"), "{out}");
 
     let config = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     let store = assistd::store::Store::connect(&config.database)

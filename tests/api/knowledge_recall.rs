@@ -251,7 +251,7 @@ async fn recall_at_5(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(assistd_has_corpora),
-    ignore = "needs the corpora from Debian: apt-get install python3.11-doc debian-reference-zh-cn; .ci/run installs them"
+    ignore = "needs the corpora from Debian: apt-get install python3.11-doc debian-reference-zh-cn debian-refcard; .ci/run installs them"
 )]
 async fn recall_at_5_on_the_python_library_and_the_chinese_debian_reference() {
     let db = TestDb::new().await;

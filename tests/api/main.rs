@@ -20,6 +20,7 @@ mod jobs;
 mod knowledge;
 mod knowledge_hybrid;
 mod knowledge_ingest;
+mod knowledge_pdf;
 mod knowledge_recall;
 mod knowledge_search;
 mod knowledge_workflow;
