@@ -1,4 +1,5 @@
-//! The `assistd` command line: `serve` (default), `migrate` and `knowledge add`.
+//! The `assistd` command line: `serve` (default), `migrate`, `knowledge add` and
+//! `rollups rebuild`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,12 +38,23 @@ enum Command {
         #[command(subcommand)]
         command: KnowledgeCommand,
     },
+    /// The counts of finished tasks and replies behind /metrics (docs/operations.md).
+    Rollups {
+        #[command(subcommand)]
+        command: RollupsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RollupsCommand {
+    /// Count them again from the tasks and replies kept (after an upgrade or a repair).
+    Rebuild,
 }
 
 #[derive(Subcommand)]
 enum KnowledgeCommand {
     /// Add files to a collection (created when missing): folders are walked recursively
-    /// (.txt, .md, .markdown, .html, .htm); a file's id is its path as given or below the
+    /// (.txt, .md, .markdown, .html, .htm, .pdf); a file's id is its path as given or below the
     /// folder given, so adding it again replaces it.
     Add {
         /// The collection.
@@ -88,6 +100,9 @@ fn main() -> ExitCode {
             Command::Knowledge {
                 command: KnowledgeCommand::Add { name, paths },
             } => add_knowledge(config, &name, &paths).await,
+            Command::Rollups {
+                command: RollupsCommand::Rebuild,
+            } => rebuild_rollups(config).await,
         }
     });
     drop(runtime);
@@ -112,6 +127,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         trigger.cancel();
     });
     app.run_until_stopped(shutdown).await
+}
+
+async fn rebuild_rollups(config: Config) -> anyhow::Result<()> {
+    let store = assistd::store::Store::connect(&config.database).await?;
+    store.migrate().await?;
+    let started = std::time::Instant::now();
+    store.rebuild_rollups().await?;
+    let counts = store.metric_counts().await?;
+    store.close().await;
+    let tasks: i64 = counts.tasks_by_status.iter().map(|(_, n)| n).sum();
+    println!(
+        "rollups rebuilt in {:.1} s: {tasks} tasks counted",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 async fn migrate(config: Config) -> anyhow::Result<()> {

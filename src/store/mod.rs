@@ -25,6 +25,7 @@ pub mod knowledge_ingest;
 pub mod lifecycle;
 pub mod notify;
 pub mod outbox;
+pub mod rollups;
 pub(crate) mod sql;
 pub mod summary;
 pub mod tasks;

@@ -1,8 +1,7 @@
 //! Read models for the admin dashboard and metrics: grouped counts, latencies, top errors.
 
 use super::{Store, StoreResult, on_pool};
-use crate::domain::{FailureType, JobRunStatus, ReplyStatus, TaskStatus};
-use crate::metrics::MetricCounts;
+use crate::domain::{FailureType, TaskStatus};
 
 /// Which tasks a summary covers. Times are UTC milliseconds; `None` filters match all.
 #[derive(Debug, Clone)]
@@ -228,36 +227,6 @@ impl Store {
             with_filter!(sqlx::query_as::<_, ErrorRow>(&sql).bind(0i64), f)
                 .fetch_all(pool)
                 .await?
-        }))
-    }
-
-    pub async fn metric_counts(&self) -> StoreResult<MetricCounts> {
-        Ok(on_pool!(self, pool => {
-            let tasks_by_status: Vec<(TaskStatus, i64)> =
-                sqlx::query_as("SELECT status, COUNT(*) FROM agent_task GROUP BY status")
-                    .fetch_all(pool)
-                    .await?;
-            let failures_by_type: Vec<(FailureType, i64)> = sqlx::query_as(
-                "SELECT failure_type, COUNT(*) FROM agent_task WHERE failure_type IS NOT NULL \
-                 GROUP BY failure_type",
-            )
-            .fetch_all(pool)
-            .await?;
-            let replies_by_status: Vec<(ReplyStatus, i64)> =
-                sqlx::query_as("SELECT status, COUNT(*) FROM outbound_reply GROUP BY status")
-                    .fetch_all(pool)
-                    .await?;
-            let job_runs: Vec<(String, JobRunStatus, i64)> =
-                sqlx::query_as("SELECT job, status, COUNT(*) FROM job_run GROUP BY job, status")
-                    .fetch_all(pool)
-                    .await?;
-            let (lease_takeovers,): (i64,) = sqlx::query_as(
-                "SELECT CAST(COALESCE(SUM(claim_count - 1), 0) AS BIGINT) FROM agent_task \
-                 WHERE claim_count > 1",
-            )
-            .fetch_one(pool)
-            .await?;
-            MetricCounts { tasks_by_status, failures_by_type, replies_by_status, job_runs, lease_takeovers }
         }))
     }
 }

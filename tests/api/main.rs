@@ -38,6 +38,7 @@ mod progress;
 mod providers;
 mod real_model;
 mod reply_delivery;
+mod rollups;
 mod scheduler;
 mod secrets;
 mod security;

@@ -1,0 +1,144 @@
+//! The rollups behind `/metrics` (issue 35, migration 0022): after a random mix of
+//! outcomes (answers, model failures, cancellations, pauses), reply retries, resumes of
+//! failed tasks, a restart and retention, the counts read from the rollups and the live
+//! rows equal a recount of every row kept; a damaged rollup is mended by a rebuild.
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+
+use crate::helpers::*;
+use crate::strict_model::{ModelReply, last_content, model_mock};
+
+/// Answers, except: a question with "fail" in it is refused (a deterministic failure) and
+/// one with "slow" takes a second.
+fn mixed(body: &serde_json::Value) -> ModelReply {
+    let asked = last_content(body);
+    if asked.contains("fail") {
+        ModelReply::error(400, r#"{"error":{"message":"bad request"}}"#)
+    } else if asked.contains("slow") {
+        ModelReply::text(format!("answer to: {asked}")).delayed(Duration::from_secs(1))
+    } else {
+        ModelReply::text(format!("answer to: {asked}"))
+    }
+}
+
+/// Waits until no task or reply is live any more, then checks the rollups against a recount.
+async fn settled_and_equal(store: &assistd::store::Store, when: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counted = store.metric_counts_recounted().await.unwrap();
+        let live_tasks = counted
+            .tasks_by_status
+            .iter()
+            .any(|(s, _)| !s.is_terminal());
+        let pending = counted
+            .replies_by_status
+            .iter()
+            .any(|(s, _)| s.as_str() == "PENDING");
+        if !live_tasks && !pending {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{when}: never settled: {counted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let counted = format!("{:?}", store.metric_counts_recounted().await.unwrap());
+    let rolled = format!("{:?}", store.metric_counts().await.unwrap());
+    assert_eq!(rolled, counted, "{when}");
+    println!("{when}: {rolled}");
+}
+
+async fn task_action(app: &TestApp, id: i64, action: &str) {
+    let path = format!("/api/tasks/{id}/{action}");
+    // 409 when the task is no longer in a state the action applies to: part of the mix.
+    let (status, body) = app.admin_call(Method::POST, &path, None).await;
+    assert!(
+        status == 200 || status == 409,
+        "{action} {id}: {status} {body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollups_equal_a_recount_after_a_random_mix() {
+    let seed = fastrand::u64(..);
+    println!("seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let model = wiremock::MockServer::start().await;
+    model_mock(mixed).mount(&model).await;
+    // The first replies are refused and retried.
+    let app = TestApp::spawn_with(model, receiver_refusing_first(3, 503).await, |c| {
+        c.outbox.backoff_base_ms = 10;
+    })
+    .await;
+    let kinds = ["ok", "fail", "slow", "ok slow", "fail again"];
+    let mut ids = Vec::new();
+    for n in 0..24 {
+        let text = kinds[rng.usize(..kinds.len())];
+        let conversation = format!("mix-{}", rng.usize(..6));
+        let posted = app.post_message(&message(&conversation, n, text)).await;
+        ids.push(task_id_of(posted).await);
+        if rng.u8(..10) == 0 {
+            task_action(&app, ids[rng.usize(..ids.len())], "cancel").await;
+        }
+        if rng.u8(..10) == 0 {
+            task_action(&app, ids[rng.usize(..ids.len())], "pause").await;
+        }
+    }
+    // Paused tasks are let go again, so that everything finishes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in &ids {
+        if app.get_task(*id).await["status"] == "PAUSED" {
+            task_action(&app, *id, "unpause").await;
+        }
+    }
+    settled_and_equal(app.store(), "after the mix").await;
+
+    // Failed tasks resumed (they fail again or, cancelled ones aside, are answered).
+    for id in &ids {
+        if app.get_task(*id).await["status"] == "FAILED" {
+            task_action(&app, *id, "resume").await;
+        }
+    }
+    settled_and_equal(app.store(), "after the resumes").await;
+
+    // A restart on the same database, and a few more messages.
+    let (db, model, receiver) = app.stop_keeping_db().await;
+    let reply_url = format!("{}/reply", receiver.uri());
+    let config = test_config(&db.url, &model.uri(), &reply_url);
+    let app = TestApp::spawn_config(db, model, receiver, config).await;
+    for n in 100..106 {
+        let text = kinds[rng.usize(..kinds.len())];
+        task_id_of(app.post_message(&message("mix-after", n, text)).await).await;
+    }
+    settled_and_equal(app.store(), "after the restart").await;
+
+    // Retention keeps rows and their states: the counts do not move.
+    let now = assistd::domain::now_ms();
+    let (_, purged) = app
+        .store()
+        .purge_finished(now + 1, 1000, now)
+        .await
+        .unwrap();
+    assert!(purged > 0);
+    settled_and_equal(app.store(), "after retention").await;
+
+    // A damaged rollup differs from the recount until it is rebuilt.
+    let damage = "DELETE FROM task_rollup WHERE status = 'SUCCEEDED'";
+    match app.store() {
+        assistd::store::Store::Sqlite(pool, _) => {
+            sqlx::query(damage).execute(pool).await.unwrap();
+        }
+        assistd::store::Store::Postgres(pool) => {
+            sqlx::query(damage).execute(pool).await.unwrap();
+        }
+    }
+    let rolled = app.store().metric_counts().await.unwrap();
+    let counted = app.store().metric_counts_recounted().await.unwrap();
+    assert_ne!(format!("{rolled:?}"), format!("{counted:?}"));
+    app.store().rebuild_rollups().await.unwrap();
+    settled_and_equal(app.store(), "after the rebuild").await;
+    app.stop().await;
+}
