@@ -434,7 +434,7 @@ pub async fn orphan_reclaim(svc: &Jobs, batch: i64, now: i64) -> Result<JobCount
 
 /// Removes bulky content of finished tasks older than the TTL, job runs older than it
 /// (every tick of every job leaves one, so they would grow without end), and group chatter
-/// kept as context older than it.
+/// kept as context older than it; folds the rollups of hours a day old.
 pub async fn retention(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, String> {
     let ttl = svc.config.scheduler.jobs.retention.ttl_days as i64 * 86_400_000;
     let (scanned, affected) = store_err(svc.store.purge_finished(now - ttl, batch, now)).await?;
@@ -443,6 +443,11 @@ pub async fn retention(svc: &Jobs, batch: i64, now: i64) -> Result<JobCounts, St
     let pruned = store_err(svc.store.prune_job_runs(now - ttl, batch)).await?;
     if pruned > 0 {
         tracing::info!(pruned, "old job runs removed");
+    }
+    // Rollups of hours a day old: one row per cell instead of one per database connection.
+    let folded = store_err(svc.store.fold_rollups(now / 3_600_000 - 24)).await?;
+    if folded > 0 {
+        tracing::debug!(folded, "rollups folded");
     }
     // Group chatter kept as context goes at the same age as message texts.
     let chatter = store_err(svc.store.prune_group_context(now - ttl, batch)).await?;

@@ -118,13 +118,13 @@ impl Store {
             "DELETE FROM task_rollup",
             "DELETE FROM reply_rollup",
             "INSERT INTO task_rollup SELECT created_at / 3600000, agent_id, agent_version_id, \
-             channel, status, COALESCE(failure_type, ''), id % 8, COUNT(*), \
+             channel, status, COALESCE(failure_type, ''), 0, COUNT(*), \
              SUM(CASE WHEN claim_count > 1 THEN claim_count - 1 ELSE 0 END) \
              FROM agent_task WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') \
-             GROUP BY 1, 2, 3, 4, 5, 6, 7",
+             GROUP BY 1, 2, 3, 4, 5, 6",
             "INSERT INTO reply_rollup SELECT created_at / 3600000, channel, status, \
-             placeholder, id % 8, COUNT(*) FROM outbound_reply WHERE status <> 'PENDING' \
-             GROUP BY 1, 2, 3, 4, 5",
+             placeholder, 0, COUNT(*) FROM outbound_reply WHERE status <> 'PENDING' \
+             GROUP BY 1, 2, 3, 4",
         ];
         write_tx!(self, tx => {
             if matches!(self, Store::Postgres(_)) {
@@ -137,5 +137,42 @@ impl Store {
             }
         });
         Ok(())
+    }
+
+    /// Folds the rollups of hours before `before_hour` into one row per cell (PostgreSQL
+    /// counts each backend in a row of its own; SQLite has only slot 0) and drops cells
+    /// that sum to nothing; the sums do not change. Run by the retention job.
+    pub async fn fold_rollups(&self, before_hour: i64) -> StoreResult<u64> {
+        let fold = [
+            "WITH moved AS (DELETE FROM task_rollup WHERE hour < $1 AND slot <> 0 RETURNING *) \
+             INSERT INTO task_rollup SELECT hour, agent_id, agent_version_id, channel, status, \
+             failure_type, 0, SUM(tasks), SUM(takeovers) FROM moved GROUP BY 1, 2, 3, 4, 5, 6 \
+             ON CONFLICT (hour, agent_id, agent_version_id, channel, status, failure_type, slot) \
+             DO UPDATE SET tasks = task_rollup.tasks + excluded.tasks, \
+             takeovers = task_rollup.takeovers + excluded.takeovers",
+            "WITH moved AS (DELETE FROM reply_rollup WHERE hour < $1 AND slot <> 0 RETURNING *) \
+             INSERT INTO reply_rollup SELECT hour, channel, status, placeholder, 0, \
+             SUM(replies) FROM moved GROUP BY 1, 2, 3, 4 \
+             ON CONFLICT (hour, channel, status, placeholder, slot) \
+             DO UPDATE SET replies = reply_rollup.replies + excluded.replies",
+        ];
+        let empty = [
+            "DELETE FROM task_rollup WHERE hour < $1 AND tasks = 0 AND takeovers = 0",
+            "DELETE FROM reply_rollup WHERE hour < $1 AND replies = 0",
+        ];
+        let postgres = matches!(self, Store::Postgres(_));
+        let folded = write_tx!(self, tx => {
+            let mut folded = 0;
+            let statements = if postgres { &fold[..] } else { &[] };
+            for sql in statements.iter().chain(&empty) {
+                folded += sqlx::query(sql)
+                    .bind(before_hour)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            }
+            folded
+        });
+        Ok(folded)
     }
 }

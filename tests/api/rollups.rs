@@ -1,7 +1,7 @@
 //! The rollups behind `/metrics` (issue 35, migration 0022): after a random mix of
 //! outcomes (answers, model failures, cancellations, pauses), reply retries, resumes of
-//! failed tasks, a restart and retention, the counts read from the rollups and the live
-//! rows equal a recount of every row kept; a damaged rollup is mended by a rebuild.
+//! failed tasks, a restart, retention and folding, the counts read from the rollups and the
+//! live rows equal a recount of every row kept; a damaged rollup is mended by a rebuild.
 
 use std::time::{Duration, Instant};
 
@@ -124,6 +124,23 @@ async fn rollups_equal_a_recount_after_a_random_mix() {
         .unwrap();
     assert!(purged > 0);
     settled_and_equal(app.store(), "after retention").await;
+
+    // Folding finished hours into one row per cell changes no sum and leaves no
+    // per-connection row behind.
+    app.store().fold_rollups(now / 3_600_000 + 1).await.unwrap();
+    settled_and_equal(app.store(), "after folding").await;
+    let per_connection = "SELECT COUNT(*) FROM task_rollup WHERE slot <> 0";
+    let left: i64 = match app.store() {
+        assistd::store::Store::Sqlite(pool, _) => sqlx::query_scalar(per_connection)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        assistd::store::Store::Postgres(pool) => sqlx::query_scalar(per_connection)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+    };
+    assert_eq!(left, 0);
 
     // A damaged rollup differs from the recount until it is rebuilt.
     let damage = "DELETE FROM task_rollup WHERE status = 'SUCCEEDED'";
