@@ -18,6 +18,9 @@ const LIVE_TASKS: &str = "SELECT status, failure_type, claim_count FROM agent_ta
      WHERE status = 'WAITING_HUMAN_CONFIRM' \
      UNION ALL SELECT status, failure_type, claim_count FROM agent_task WHERE status = 'PAUSED'";
 
+/// Job runs per job and status (pruned by retention: few).
+const JOB_RUNS: &str = "SELECT job, status, COUNT(*) FROM job_run GROUP BY job, status";
+
 /// Sums `(key, count)` rows per key, leaving out keys whose sum is 0.
 fn summed<K: Ord>(rows: impl IntoIterator<Item = (K, i64)>) -> Vec<(K, i64)> {
     let mut sums: BTreeMap<K, i64> = BTreeMap::new();
@@ -58,9 +61,7 @@ impl Store {
             .fetch_all(pool)
             .await?;
             let job_runs: Vec<(String, JobRunStatus, i64)> =
-                sqlx::query_as("SELECT job, status, COUNT(*) FROM job_run GROUP BY job, status")
-                    .fetch_all(pool)
-                    .await?;
+                sqlx::query_as(JOB_RUNS).fetch_all(pool).await?;
             let (lease_takeovers,): (i64,) = sqlx::query_as(&takeovers).fetch_one(pool).await?;
             MetricCounts {
                 tasks_by_status: summed(tasks_by_status),
@@ -91,9 +92,7 @@ impl Store {
                     .fetch_all(pool)
                     .await?;
             let job_runs: Vec<(String, JobRunStatus, i64)> =
-                sqlx::query_as("SELECT job, status, COUNT(*) FROM job_run GROUP BY job, status")
-                    .fetch_all(pool)
-                    .await?;
+                sqlx::query_as(JOB_RUNS).fetch_all(pool).await?;
             let (lease_takeovers,): (i64,) = sqlx::query_as(
                 "SELECT CAST(COALESCE(SUM(claim_count - 1), 0) AS BIGINT) FROM agent_task \
                  WHERE claim_count > 1",
