@@ -60,8 +60,7 @@ fn checked(svc: &ApiContext, n: usize, item: Item) -> Result<NewItem, ApiError> 
             crate::knowledge::pdf::check(&bytes, config.max_document_bytes).map_err(at)?;
             item.content_base64.unwrap_or_default()
         }
-        Body::Bytes(bytes) => String::from_utf8(bytes)
-            .map_err(|_| at(KnowledgeError::Invalid("the file is not UTF-8 text".into())))?,
+        Body::Bytes(bytes) => crate::knowledge::utf8_text(bytes).map_err(at)?,
     };
     let doc = Document {
         id: item.id.as_deref(),

@@ -272,12 +272,7 @@ async fn add(
         Some(bytes) => Body::Bytes(bytes),
         None => Body::of(content_type, doc.text, doc.content_base64.as_deref())?,
     };
-    let read = match body {
-        Body::Text(text) => crate::knowledge::pdf::Read { text, title: None },
-        Body::Bytes(bytes) => {
-            crate::knowledge::text_of_bytes(content_type, bytes, &svc.config.knowledge).await?
-        }
-    };
+    let read = body.read(content_type, &svc.config.knowledge).await?;
     let document = Document {
         id: doc.id.as_deref(),
         title: doc.title.as_deref().or(read.title.as_deref()),

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::pdf::Read;
 use super::{ContentType, Document, KnowledgeError};
 use crate::config::Config;
 use crate::domain::{AuditEvent, AuditTarget, now_ms};
@@ -158,23 +157,21 @@ impl Ingester {
         let on = collection.clone();
         let item_id = item.id;
         let position = item.position;
+        // A PDF waits in base64 (`http/ingest.rs`) and is read here.
         let text = item.text;
-        let read = match ContentType::parse(Some(&item.content_type)) {
-            // A PDF waits in base64 (`http/ingest.rs`) and is read here.
-            Ok(content_type) if content_type.is_binary() => {
-                match super::Body::of(content_type, None, Some(&text)) {
-                    Ok(super::Body::Bytes(bytes)) => {
-                        super::text_of_bytes(content_type, bytes, &config.knowledge)
-                            .await
-                            .map(|read| (content_type, read))
-                    }
-                    Ok(super::Body::Text(text)) => Ok((content_type, Read { text, title: None })),
-                    Err(e) => Err(e),
-                }
-            }
-            Ok(content_type) => Ok((content_type, Read { text, title: None })),
-            Err(e) => Err(e),
-        };
+        let read: Result<_, KnowledgeError> = async {
+            let content_type = ContentType::parse(Some(&item.content_type))?;
+            let body = if content_type.is_binary() {
+                super::Body::of(content_type, None, Some(&text))?
+            } else {
+                super::Body::Text(text)
+            };
+            Ok((
+                content_type,
+                body.read(content_type, &config.knowledge).await?,
+            ))
+        }
+        .await;
         // Chunking and word cutting are CPU work: off the runtime's threads.
         let prepared = tokio::task::spawn_blocking(move || {
             let (content_type, read) = read?;

@@ -27,7 +27,8 @@ pub enum ContentType {
     Text,
     Markdown,
     Html,
-    /// Sent as the file's bytes; a [`Document`]'s text is what [`pdf::text_of`] extracted.
+    /// Sent as the file's bytes; a [`Document`]'s text is what [`pdf::text_of`] extracted
+    /// (which also gives its title: its headings are page numbers).
     Pdf,
 }
 
@@ -120,13 +121,41 @@ impl Body {
     }
 }
 
-/// The text of a document sent as a file's bytes (a PDF's pages, `pdf.rs`; any other
-/// format as UTF-8), and the title the file itself gives, if any.
+impl Body {
+    /// The document's text: a file's bytes read by their format ([`text_of_bytes`]).
+    pub async fn read(
+        self,
+        content_type: ContentType,
+        config: &KnowledgeConfig,
+    ) -> Result<Extracted, KnowledgeError> {
+        match self {
+            Body::Text(text) => Ok(Extracted { text, title: None }),
+            Body::Bytes(bytes) => text_of_bytes(content_type, bytes, config).await,
+        }
+    }
+}
+
+/// A document's text as read from what was sent, and the title the file itself gives (a
+/// PDF's metadata or first line), if any.
+#[derive(Debug, Clone)]
+pub struct Extracted {
+    pub text: String,
+    pub title: Option<String>,
+}
+
+/// A file's bytes as UTF-8 text.
+pub fn utf8_text(bytes: Vec<u8>) -> Result<String, KnowledgeError> {
+    String::from_utf8(bytes)
+        .map_err(|_| KnowledgeError::Invalid("the file is not UTF-8 text".into()))
+}
+
+/// The text of a document sent as a file's bytes: a PDF's pages (`pdf.rs`), any other
+/// format as UTF-8.
 pub async fn text_of_bytes(
     content_type: ContentType,
     bytes: Vec<u8>,
     config: &KnowledgeConfig,
-) -> Result<pdf::Read, KnowledgeError> {
+) -> Result<Extracted, KnowledgeError> {
     if content_type == ContentType::Pdf {
         let timeout = std::time::Duration::from_millis(config.pdf_timeout_ms);
         return pdf::text_of(
@@ -137,10 +166,10 @@ pub async fn text_of_bytes(
         )
         .await;
     }
-    match String::from_utf8(bytes) {
-        Ok(text) => Ok(pdf::Read { text, title: None }),
-        Err(_) => Err(KnowledgeError::Invalid("the file is not UTF-8 text".into())),
-    }
+    Ok(Extracted {
+        text: utf8_text(bytes)?,
+        title: None,
+    })
 }
 
 /// A document to add: only `text` is needed.
@@ -298,11 +327,7 @@ pub fn prepare(
     let title = doc
         .title
         .map(str::to_string)
-        .or_else(|| match doc.content_type {
-            // Its headings are page numbers: its first line.
-            ContentType::Pdf => pdf::first_line(&text).map(|l| l.chars().take(120).collect()),
-            _ => title_of(&text, structure),
-        })
+        .or_else(|| title_of(&text, structure))
         .unwrap_or_else(|| id.clone());
     // A change of chunking or of embedding model makes the document new.
     let settings = format!(

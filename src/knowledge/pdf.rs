@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use super::KnowledgeError;
 use super::chunk::HEADING_MARK;
+use super::{Extracted, KnowledgeError};
 
 /// Every PDF file begins with this (ISO 32000-1, 7.5.2; readers allow some bytes before it,
 /// within the first kilobyte).
@@ -32,22 +32,16 @@ pub fn check(bytes: &[u8], max_bytes: usize) -> Result<(), KnowledgeError> {
     Ok(())
 }
 
-/// What a PDF holds: its text, with its pages as `Page N` sections (marked headings,
-/// `chunk::Structure::Marked`), and the title its metadata gives, if any.
-#[derive(Debug, Clone)]
-pub struct Read {
-    pub text: String,
-    pub title: Option<String>,
-}
-
-/// Reads a PDF's text; refused when it cannot be read, has more than `max_pages` pages or
-/// has no text at all (a scan: assistd does no OCR).
+/// Reads a PDF's text, its pages as `Page N` sections (marked headings,
+/// `chunk::Structure::Marked`), and its title (its metadata's, else its first line);
+/// refused when it cannot be read, has more than `max_pages` pages or has no text at all
+/// (a scan: assistd does no OCR).
 pub async fn text_of(
     bytes: Vec<u8>,
     max_bytes: usize,
     max_pages: usize,
     timeout: Duration,
-) -> Result<Read, KnowledgeError> {
+) -> Result<Extracted, KnowledgeError> {
     check(&bytes, max_bytes)?;
     let reading = tokio::task::spawn_blocking(move || {
         std::panic::catch_unwind(|| pages_of(&bytes, max_pages))
@@ -71,7 +65,8 @@ pub async fn text_of(
     if text.is_empty() {
         return invalid("the PDF has no text layer (a scanned document needs OCR first)".into());
     }
-    Ok(Read { text, title })
+    let title = title.or_else(|| first_line(&text).map(|l| l.chars().take(120).collect()));
+    Ok(Extracted { text, title })
 }
 
 /// The title (document information dictionary) and each page's text, by pdf-extract's
@@ -145,7 +140,7 @@ fn paged(pages: &[String]) -> String {
 }
 
 /// The first line of a PDF's text that is not a page heading (its title, by default).
-pub fn first_line(text: &str) -> Option<&str> {
+fn first_line(text: &str) -> Option<&str> {
     text.lines()
         .map(str::trim)
         .find(|l| !l.is_empty() && !l.contains(HEADING_MARK))

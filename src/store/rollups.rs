@@ -18,6 +18,38 @@ const LIVE_TASKS: &str = "SELECT status, failure_type, claim_count FROM agent_ta
      WHERE status = 'WAITING_HUMAN_CONFIRM' \
      UNION ALL SELECT status, failure_type, claim_count FROM agent_task WHERE status = 'PAUSED'";
 
+/// Lease takeovers of a task row: its claims after the first.
+const TAKEOVERS: &str = "CASE WHEN claim_count > 1 THEN claim_count - 1 ELSE 0 END";
+
+/// Task counts per (status, failure type): tasks and lease takeovers. From the rollups plus
+/// the live tasks, and from every task row (what the rollups must equal).
+fn task_cells(rolled: bool) -> String {
+    if rolled {
+        format!(
+            "SELECT status, NULLIF(failure_type, ''), CAST(SUM(tasks) AS BIGINT), \
+             CAST(SUM(takeovers) AS BIGINT) FROM task_rollup GROUP BY 1, 2 \
+             UNION ALL SELECT status, failure_type, COUNT(*), CAST(SUM({TAKEOVERS}) AS BIGINT) \
+             FROM ({LIVE_TASKS}) live GROUP BY 1, 2"
+        )
+    } else {
+        format!(
+            "SELECT status, failure_type, COUNT(*), CAST(SUM({TAKEOVERS}) AS BIGINT) \
+             FROM agent_task GROUP BY 1, 2"
+        )
+    }
+}
+
+/// Reply counts per status: from the rollups plus the pending replies, or from every row.
+fn reply_counts(rolled: bool) -> &'static str {
+    if rolled {
+        "SELECT status, CAST(SUM(replies) AS BIGINT) FROM reply_rollup GROUP BY status \
+         UNION ALL SELECT status, COUNT(*) FROM outbound_reply \
+         WHERE status = 'PENDING' GROUP BY status"
+    } else {
+        "SELECT status, COUNT(*) FROM outbound_reply GROUP BY status"
+    }
+}
+
 /// Job runs per job and status (pruned by retention: few).
 const JOB_RUNS: &str = "SELECT job, status, COUNT(*) FROM job_run GROUP BY job, status";
 
@@ -30,83 +62,38 @@ fn summed<K: Ord>(rows: impl IntoIterator<Item = (K, i64)>) -> Vec<(K, i64)> {
     sums.into_iter().filter(|(_, n)| *n != 0).collect()
 }
 
+/// One row of [`task_cells`].
+type TaskCell = (TaskStatus, Option<FailureType>, i64, i64);
+
 impl Store {
     /// The counts behind `/metrics`: finished history from the rollups, live rows counted.
     pub async fn metric_counts(&self) -> StoreResult<MetricCounts> {
-        let tasks = format!(
-            "SELECT status, CAST(SUM(tasks) AS BIGINT) FROM task_rollup GROUP BY status \
-             UNION ALL SELECT status, COUNT(*) FROM ({LIVE_TASKS}) live GROUP BY status"
-        );
-        let failures = format!(
-            "SELECT failure_type, CAST(SUM(tasks) AS BIGINT) FROM task_rollup \
-             WHERE failure_type <> '' GROUP BY failure_type \
-             UNION ALL SELECT failure_type, COUNT(*) FROM ({LIVE_TASKS}) live \
-             WHERE failure_type IS NOT NULL GROUP BY failure_type"
-        );
-        let takeovers = format!(
-            "SELECT CAST(COALESCE((SELECT SUM(takeovers) FROM task_rollup), 0) \
-             + COALESCE((SELECT SUM(claim_count - 1) FROM ({LIVE_TASKS}) live \
-             WHERE claim_count > 1), 0) AS BIGINT)"
-        );
-        Ok(on_pool!(self, pool => {
-            let tasks_by_status: Vec<(TaskStatus, i64)> =
-                sqlx::query_as(&tasks).fetch_all(pool).await?;
-            let failures_by_type: Vec<(FailureType, i64)> =
-                sqlx::query_as(&failures).fetch_all(pool).await?;
-            let replies_by_status: Vec<(ReplyStatus, i64)> = sqlx::query_as(
-                "SELECT status, CAST(SUM(replies) AS BIGINT) FROM reply_rollup GROUP BY status \
-                 UNION ALL SELECT status, COUNT(*) FROM outbound_reply \
-                 WHERE status = 'PENDING' GROUP BY status",
-            )
-            .fetch_all(pool)
-            .await?;
-            let job_runs: Vec<(String, JobRunStatus, i64)> =
-                sqlx::query_as(JOB_RUNS).fetch_all(pool).await?;
-            let (lease_takeovers,): (i64,) = sqlx::query_as(&takeovers).fetch_one(pool).await?;
-            MetricCounts {
-                tasks_by_status: summed(tasks_by_status),
-                failures_by_type: summed(failures_by_type),
-                replies_by_status: summed(replies_by_status),
-                job_runs,
-                lease_takeovers,
-            }
-        }))
+        self.counts(true).await
     }
 
     /// [`Store::metric_counts`] counted from every row kept (what the rollups must equal;
     /// for tests and for checking a repair).
     pub async fn metric_counts_recounted(&self) -> StoreResult<MetricCounts> {
-        Ok(on_pool!(self, pool => {
-            let tasks_by_status: Vec<(TaskStatus, i64)> =
-                sqlx::query_as("SELECT status, COUNT(*) FROM agent_task GROUP BY status")
-                    .fetch_all(pool)
-                    .await?;
-            let failures_by_type: Vec<(FailureType, i64)> = sqlx::query_as(
-                "SELECT failure_type, COUNT(*) FROM agent_task WHERE failure_type IS NOT NULL \
-                 GROUP BY failure_type",
-            )
-            .fetch_all(pool)
-            .await?;
-            let replies_by_status: Vec<(ReplyStatus, i64)> =
-                sqlx::query_as("SELECT status, COUNT(*) FROM outbound_reply GROUP BY status")
-                    .fetch_all(pool)
-                    .await?;
+        self.counts(false).await
+    }
+
+    async fn counts(&self, rolled: bool) -> StoreResult<MetricCounts> {
+        let tasks = task_cells(rolled);
+        let (cells, replies, job_runs) = on_pool!(self, pool => {
+            let cells: Vec<TaskCell> = sqlx::query_as(&tasks).fetch_all(pool).await?;
+            let replies: Vec<(ReplyStatus, i64)> =
+                sqlx::query_as(reply_counts(rolled)).fetch_all(pool).await?;
             let job_runs: Vec<(String, JobRunStatus, i64)> =
                 sqlx::query_as(JOB_RUNS).fetch_all(pool).await?;
-            let (lease_takeovers,): (i64,) = sqlx::query_as(
-                "SELECT CAST(COALESCE(SUM(claim_count - 1), 0) AS BIGINT) FROM agent_task \
-                 WHERE claim_count > 1",
-            )
-            .fetch_one(pool)
-            .await?;
-            MetricCounts {
-                tasks_by_status: summed(tasks_by_status),
-                failures_by_type: summed(failures_by_type),
-                replies_by_status: summed(replies_by_status),
-                job_runs,
-                lease_takeovers,
-            }
-        }))
+            (cells, replies, job_runs)
+        });
+        Ok(MetricCounts {
+            tasks_by_status: summed(cells.iter().map(|c| (c.0, c.2))),
+            failures_by_type: summed(cells.iter().filter_map(|c| Some((c.1?, c.2)))),
+            replies_by_status: summed(replies),
+            job_runs,
+            lease_takeovers: cells.iter().map(|c| c.3).sum(),
+        })
     }
 
     /// Counts the rollups again from history (after an upgrade or a repair), in one
