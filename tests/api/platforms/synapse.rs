@@ -314,8 +314,14 @@ async fn a_real_synapse_takes_formatted_answers_and_a_streamed_long_answer_in_pa
     ask(2, "the travel policy, all of it?").await;
     answered(&app, &synapse, &room, 2).await;
     let events = synapse.events(&ada, &room, 1000).await;
+    // The limit is on the event as the homeserver keeps it (the federation format): what
+    // a client is served beside it in `unsigned` (the bundled latest edit, in full since
+    // MSC3925) is not part of it, and makes an edited event look twice its size.
     for event in &events {
-        assert!(event.to_string().len() <= 65_536);
+        let mut kept = event.clone();
+        kept.as_object_mut().unwrap().remove("unsigned");
+        let size = kept.to_string().len();
+        assert!(size <= 65_536, "{size} bytes: {kept}");
     }
     let texts: Vec<String> = bot_messages(&events)[before..]
         .iter()
