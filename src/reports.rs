@@ -8,8 +8,6 @@ use serde_json::{Value, json};
 use crate::store::summary::{SummaryFilter, SummaryRow};
 use crate::store::{Store, StoreResult};
 
-/// Most reply latencies read for the percentiles.
-const LATENCY_SAMPLE: i64 = 100_000;
 /// Top error messages kept per failure type.
 const TOP_ERRORS: usize = 5;
 
@@ -18,25 +16,26 @@ const STUCK_REPLIES: i64 = 50;
 
 /// Counts by status, failure type and delivery of the answer per bucket (`bucket_ms`
 /// wide), agent and version; the success rate (a task counts only once its answer was
-/// delivered) beside the outcome rate; p50/p95 webhook-to-reply time; the top (redacted)
-/// error messages per failure type; delivery per platform, the outbox backlog and the
-/// replies not getting through.
+/// delivered) beside the outcome rate; p50/p95 webhook-to-answer time (upper bounds of the
+/// histogram's buckets); the top (redacted) error messages per failure type among the
+/// newest failures; answers per platform, the outbox backlog and the replies not getting
+/// through. The window is widened to whole hours, the rollups' grain (`since` and `until`
+/// in the answer are the ones used).
 pub async fn failure_summary(
     store: &Store,
     filter: &SummaryFilter,
     bucket_ms: i64,
     llm: &crate::config::LlmConfig,
 ) -> StoreResult<Value> {
-    // The statements are independent reads, each walking the window's tasks: they run at
-    // once, on connections of their own (docs/benchmarks.md, `history`).
-    let (rows, mut latencies, errors, delivery, tokens) = tokio::try_join!(
+    let filter = &filter.whole_hours();
+    // Independent reads, each on a connection of its own.
+    let (rows, latencies, errors, delivery, tokens) = tokio::try_join!(
         store.summary_counts(filter, bucket_ms),
-        store.reply_latencies(filter, LATENCY_SAMPLE),
-        store.top_errors(filter),
+        store.answer_latencies(filter),
+        store.top_errors(filter, crate::store::summary::ERROR_SAMPLE),
         delivery(store, filter),
         tokens(store, filter, llm),
     )?;
-    latencies.sort_unstable();
 
     #[derive(Default)]
     struct Tally {
@@ -113,7 +112,7 @@ pub async fn failure_summary(
             v
         }).collect::<Vec<_>>(),
         "latency_ms": {
-            "count": latencies.len(),
+            "count": latencies.iter().map(|(_, n)| n).sum::<i64>(),
             "p50": percentile(&latencies, 0.50),
             "p95": percentile(&latencies, 0.95),
         },
@@ -198,10 +197,33 @@ async fn tokens(
     }))
 }
 
-fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
-    if sorted.is_empty() {
+/// The upper bound of the histogram bucket (`(bound, count)`, ascending) that holds the
+/// `p` quantile.
+fn percentile(histogram: &[(i64, i64)], p: f64) -> Option<i64> {
+    let total: i64 = histogram.iter().map(|(_, n)| n).sum();
+    if total <= 0 {
         return None;
     }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
+    let rank = ((p * total as f64).ceil() as i64).clamp(1, total);
+    let mut seen = 0;
+    histogram.iter().find_map(|(bound, n)| {
+        seen += n;
+        (seen >= rank).then_some(*bound)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentiles_are_the_bounds_of_the_buckets_holding_them() {
+        assert_eq!(percentile(&[], 0.5), None);
+        let h = [(100, 5), (250, 4), (1000, 1)];
+        assert_eq!(percentile(&h, 0.5), Some(100));
+        assert_eq!(percentile(&h, 0.51), Some(250));
+        assert_eq!(percentile(&h, 0.9), Some(250));
+        assert_eq!(percentile(&h, 0.95), Some(1000));
+        assert_eq!(percentile(&[(500, 1)], 0.0), Some(500));
+    }
 }

@@ -459,8 +459,8 @@ impl Store {
     }
 
     /// Removes bulky content of up to `limit` terminal tasks finished before `cutoff`: step
-    /// inputs and outputs (those of superseded runs and those kept as blobs too), the
-    /// message text and reply content. Rows, statuses, failure types
+    /// inputs and outputs (those of superseded runs and those kept as blobs too; a model
+    /// call keeps only its model), the message text and reply content. Rows, statuses, failure types
     /// and audit stay. Returns (tasks scanned, tasks purged).
     pub async fn purge_finished(
         &self,
@@ -480,10 +480,23 @@ impl Store {
             .await?
         });
         let scanned = ids.len() as i64;
+        // A model call keeps the model it asked for: the summary's tokens are per model.
+        let kept = match self.dialect() {
+            super::Dialect::Sqlite => {
+                "CASE WHEN step_type = 'llm' AND json_valid(input) \
+                 THEN json_object('model', json_extract(input, '$.model')) END"
+            }
+            super::Dialect::Postgres => {
+                "CASE WHEN step_type = 'llm' AND input LIKE '{%' \
+                 THEN json_build_object('model', step_model(input))::text END"
+            }
+        };
+        let purge_steps =
+            format!("UPDATE agent_step SET input = {kept}, output = NULL WHERE task_id = $1");
         let mut purged = 0;
         for (task_id, message_id) in ids {
             write_tx!(self, tx => {
-                sqlx::query("UPDATE agent_step SET input = NULL, output = NULL WHERE task_id = $1")
+                sqlx::query(&purge_steps)
                     .bind(task_id)
                     .execute(&mut *tx)
                     .await?;

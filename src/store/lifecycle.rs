@@ -308,6 +308,21 @@ impl Store {
                 return Ok(Control::Purged);
             }
             let restart_no = restarts + 1;
+            // The task first: the rollups take it out with the steps it finished with
+            // (migration 0023).
+            sqlx::query(
+                "UPDATE agent_task SET status = 'PENDING', result = NULL, trace = NULL, \
+                 failure_type = NULL, error_msg = NULL, context_summary = NULL, \
+                 confirm_deadline = NULL, pause_requested = 0, restart_count = $1, \
+                 resume_count = resume_count + 1, run_aborts = 0, version = version + 1, \
+                 owner = NULL, lease_expire = NULL, run_after = $2, finished_at = NULL, updated_at = $2 \
+                 WHERE id = $3",
+            )
+            .bind(restart_no)
+            .bind(now)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
             sqlx::query(
                 "INSERT INTO agent_step_superseded (id, task_id, restart_no, step_no, step_type, \
                  tool_name, idempotency_key, input, output, error, status, tokens_in, tokens_out, \
@@ -326,19 +341,6 @@ impl Store {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-            sqlx::query(
-                "UPDATE agent_task SET status = 'PENDING', result = NULL, trace = NULL, \
-                 failure_type = NULL, error_msg = NULL, context_summary = NULL, \
-                 confirm_deadline = NULL, pause_requested = 0, restart_count = $1, \
-                 resume_count = resume_count + 1, run_aborts = 0, version = version + 1, \
-                 owner = NULL, lease_expire = NULL, run_after = $2, finished_at = NULL, updated_at = $2 \
-                 WHERE id = $3",
-            )
-            .bind(restart_no)
-            .bind(now)
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
             insert_audit!(
                 &mut *tx,
                 Some(task_id),

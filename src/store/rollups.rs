@@ -21,6 +21,19 @@ const LIVE_TASKS: &str = "SELECT status, failure_type, claim_count FROM agent_ta
 /// Lease takeovers of a task row: its claims after the first.
 const TAKEOVERS: &str = "CASE WHEN claim_count > 1 THEN claim_count - 1 ELSE 0 END";
 
+/// The terminal task states, the ones the rollups count.
+pub(super) const FINISHED: &str = "('SUCCEEDED', 'FAILED', 'CANCELLED')";
+
+/// Where a reply row `r` stands as a chat user sees it: DELIVERED (sent, and not a
+/// placeholder still waiting for its answer), PENDING (to be sent, or a placeholder shown),
+/// FAILED (given up) or UNKNOWN (given up in doubt). NULL without a row.
+pub(super) const ANSWER_STATE: &str = "CASE WHEN r.status = 'SENT' AND r.placeholder = 0 \
+     THEN 'DELIVERED' WHEN r.status = 'SENT' THEN 'PENDING' ELSE r.status END";
+
+/// The key of a task `t`'s answer (`domain::reply_key`).
+pub(super) const ANSWER_KEY: &str = "'agent-task-' || CAST(t.id AS TEXT) || \
+     CASE WHEN t.resume_count = 0 THEN '' ELSE '-r' || CAST(t.resume_count AS TEXT) END";
+
 /// Task counts per (status, failure type): tasks and lease takeovers. From the rollups plus
 /// the live tasks, and from every task row (what the rollups must equal).
 fn task_cells(rolled: bool) -> String {
@@ -100,25 +113,22 @@ impl Store {
     /// transaction. On PostgreSQL the rollup tables are locked first: a task finishing
     /// meanwhile waits, then adds itself to the recount (which did not see it).
     pub async fn rebuild_rollups(&self) -> StoreResult<()> {
-        let statements = [
-            "DELETE FROM task_rollup",
-            "DELETE FROM reply_rollup",
-            "INSERT INTO task_rollup SELECT created_at / 3600000, agent_id, agent_version_id, \
-             channel, status, COALESCE(failure_type, ''), 0, COUNT(*), \
-             SUM(CASE WHEN claim_count > 1 THEN claim_count - 1 ELSE 0 END) \
-             FROM agent_task WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') \
-             GROUP BY 1, 2, 3, 4, 5, 6",
-            "INSERT INTO reply_rollup SELECT created_at / 3600000, channel, status, \
-             placeholder, 0, COUNT(*) FROM outbound_reply WHERE status <> 'PENDING' \
-             GROUP BY 1, 2, 3, 4",
-        ];
+        let fills = refill(self.dialect());
         write_tx!(self, tx => {
             if matches!(self, Store::Postgres(_)) {
-                sqlx::query("LOCK TABLE task_rollup, reply_rollup IN EXCLUSIVE MODE")
+                sqlx::query(
+                    "LOCK TABLE task_rollup, reply_rollup, token_rollup, latency_rollup \
+                     IN EXCLUSIVE MODE",
+                )
+                .execute(&mut *tx)
+                .await?;
+            }
+            for rollup in ROLLUPS {
+                sqlx::query(&format!("DELETE FROM {}", rollup.table))
                     .execute(&mut *tx)
                     .await?;
             }
-            for sql in statements {
+            for sql in &fills {
                 sqlx::query(sql).execute(&mut *tx).await?;
             }
         });
@@ -129,36 +139,133 @@ impl Store {
     /// counts each backend in a row of its own; SQLite has only slot 0) and drops cells
     /// that sum to nothing; the sums do not change. Run by the retention job.
     pub async fn fold_rollups(&self, before_hour: i64) -> StoreResult<u64> {
-        let fold = [
-            "WITH moved AS (DELETE FROM task_rollup WHERE hour < $1 AND slot <> 0 RETURNING *) \
-             INSERT INTO task_rollup SELECT hour, agent_id, agent_version_id, channel, status, \
-             failure_type, 0, SUM(tasks), SUM(takeovers) FROM moved GROUP BY 1, 2, 3, 4, 5, 6 \
-             ON CONFLICT (hour, agent_id, agent_version_id, channel, status, failure_type, slot) \
-             DO UPDATE SET tasks = task_rollup.tasks + excluded.tasks, \
-             takeovers = task_rollup.takeovers + excluded.takeovers",
-            "WITH moved AS (DELETE FROM reply_rollup WHERE hour < $1 AND slot <> 0 RETURNING *) \
-             INSERT INTO reply_rollup SELECT hour, channel, status, placeholder, 0, \
-             SUM(replies) FROM moved GROUP BY 1, 2, 3, 4 \
-             ON CONFLICT (hour, channel, status, placeholder, slot) \
-             DO UPDATE SET replies = reply_rollup.replies + excluded.replies",
-        ];
-        let empty = [
-            "DELETE FROM task_rollup WHERE hour < $1 AND tasks = 0 AND takeovers = 0",
-            "DELETE FROM reply_rollup WHERE hour < $1 AND replies = 0",
-        ];
         let postgres = matches!(self, Store::Postgres(_));
         let folded = write_tx!(self, tx => {
             let mut folded = 0;
-            let statements = if postgres { &fold[..] } else { &[] };
-            for sql in statements.iter().chain(&empty) {
-                folded += sqlx::query(sql)
-                    .bind(before_hour)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
+            for rollup in ROLLUPS {
+                let statements = [
+                    postgres.then(|| rollup.fold()),
+                    Some(rollup.drop_empty()),
+                ];
+                for sql in statements.iter().flatten() {
+                    folded += sqlx::query(sql)
+                        .bind(before_hour)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                }
             }
             folded
         });
         Ok(folded)
     }
+}
+
+/// A rollup table: its cell (without `hour` and `slot`) and its counts.
+struct Rollup {
+    table: &'static str,
+    cell: &'static [&'static str],
+    counts: &'static [&'static str],
+}
+
+const ROLLUPS: [Rollup; 4] = [
+    Rollup {
+        table: "task_rollup",
+        cell: &[
+            "agent_id",
+            "agent_version_id",
+            "channel",
+            "status",
+            "failure_type",
+            "delivery",
+        ],
+        counts: &["tasks", "takeovers"],
+    },
+    Rollup {
+        table: "reply_rollup",
+        cell: &["channel", "status", "placeholder"],
+        counts: &["replies"],
+    },
+    Rollup {
+        table: "token_rollup",
+        cell: &["agent_id", "channel", "failure_type", "model"],
+        counts: &["calls", "prompt_tokens", "completion_tokens"],
+    },
+    Rollup {
+        table: "latency_rollup",
+        cell: &["agent_id", "channel", "failure_type", "le"],
+        counts: &["answers"],
+    },
+];
+
+impl Rollup {
+    /// PostgreSQL: the rows of hours before `$1` moved into slot 0, one per cell.
+    fn fold(&self) -> String {
+        let (table, cell) = (self.table, self.cell.join(", "));
+        let sums: Vec<String> = self.counts.iter().map(|c| format!("SUM({c})")).collect();
+        let added: Vec<String> = self
+            .counts
+            .iter()
+            .map(|c| format!("{c} = {table}.{c} + excluded.{c}"))
+            .collect();
+        format!(
+            "WITH moved AS (DELETE FROM {table} WHERE hour < $1 AND slot <> 0 RETURNING *) \
+             INSERT INTO {table} (hour, {cell}, slot, {counts}) \
+             SELECT hour, {cell}, 0, {sums} FROM moved GROUP BY hour, {cell} \
+             ON CONFLICT (hour, {cell}, slot) DO UPDATE SET {added}",
+            counts = self.counts.join(", "),
+            sums = sums.join(", "),
+            added = added.join(", "),
+        )
+    }
+
+    /// Cells of hours before `$1` whose counts are all 0.
+    fn drop_empty(&self) -> String {
+        let zero: Vec<String> = self.counts.iter().map(|c| format!("{c} = 0")).collect();
+        format!(
+            "DELETE FROM {} WHERE hour < $1 AND {}",
+            self.table,
+            zero.join(" AND ")
+        )
+    }
+}
+
+/// The rollups counted from history (migrations 0022 and 0023 fill them the same way).
+fn refill(dialect: super::Dialect) -> [String; 4] {
+    let model = match dialect {
+        super::Dialect::Sqlite => {
+            "CASE WHEN json_valid(s.input) THEN json_extract(s.input, '$.model') END"
+        }
+        super::Dialect::Postgres => "step_model(s.input)",
+    };
+    [
+        format!(
+            "INSERT INTO task_rollup SELECT t.created_at / 3600000, t.agent_id, \
+             t.agent_version_id, t.channel, t.status, COALESCE(t.failure_type, ''), \
+             COALESCE({ANSWER_STATE}, ''), 0, COUNT(*), SUM({TAKEOVERS}) \
+             FROM agent_task t LEFT JOIN outbound_reply r ON r.idempotency_key = {ANSWER_KEY} \
+             WHERE t.status IN {FINISHED} GROUP BY 1, 2, 3, 4, 5, 6, 7"
+        ),
+        "INSERT INTO reply_rollup SELECT created_at / 3600000, channel, status, placeholder, \
+         0, COUNT(*) FROM outbound_reply WHERE status <> 'PENDING' GROUP BY 1, 2, 3, 4"
+            .to_string(),
+        format!(
+            "INSERT INTO token_rollup SELECT t.created_at / 3600000, t.agent_id, t.channel, \
+             COALESCE(t.failure_type, ''), COALESCE({model}, ''), 0, COUNT(*), \
+             SUM(s.tokens_in), COALESCE(SUM(s.tokens_out), 0) \
+             FROM agent_task t JOIN agent_step s ON s.task_id = t.id \
+             WHERE t.status IN {FINISHED} AND s.step_type = 'llm' AND s.tokens_in IS NOT NULL \
+             GROUP BY 1, 2, 3, 4, 5"
+        ),
+        format!(
+            "INSERT INTO latency_rollup SELECT t.created_at / 3600000, t.agent_id, t.channel, \
+             COALESCE(t.failure_type, ''), \
+             COALESCE((SELECT MIN(le) FROM latency_bound WHERE le >= r.sent_at - m.received_at), \
+             (SELECT MAX(le) FROM latency_bound)), 0, COUNT(*) \
+             FROM agent_task t JOIN outbound_reply r ON r.idempotency_key = {ANSWER_KEY} \
+             JOIN im_message m ON m.id = t.message_id \
+             WHERE t.status IN {FINISHED} AND r.status = 'SENT' AND r.placeholder = 0 \
+             GROUP BY 1, 2, 3, 4, 5"
+        ),
+    ]
 }

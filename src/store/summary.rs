@@ -1,5 +1,9 @@
-//! Read models for the admin dashboard and metrics: grouped counts, latencies, top errors.
+//! Read models for the admin dashboard: grouped counts, latencies, tokens, top errors. The
+//! finished history is read from the rollups (migrations 0022, 0023), so a summary costs the
+//! same at a thousand tasks kept as at a million; live tasks and the replies not getting
+//! through are read from history, through the partial indexes that hold them.
 
+use super::rollups::{ANSWER_KEY, ANSWER_STATE};
 use super::{Store, StoreResult, on_pool};
 use crate::domain::{FailureType, TaskStatus};
 
@@ -67,17 +71,19 @@ pub struct ErrorRow {
     pub count: i64,
 }
 
-/// A reply row `r` as a chat user sees it: DELIVERED (sent, and not a placeholder still
-/// waiting for its answer), PENDING (to be sent, or a placeholder shown), FAILED (given up)
-/// or UNKNOWN (given up in doubt).
-const DELIVERY_STATE: &str = "CASE WHEN r.status = 'SENT' AND r.placeholder = 0 THEN 'DELIVERED' \
-     WHEN r.status = 'SENT' THEN 'PENDING' ELSE r.status END";
+/// Most of the newest failures of the window read for the top errors.
+pub const ERROR_SAMPLE: i64 = 10_000;
 
-/// The key of a task `t`'s answer (`domain::reply_key`).
-const ANSWER_KEY: &str = "'agent-task-' || CAST(t.id AS TEXT) || CASE WHEN t.resume_count = 0 \
-     THEN '' ELSE '-r' || CAST(t.resume_count AS TEXT) END";
+/// The live tasks, one arm per partial index (`agent_task_pending`, `_running`, `_waiting`,
+/// `_paused`): few, read from history; finished ones are in the rollups. Joined to them by
+/// CROSS JOIN, which SQLite never reorders: its planner does not know they are few and
+/// would otherwise walk the window's tasks (history) and look each up among them.
+const LIVE_IDS: &str = "SELECT id FROM agent_task WHERE status = 'PENDING' \
+     UNION ALL SELECT id FROM agent_task WHERE status = 'RUNNING' \
+     UNION ALL SELECT id FROM agent_task WHERE status = 'WAITING_HUMAN_CONFIRM' \
+     UNION ALL SELECT id FROM agent_task WHERE status = 'PAUSED'";
 
-/// `query` with the five parameters of `FILTER` (`$2` to `$6`) bound from `f`.
+/// `query` with the five parameters of the filters (`$2` to `$6`) bound from `f`.
 macro_rules! with_filter {
     ($query:expr, $f:expr) => {
         $query
@@ -89,25 +95,53 @@ macro_rules! with_filter {
     };
 }
 
-const FILTER: &str = "t.created_at >= $2 AND t.created_at < $3 \
-     AND ($4 IS NULL OR a.name = $4) AND ($5 IS NULL OR t.channel = $5) \
-     AND ($6 IS NULL OR t.failure_type = $6)";
+/// Tasks `t` of the window (milliseconds), agent, platform and failure type.
+const TASKS: &str = "t.created_at >= $2 AND t.created_at < $3 \
+     AND ($4 IS NULL OR t.agent_id IN (SELECT id FROM agent WHERE name = $4)) \
+     AND ($5 IS NULL OR t.channel = $5) AND ($6 IS NULL OR t.failure_type = $6)";
+
+/// Rollup rows `ro` of the window's hours (it is whole hours), agent, platform and failure
+/// type (`''` in a rollup for none).
+const ROLLED: &str = "ro.hour >= $2 / 3600000 AND ro.hour < $3 / 3600000 \
+     AND ($4 IS NULL OR ro.agent_id IN (SELECT id FROM agent WHERE name = $4)) \
+     AND ($5 IS NULL OR ro.channel = $5) AND ($6 IS NULL OR ro.failure_type = $6)";
+
+impl SummaryFilter {
+    /// The filter over whole hours (the rollups' grain): `since` down, `until` up.
+    pub fn whole_hours(&self) -> SummaryFilter {
+        const HOUR: i64 = 3_600_000;
+        SummaryFilter {
+            since: self.since.div_euclid(HOUR) * HOUR,
+            until: (self.until + HOUR - 1).div_euclid(HOUR) * HOUR,
+            ..self.clone()
+        }
+    }
+}
 
 impl Store {
-    /// Task counts per bucket (`bucket_ms` wide), agent, version, status and failure type.
+    /// Task counts per bucket (`bucket_ms` wide, whole hours), agent, version, status,
+    /// failure type and answer state: finished tasks from `task_rollup`, live ones from
+    /// history. The filter's window must be whole hours ([`SummaryFilter::whole_hours`]).
     pub async fn summary_counts(
         &self,
         f: &SummaryFilter,
         bucket_ms: i64,
     ) -> StoreResult<Vec<SummaryRow>> {
         let sql = format!(
-            "SELECT (t.created_at / $1) * $1 AS bucket, a.name AS agent, v.version_no AS version, \
-             t.status, t.failure_type, \
-             (SELECT {DELIVERY_STATE} FROM outbound_reply r \
-                 WHERE r.idempotency_key = {ANSWER_KEY}) AS delivery, COUNT(*) AS count \
-             FROM agent_task t JOIN agent a ON a.id = t.agent_id \
-             JOIN agent_version v ON v.id = t.agent_version_id WHERE {FILTER} \
-             GROUP BY 1, 2, 3, 4, 5, 6 \
+            "SELECT c.bucket, a.name AS agent, v.version_no AS version, c.status, \
+             c.failure_type, c.delivery, c.count FROM ( \
+             SELECT (ro.hour * 3600000 / $1) * $1 AS bucket, ro.agent_id, ro.agent_version_id, \
+             ro.status, NULLIF(ro.failure_type, '') AS failure_type, \
+             NULLIF(ro.delivery, '') AS delivery, CAST(SUM(ro.tasks) AS BIGINT) AS count \
+             FROM task_rollup ro WHERE {ROLLED} GROUP BY 1, 2, 3, 4, 5, 6 \
+             HAVING SUM(ro.tasks) <> 0 \
+             UNION ALL SELECT (t.created_at / $1) * $1, t.agent_id, t.agent_version_id, \
+             t.status, t.failure_type, {ANSWER_STATE}, COUNT(*) \
+             FROM ({LIVE_IDS}) l CROSS JOIN agent_task t \
+             LEFT JOIN outbound_reply r ON r.idempotency_key = {ANSWER_KEY} \
+             WHERE t.id = l.id AND {TASKS} \
+             GROUP BY 1, 2, 3, 4, 5, 6) c \
+             JOIN agent a ON a.id = c.agent_id JOIN agent_version v ON v.id = c.agent_version_id \
              ORDER BY 1"
         );
         Ok(on_pool!(self, pool => {
@@ -117,17 +151,21 @@ impl Store {
         }))
     }
 
-    /// The replies of the filtered tasks (answers, notices, placeholders) per platform and
-    /// state.
+    /// The answers of the filtered tasks per platform and state (from `task_rollup`, live
+    /// tasks from history).
     pub async fn delivery_by_channel(
         &self,
         f: &SummaryFilter,
     ) -> StoreResult<Vec<ChannelDelivery>> {
         let sql = format!(
-            "SELECT r.channel, {DELIVERY_STATE} AS state, COUNT(*) AS count \
-             FROM outbound_reply r JOIN agent_task t ON t.id = r.task_id \
-             JOIN agent a ON a.id = t.agent_id WHERE $1 = $1 AND {FILTER} \
-             GROUP BY 1, 2 ORDER BY 1, 2"
+            "SELECT channel, state, CAST(SUM(count) AS BIGINT) AS count FROM ( \
+             SELECT ro.channel, ro.delivery AS state, SUM(ro.tasks) AS count \
+             FROM task_rollup ro WHERE ro.delivery <> '' AND $1 = $1 AND {ROLLED} \
+             GROUP BY 1, 2 \
+             UNION ALL SELECT t.channel, {ANSWER_STATE}, COUNT(*) \
+             FROM ({LIVE_IDS}) l CROSS JOIN agent_task t CROSS JOIN outbound_reply r \
+             WHERE t.id = l.id AND r.idempotency_key = {ANSWER_KEY} AND {TASKS} \
+             GROUP BY 1, 2) d GROUP BY 1, 2 HAVING SUM(count) <> 0 ORDER BY 1, 2"
         );
         Ok(on_pool!(self, pool => {
             with_filter!(sqlx::query_as::<_, ChannelDelivery>(&sql).bind(0i64), f)
@@ -150,7 +188,8 @@ impl Store {
     }
 
     /// Replies of the filtered tasks that are not getting through (given up, in doubt, or
-    /// failed at least once and still retrying), newest first.
+    /// failed at least once and still retrying), newest first: read through the partial
+    /// indexes of given-up and pending replies, not the whole outbox.
     pub async fn stuck_replies(
         &self,
         f: &SummaryFilter,
@@ -158,11 +197,12 @@ impl Store {
     ) -> StoreResult<Vec<StuckReply>> {
         let sql = format!(
             "SELECT r.id, r.task_id, r.channel, r.conversation_id, r.status, r.attempts, \
-             r.last_error, r.created_at, r.next_attempt_at FROM outbound_reply r \
-             JOIN agent_task t ON t.id = r.task_id JOIN agent a ON a.id = t.agent_id \
-             WHERE (r.status IN ('FAILED', 'UNKNOWN') \
-                 OR (r.status = 'PENDING' AND r.last_error IS NOT NULL)) AND {FILTER} \
-             ORDER BY r.id DESC LIMIT $1"
+             r.last_error, r.created_at, r.next_attempt_at FROM ( \
+             SELECT id FROM outbound_reply WHERE status IN ('FAILED', 'UNKNOWN') \
+             UNION ALL SELECT id FROM outbound_reply \
+             WHERE status = 'PENDING' AND last_error IS NOT NULL) s \
+             CROSS JOIN outbound_reply r CROSS JOIN agent_task t \
+             WHERE r.id = s.id AND t.id = r.task_id AND {TASKS} ORDER BY r.id DESC LIMIT $1"
         );
         Ok(on_pool!(self, pool => {
             with_filter!(sqlx::query_as::<_, StuckReply>(&sql).bind(limit), f)
@@ -172,24 +212,28 @@ impl Store {
     }
 
     /// Model calls and tokens of the filtered tasks, per agent and model (the model read
-    /// from each journalled request).
+    /// from each journalled request): finished tasks from `token_rollup`, live ones from
+    /// their steps.
     pub async fn tokens_by_agent_model(&self, f: &SummaryFilter) -> StoreResult<Vec<TokenRow>> {
         let model = match self.dialect() {
             super::Dialect::Sqlite => {
                 "(CASE WHEN json_valid(s.input) THEN json_extract(s.input, '$.model') END)"
             }
-            super::Dialect::Postgres => {
-                "(CASE WHEN s.input LIKE '{%' THEN s.input::json ->> 'model' END)"
-            }
+            super::Dialect::Postgres => "step_model(s.input)",
         };
         let sql = format!(
-            "SELECT a.name AS agent, {model} AS model, COUNT(*) AS calls, \
-             CAST(COALESCE(SUM(s.tokens_in), 0) AS BIGINT) AS prompt_tokens, \
-             CAST(COALESCE(SUM(s.tokens_out), 0) AS BIGINT) AS completion_tokens \
-             FROM agent_step s JOIN agent_task t ON t.id = s.task_id \
-             JOIN agent a ON a.id = t.agent_id \
-             WHERE s.step_type = 'llm' AND s.tokens_in IS NOT NULL AND $1 = $1 AND {FILTER} \
-             GROUP BY 1, 2 ORDER BY 1, 2"
+            "SELECT a.name AS agent, NULLIF(c.model, '') AS model, \
+             CAST(SUM(c.calls) AS BIGINT) AS calls, \
+             CAST(SUM(c.prompt_tokens) AS BIGINT) AS prompt_tokens, \
+             CAST(SUM(c.completion_tokens) AS BIGINT) AS completion_tokens FROM ( \
+             SELECT ro.agent_id, ro.model, ro.calls, ro.prompt_tokens, ro.completion_tokens \
+             FROM token_rollup ro WHERE $1 = $1 AND {ROLLED} \
+             UNION ALL SELECT t.agent_id, COALESCE({model}, ''), 1, s.tokens_in, \
+             COALESCE(s.tokens_out, 0) FROM ({LIVE_IDS}) l CROSS JOIN agent_task t \
+             CROSS JOIN agent_step s WHERE t.id = l.id AND s.task_id = t.id \
+             AND s.step_type = 'llm' AND s.tokens_in IS NOT NULL AND {TASKS}) c \
+             JOIN agent a ON a.id = c.agent_id GROUP BY 1, 2 HAVING SUM(c.calls) <> 0 \
+             ORDER BY 1, 2"
         );
         Ok(on_pool!(self, pool => {
             with_filter!(sqlx::query_as::<_, TokenRow>(&sql).bind(0i64), f)
@@ -198,33 +242,33 @@ impl Store {
         }))
     }
 
-    /// Milliseconds from webhook to delivered reply, for up to `limit` replies.
-    pub async fn reply_latencies(&self, f: &SummaryFilter, limit: i64) -> StoreResult<Vec<i64>> {
+    /// Webhook-to-answer times of the filtered tasks' delivered answers, as a histogram:
+    /// (upper bound in ms, answers), ascending (`latency_rollup`).
+    pub async fn answer_latencies(&self, f: &SummaryFilter) -> StoreResult<Vec<(i64, i64)>> {
         let sql = format!(
-            "SELECT r.sent_at - m.received_at FROM outbound_reply r \
-             JOIN agent_task t ON t.id = r.task_id JOIN im_message m ON m.id = t.message_id \
-             JOIN agent a ON a.id = t.agent_id \
-             WHERE r.status = 'SENT' AND r.idempotency_key NOT LIKE '%-confirm-%' AND {FILTER} \
-             ORDER BY r.id DESC LIMIT $1"
-        );
-        let rows: Vec<(i64,)> = on_pool!(self, pool => {
-            with_filter!(sqlx::query_as(&sql).bind(limit), f)
-                .fetch_all(pool)
-                .await?
-        });
-        Ok(rows.into_iter().map(|r| r.0).collect())
-    }
-
-    /// The most frequent error messages of failed tasks, per failure type.
-    pub async fn top_errors(&self, f: &SummaryFilter) -> StoreResult<Vec<ErrorRow>> {
-        let sql = format!(
-            "SELECT t.failure_type, t.error_msg, COUNT(*) AS count FROM agent_task t \
-             JOIN agent a ON a.id = t.agent_id \
-             WHERE t.failure_type IS NOT NULL AND t.error_msg IS NOT NULL AND $1 = $1 AND {FILTER} \
-             GROUP BY t.failure_type, t.error_msg ORDER BY count DESC LIMIT 200"
+            "SELECT ro.le, CAST(SUM(ro.answers) AS BIGINT) FROM latency_rollup ro \
+             WHERE $1 = $1 AND {ROLLED} GROUP BY ro.le HAVING SUM(ro.answers) <> 0 ORDER BY 1"
         );
         Ok(on_pool!(self, pool => {
-            with_filter!(sqlx::query_as::<_, ErrorRow>(&sql).bind(0i64), f)
+            with_filter!(sqlx::query_as(&sql).bind(0i64), f)
+                .fetch_all(pool)
+                .await?
+        }))
+    }
+
+    /// The most frequent error messages among the newest `sample` failures of the filtered
+    /// tasks, per failure type (read through the partial index of failed tasks).
+    pub async fn top_errors(&self, f: &SummaryFilter, sample: i64) -> StoreResult<Vec<ErrorRow>> {
+        let sql = format!(
+            "SELECT failure_type, error_msg, COUNT(*) AS count FROM ( \
+             SELECT t.failure_type, t.error_msg FROM agent_task t \
+             WHERE t.failure_type IS NOT NULL AND {TASKS} \
+             ORDER BY t.created_at DESC LIMIT $1) e \
+             WHERE error_msg IS NOT NULL GROUP BY failure_type, error_msg \
+             ORDER BY count DESC LIMIT 200"
+        );
+        Ok(on_pool!(self, pool => {
+            with_filter!(sqlx::query_as::<_, ErrorRow>(&sql).bind(sample), f)
                 .fetch_all(pool)
                 .await?
         }))

@@ -1,6 +1,6 @@
 //! The rollups behind `/metrics` (issue 35, migration 0022): after a random mix of
 //! outcomes (answers, model failures, cancellations, pauses), reply retries, resumes of
-//! failed tasks, a restart, retention and folding, the counts read from the rollups and the
+//! failed tasks, restarts of finished ones, a restart, retention and folding, the counts read from the rollups and the
 //! live rows equal a recount of every row kept; a damaged rollup is mended by a rebuild.
 
 use std::time::{Duration, Instant};
@@ -51,6 +51,96 @@ async fn settled_and_equal(store: &assistd::store::Store, when: &str) {
     println!("{when}: {rolled}");
 }
 
+/// Every rollup cell's sums over its slots (the cells that sum to something), as text.
+async fn cells(store: &assistd::store::Store) -> Vec<String> {
+    let tables = [
+        (
+            "task_rollup",
+            "agent_id, agent_version_id, channel, status, failure_type, delivery",
+            "tasks, takeovers",
+        ),
+        ("reply_rollup", "channel, status, placeholder", "replies"),
+        (
+            "token_rollup",
+            "agent_id, channel, failure_type, model",
+            "calls, prompt_tokens, completion_tokens",
+        ),
+        (
+            "latency_rollup",
+            "agent_id, channel, failure_type, le",
+            "answers",
+        ),
+    ];
+    let mut all = Vec::new();
+    for (table, cell, counts) in tables {
+        let text = |list: &str, sum: bool| {
+            list.split(", ")
+                .map(|c| {
+                    if sum {
+                        format!("CAST(SUM({c}) AS TEXT)")
+                    } else {
+                        format!("CAST({c} AS TEXT)")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" || '|' || ")
+        };
+        let nonzero: Vec<String> = counts
+            .split(", ")
+            .map(|c| format!("SUM({c}) <> 0"))
+            .collect();
+        let sql = format!(
+            "SELECT '{table}|' || CAST(hour AS TEXT) || '|' || {} || '|' || {} FROM {table} \
+             GROUP BY hour, {cell} HAVING {} ORDER BY 1",
+            text(cell, false),
+            text(counts, true),
+            nonzero.join(" OR ")
+        );
+        let rows: Vec<String> = match store {
+            assistd::store::Store::Sqlite(pool, _) => {
+                sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap()
+            }
+            assistd::store::Store::Postgres(pool) => {
+                sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap()
+            }
+        };
+        all.extend(rows);
+    }
+    all
+}
+
+/// The failure summary of the last hours (to the end of this one).
+async fn summary(app: &TestApp) -> serde_json::Value {
+    let now = assistd::domain::now_ms();
+    let path = format!(
+        "/api/admin/failure-summary?bucket=hour&since={}&until={}",
+        now - 3 * 3_600_000,
+        now + 3_600_000
+    );
+    let (status, body) = app.admin_call(Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The rollups the triggers kept equal what a rebuild counts from history: cell by cell,
+/// and as the failure summary shows them.
+async fn kept_equal_rebuilt(app: &TestApp, when: &str) {
+    settled_and_equal(app.store(), when).await;
+    let (kept, kept_summary) = (cells(app.store()).await, summary(app).await);
+    app.store().rebuild_rollups().await.unwrap();
+    let (rebuilt, rebuilt_summary) = (cells(app.store()).await, summary(app).await);
+    assert_eq!(kept, rebuilt, "{when}: rollup cells");
+    assert_eq!(kept_summary, rebuilt_summary, "{when}: failure summary");
+    assert!(
+        kept.iter().any(|c| c.starts_with("token_rollup|")),
+        "{when}: {kept:?}"
+    );
+    assert!(
+        kept.iter().any(|c| c.starts_with("latency_rollup|")),
+        "{when}: {kept:?}"
+    );
+}
+
 async fn task_action(app: &TestApp, id: i64, action: &str) {
     let path = format!("/api/tasks/{id}/{action}");
     // 409 when the task is no longer in a state the action applies to: part of the mix.
@@ -94,7 +184,7 @@ async fn rollups_equal_a_recount_after_a_random_mix() {
             task_action(&app, *id, "unpause").await;
         }
     }
-    settled_and_equal(app.store(), "after the mix").await;
+    kept_equal_rebuilt(&app, "after the mix").await;
 
     // Failed tasks resumed (they fail again or, cancelled ones aside, are answered).
     for id in &ids {
@@ -102,7 +192,13 @@ async fn rollups_equal_a_recount_after_a_random_mix() {
             task_action(&app, *id, "resume").await;
         }
     }
-    settled_and_equal(app.store(), "after the resumes").await;
+    kept_equal_rebuilt(&app, "after the resumes").await;
+
+    // Finished tasks run again from their first step (their model calls superseded).
+    for id in ids.iter().filter(|_| rng.bool()) {
+        task_action(&app, *id, "restart").await;
+    }
+    kept_equal_rebuilt(&app, "after the restarts").await;
 
     // A restart on the same database, and a few more messages.
     let (db, model, receiver) = app.stop_keeping_db().await;
@@ -113,7 +209,7 @@ async fn rollups_equal_a_recount_after_a_random_mix() {
         let text = kinds[rng.usize(..kinds.len())];
         task_id_of(app.post_message(&message("mix-after", n, text)).await).await;
     }
-    settled_and_equal(app.store(), "after the restart").await;
+    kept_equal_rebuilt(&app, "after the restart").await;
 
     // Retention keeps rows and their states: the counts do not move.
     let now = assistd::domain::now_ms();
@@ -123,12 +219,12 @@ async fn rollups_equal_a_recount_after_a_random_mix() {
         .await
         .unwrap();
     assert!(purged > 0);
-    settled_and_equal(app.store(), "after retention").await;
+    kept_equal_rebuilt(&app, "after retention").await;
 
     // Folding finished hours into one row per cell changes no sum and leaves no
     // per-connection row behind.
     app.store().fold_rollups(now / 3_600_000 + 1).await.unwrap();
-    settled_and_equal(app.store(), "after folding").await;
+    kept_equal_rebuilt(&app, "after folding").await;
     let per_connection = "SELECT COUNT(*) FROM task_rollup WHERE slot <> 0";
     let left: i64 = match app.store() {
         assistd::store::Store::Sqlite(pool, _) => sqlx::query_scalar(per_connection)

@@ -1,8 +1,8 @@
 //! `history`: the admin read paths over a long history. N finished tasks of the last day, each
-//! with its message and its delivered answer (one in ten failed), are written straight into
+//! with its message and its delivered answer (one in ten failed, with one of seven errors), are written straight into
 //! the database; then the failure summary (`GET /api/admin/failure-summary`, the dashboard's query,
 //! over the default 24-hour window: every seeded task) and `/metrics` (its database gauges)
-//! are each fetched `rounds` times: p50 and max.
+//! are each fetched 100 times: p50, p99 and max.
 
 use std::time::{Duration, Instant};
 
@@ -23,11 +23,12 @@ const MESSAGES: &str = "WITH RECURSIVE n(i) AS (SELECT CAST(1 AS BIGINT) UNION A
      'h-c-' || CAST(i % 1000 AS TEXT), 'u', 'history message ' || CAST(i AS TEXT), \
      $2 - i * $3 FROM n";
 const TASKS: &str = "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
-     conversation_id, message_id, trigger_user, status, failure_type, run_after, created_at, \
-     updated_at, finished_at) \
+     conversation_id, message_id, trigger_user, status, failure_type, error_msg, run_after, \
+     created_at, updated_at, finished_at) \
      SELECT $1, $2, 'conversation_reply', m.channel, m.conversation_id, m.id, m.sender_id, \
      CASE WHEN m.id % 10 = 0 THEN 'FAILED' ELSE 'SUCCEEDED' END, \
      CASE WHEN m.id % 10 = 0 THEN 'PROVIDER_ERROR' END, \
+     CASE WHEN m.id % 10 = 0 THEN 'model call failed: HTTP 50' || CAST(m.id % 7 AS TEXT) END, \
      m.received_at, m.received_at, m.received_at + 1000, m.received_at + 1000 \
      FROM im_message m WHERE m.channel = 'generic' AND m.external_event_id LIKE 'h-e-%'";
 const REPLIES: &str = "INSERT INTO outbound_reply (task_id, idempotency_key, channel, \
@@ -109,7 +110,7 @@ pub(crate) async fn history(args: &Args) -> anyhow::Result<()> {
     seed(&db, args.db, args.n).await?;
     let seeding = started.elapsed();
     let http = reqwest::Client::new();
-    let rounds = 10;
+    let rounds = 100;
     let base = format!("http://{}", server.addr);
     let (summary, body) =
         timed(&http, &format!("{base}/api/admin/failure-summary"), rounds).await?;
@@ -126,14 +127,16 @@ pub(crate) async fn history(args: &Args) -> anyhow::Result<()> {
     let (metrics, _) = timed(&http, &format!("{base}/metrics"), rounds).await?;
     let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
     println!(
-        "scenario=history db={} n={} seeded_in={:.1}s summary_p50={:.1}ms summary_max={:.1}ms \
-         metrics_p50={:.1}ms metrics_max={:.1}ms",
+        "scenario=history db={} n={} seeded_in={:.1}s summary_p50={:.1}ms summary_p99={:.1}ms \
+         summary_max={:.1}ms metrics_p50={:.1}ms metrics_p99={:.1}ms metrics_max={:.1}ms",
         db_name(args.db),
         args.n,
         seeding.as_secs_f64(),
         percentile(&summary, 0.50),
+        percentile(&summary, 0.99),
         ms(summary.last()),
         percentile(&metrics, 0.50),
+        percentile(&metrics, 0.99),
         ms(metrics.last()),
     );
     server.stop().await;
