@@ -363,6 +363,11 @@ impl Store {
 
     /// Tasks, newest first, matching every filter `search` sets (see [`TaskSearch`]).
     pub async fn find_tasks(&self, search: &TaskSearch) -> StoreResult<Vec<TaskRow>> {
+        let short = search
+            .text
+            .as_deref()
+            .is_some_and(|t| t.chars().count() < 3);
+        let matching = message_search(self.dialect(), short);
         let risk = if search.risky {
             " AND EXISTS (SELECT 1 FROM audit_log a WHERE a.task_id = agent_task.id AND a.risk_flag)"
         } else {
@@ -375,19 +380,13 @@ impl Store {
              AND ($6 IS NULL OR agent_id = (SELECT id FROM agent WHERE name = $6)) \
              AND ($7 IS NULL OR created_at >= $7) AND ($8 IS NULL OR created_at < $8) \
              AND ($9 IS NULL OR id < $9) \
-             AND ($10 IS NULL OR message_id IN (SELECT id FROM im_message \
-                 WHERE LOWER(text) LIKE $10 ESCAPE '\\')){risk} \
+             AND ($10 IS NULL OR message_id IN ({matching})){risk} \
              ORDER BY id DESC LIMIT $3"
         );
-        // The text as a case-insensitive substring, its own % and _ taken literally.
-        let text = search.text.as_deref().map(|t| {
-            let escaped = t
-                .to_lowercase()
-                .replace('\\', "\\\\")
-                .replace('%', "\\%")
-                .replace('_', "\\_");
-            format!("%{escaped}%")
-        });
+        let text = search
+            .text
+            .as_deref()
+            .map(|t| message_pattern(self.dialect(), t));
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, TaskRow>(&sql)
                 .bind(search.status.map(|s| s.as_str()))
@@ -501,4 +500,38 @@ impl Store {
             (m, t, a)
         }))
     }
+}
+
+/// The ids of messages whose text holds `$10` ([`message_pattern`]) in any case: through the
+/// trigram index of migration 0024 (SQLite: a phrase of the text's trigrams in FTS5;
+/// PostgreSQL: `LIKE` on the text lowercased under the ICU root collation, which pg_trgm's
+/// index serves). A `short` text (under three characters) has no trigram: SQLite scans
+/// the messages (case folded for ASCII only there), PostgreSQL reads its whole index.
+fn message_search(dialect: super::Dialect, short: bool) -> &'static str {
+    match (dialect, short) {
+        (super::Dialect::Sqlite, false) => {
+            "SELECT rowid FROM im_message_trigram WHERE im_message_trigram MATCH $10"
+        }
+        (super::Dialect::Sqlite, true) => {
+            "SELECT id FROM im_message WHERE LOWER(text) LIKE $10 ESCAPE '\\'"
+        }
+        (super::Dialect::Postgres, _) => {
+            "SELECT id FROM im_message \
+             WHERE lower(text COLLATE \"und-x-icu\") LIKE $10 ESCAPE '\\'"
+        }
+    }
+}
+
+/// `text` as [`message_search`] takes it: an FTS5 phrase (its quotes doubled) on SQLite, a
+/// lowercased `LIKE` substring with its own `%`, `_` and `\` taken literally otherwise.
+fn message_pattern(dialect: super::Dialect, text: &str) -> String {
+    if dialect == super::Dialect::Sqlite && text.chars().count() >= 3 {
+        return format!("\"{}\"", text.replace('"', "\"\""));
+    }
+    let escaped = text
+        .to_lowercase()
+        .replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_");
+    format!("%{escaped}%")
 }
