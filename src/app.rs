@@ -148,7 +148,7 @@ impl App {
             store: store.clone(),
             intake: Intake {
                 store: store.clone(),
-                queue: IntakeQueue::start(store.clone(), &config.intake, acquire),
+                queue: IntakeQueue::start(store.clone(), &config.intake, acquire, wake.clone()),
                 wake: wake.clone(),
             },
             control: TaskControl {

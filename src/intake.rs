@@ -63,7 +63,7 @@ pub async fn accept_messages(
         .collect();
     let mut committed = svc
         .store
-        .ingest_batch(&batch, now_ms())
+        .ingest_batch(&batch, now_ms(), svc.wake.others_needed(batch.len()))
         .await
         .map_err(|e| match e {
             StoreError::NotFound => IntakeError::UnknownAgent(agent.to_string()),
@@ -141,17 +141,19 @@ impl IntakeQueue {
         store: Store,
         config: &IntakeConfig,
         deadline: std::time::Duration,
+        wake: Arc<Wake>,
     ) -> IntakeQueue {
         let queue = GroupCommit::start(
             "intake",
             config.writers,
             config.batch_max,
             Arc::new(move |batch: &[(NewMessage, String)]| {
-                let store = store.clone();
+                let (store, wake) = (store.clone(), wake.clone());
                 Box::pin(async move {
                     let refs: Vec<(&NewMessage, &str)> =
                         batch.iter().map(|(m, a)| (m, a.as_str())).collect();
-                    store.ingest_batch(&refs, now_ms()).await
+                    let wake_others = wake.others_needed(refs.len());
+                    store.ingest_batch(&refs, now_ms(), wake_others).await
                 })
             }),
         );

@@ -54,6 +54,14 @@ struct QueueLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabels {
+    /// `worker.instance_id`: one per process in production, two in a test with two apps.
+    instance: String,
+    /// `claimed` when the claim took at least one task, `empty` when it found none.
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WebhookLabels {
     channel: &'static str,
     status: u16,
@@ -69,6 +77,8 @@ struct Counters {
     group_commit_operations: Family<QueueLabels, Counter>,
     /// Webhook requests by channel and status code.
     webhooks: Family<WebhookLabels, Counter>,
+    /// Claims of the task queue by instance and whether they found tasks.
+    claims: Family<ClaimLabels, Counter>,
     /// Tokens of recorded model calls by (agent, model): (prompt, completion). Kept as plain
     /// sums because the estimated cost is priced at scrape time, with the serving app's prices.
     tokens: Mutex<BTreeMap<(String, String), (u64, u64)>>,
@@ -93,6 +103,18 @@ pub fn count_tokens(agent: &str, model: &str, prompt: i64, completion: i64) {
         .or_default();
     entry.0 += prompt.max(0) as u64;
     entry.1 += completion.max(0) as u64;
+}
+
+/// Counts one claim of the task queue by `instance` that took `tasks` tasks.
+pub fn count_claim(instance: &str, tasks: usize) {
+    let result = if tasks == 0 { "empty" } else { "claimed" };
+    COUNTERS
+        .claims
+        .get_or_create(&ClaimLabels {
+            instance: instance.to_string(),
+            result,
+        })
+        .inc();
 }
 
 pub fn count_webhook(channel: &'static str, status: u16) {
@@ -189,6 +211,12 @@ fn register_local(registry: &mut Registry, llm: &crate::config::LlmConfig) {
         "assistd_webhook_requests",
         "Webhook requests by channel and HTTP status (this instance)",
         c.webhooks.clone(),
+    );
+    registry.register(
+        "assistd_task_claims",
+        "Claims of the task queue by instance, and whether they found tasks (empty claims are \
+         wake-ups that came to nothing)",
+        c.claims.clone(),
     );
     registry.register(
         "assistd_group_commits",

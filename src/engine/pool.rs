@@ -86,6 +86,7 @@ async fn claim(
 pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
     let worker = &svc.config.worker;
     let permits = Arc::new(Semaphore::new(worker.concurrency));
+    svc.wake.workers_started(permits.clone());
     let mut running = tokio::task::JoinSet::new();
     let poll = Duration::from_millis(worker.poll_interval_ms);
     tracing::info!(instance = %svc.instance_id, concurrency = worker.concurrency, "workers started");
@@ -114,6 +115,7 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
             }
         };
         let got = claimed.len();
+        crate::metrics::count_claim(&svc.instance_id, got);
         // The claimed tasks' messages in one read; a task whose message is not among them
         // (the read failed) reads its own.
         let mut messages: HashMap<i64, MessageRow> = HashMap::new();

@@ -28,7 +28,7 @@ impl Store {
         agent: &str,
         now: i64,
     ) -> StoreResult<Ingested> {
-        let mut out = self.ingest_batch(&[(message, agent)], now).await?;
+        let mut out = self.ingest_batch(&[(message, agent)], now, true).await?;
         out.pop().unwrap_or(Err(StoreError::NotFound))
     }
 
@@ -39,15 +39,18 @@ impl Store {
     /// (`duplicate` when the event or message id was stored before, in this batch or
     /// earlier), or `NotFound` when its agent has no published version — that message writes
     /// nothing, the others are unaffected.
+    ///
+    /// With `wake_others` (PostgreSQL), the commit `NOTIFY`s every instance's workers.
     pub async fn ingest_batch(
         &self,
         batch: &[(&NewMessage, &str)],
         now: i64,
+        wake_others: bool,
     ) -> StoreResult<Vec<StoreResult<Ingested>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let notify = matches!(self, Store::Postgres(_));
+        let notify = wake_others && matches!(self, Store::Postgres(_));
         let mut agent_names: Vec<&str> = batch.iter().map(|(_, a)| *a).collect();
         agent_names.sort_unstable();
         agent_names.dedup();

@@ -45,6 +45,7 @@ mod security;
 mod strict_embeddings;
 mod strict_model;
 mod telemetry;
+mod wake_ups;
 mod webhook_errors;
 mod workflow_crash;
 mod workflow_history;

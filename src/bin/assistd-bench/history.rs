@@ -14,7 +14,8 @@ use crate::harness::*;
 use crate::*;
 
 /// The seeding statements, the same text for both dialects: `$1` N, `$2` now (ms), `$3` the
-/// spacing of the messages (ms), then (tasks) `$1` agent id, `$2` its version id.
+/// spacing of the messages (ms); (tasks) `$1` agent id, `$2` its version id, `$3`..`$4` the
+/// messages' ids; (replies) `$1`..`$2` the tasks' ids.
 const MESSAGES: &str = "WITH RECURSIVE n(i) AS (SELECT CAST(1 AS BIGINT) UNION ALL \
      SELECT i + 1 FROM n WHERE i < $1) \
      INSERT INTO im_message (channel, external_event_id, external_message_id, conversation_id, \
@@ -30,13 +31,17 @@ const TASKS: &str = "INSERT INTO agent_task (agent_id, agent_version_id, task_ty
      CASE WHEN m.id % 10 = 0 THEN 'PROVIDER_ERROR' END, \
      CASE WHEN m.id % 10 = 0 THEN 'model call failed: HTTP 50' || CAST(m.id % 7 AS TEXT) END, \
      m.received_at, m.received_at, m.received_at + 1000, m.received_at + 1000 \
-     FROM im_message m WHERE m.channel = 'generic' AND m.external_event_id LIKE 'h-e-%'";
+     FROM im_message m WHERE m.channel = 'generic' AND m.external_event_id LIKE 'h-e-%' \
+     AND m.id > $3 AND m.id <= $4";
 const REPLIES: &str = "INSERT INTO outbound_reply (task_id, idempotency_key, channel, \
      conversation_id, in_reply_to, reply_type, content, status, attempts, next_attempt_at, \
      created_at, sent_at) \
      SELECT t.id, 'agent-task-' || CAST(t.id AS TEXT), t.channel, t.conversation_id, \
      'h', 'text', '{\"text\": \"ok\"}', 'SENT', 1, t.finished_at, t.finished_at, \
-     t.finished_at + 500 FROM agent_task t";
+     t.finished_at + 500 FROM agent_task t WHERE t.id > $1 AND t.id <= $2";
+
+/// Rows seeded per transaction.
+const CHUNK: usize = 20_000;
 
 /// Writes the history through its own connection (the server's pool is the app's).
 async fn seed(db: &BenchDb, kind: Db, n: usize) -> anyhow::Result<()> {
@@ -56,18 +61,36 @@ async fn seed(db: &BenchDb, kind: Db, n: usize) -> anyhow::Result<()> {
                 .bind(spacing)
                 .execute(&mut conn)
                 .await?;
-            sqlx::query(TASKS)
-                .bind(agent)
-                .bind(version)
-                .execute(&mut conn)
+            // In transactions of CHUNK rows, as tasks finish in real life: one statement
+            // for all would update each rollup row N times in one transaction, whose
+            // versions nothing can prune until it ends.
+            let (last,): (i64,) = sqlx::query_as("SELECT COALESCE(MAX(id), 0) FROM im_message")
+                .fetch_one(&mut conn)
                 .await?;
-            sqlx::query(REPLIES).execute(&mut conn).await?;
-            // Steady state: one statement here updated the rollup rows (migration 0022) N
-            // times in one transaction, leaving their tables N dead versions long (a
-            // finishing transaction's few are pruned as it goes), and no statistics are
+            for lo in (0..last).step_by(CHUNK) {
+                sqlx::query(TASKS)
+                    .bind(agent)
+                    .bind(version)
+                    .bind(lo)
+                    .bind(lo + CHUNK as i64)
+                    .execute(&mut conn)
+                    .await?;
+            }
+            let (last,): (i64,) = sqlx::query_as("SELECT COALESCE(MAX(id), 0) FROM agent_task")
+                .fetch_one(&mut conn)
+                .await?;
+            for lo in (0..last).step_by(CHUNK) {
+                sqlx::query(REPLIES)
+                    .bind(lo)
+                    .bind(lo + CHUNK as i64)
+                    .execute(&mut conn)
+                    .await?;
+            }
+            // Steady state: the seeding left the rollup tables many dead versions long
+            // (a finishing transaction's few are pruned as it goes), and no statistics are
             // fresh yet (autovacuum's work).
             if matches!(kind, Db::Postgres) {
-                sqlx::query("VACUUM FULL task_rollup, reply_rollup")
+                sqlx::query("VACUUM FULL task_rollup, reply_rollup, latency_rollup, token_rollup")
                     .execute(&mut conn)
                     .await?;
                 sqlx::query("VACUUM ANALYZE").execute(&mut conn).await?;

@@ -67,7 +67,7 @@ async fn a_batch_answers_each_message_as_if_it_came_alone() {
         (&orphan, "nobody"),
         (&d, "default"),
     ];
-    let results = store.ingest_batch(&batch, now).await.unwrap();
+    let results = store.ingest_batch(&batch, now, true).await.unwrap();
     assert_eq!(results.len(), batch.len());
     let ok = |i: usize| *results[i].as_ref().unwrap();
     assert!(!ok(0).duplicate && !ok(1).duplicate && !ok(6).duplicate);
