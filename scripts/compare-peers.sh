@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # assistd side by side with the peer queue (apalis 1.0 from crates.io, ../shared/peers/queue-bench):
 # assistd-bench end-to-end and the peer's e2e, alternating, PAIRS pairs, on one machine in one run;
-# prints every pair, then the medians and the ratio. Issue 22.
+# prints every pair, then the medians and the ratio. Issue 22. On PostgreSQL each run also
+# reports the WAL it wrote per message / job (pg_stat_wal, records and bytes, read with psql
+# around the run), less what a run of one message / job writes (creating its database and
+# schema), divided by N - 1. Issue 35.
 #
 #   scripts/compare-peers.sh sqlite   [N] [PAIRS]
 #   scripts/compare-peers.sh postgres [N] [PAIRS]    # needs ASSISTD_BENCH_POSTGRES_URL (an admin URL:
@@ -30,18 +33,49 @@ cargo build --release --locked --manifest-path "$PEERS_DIR/Cargo.toml" --target-
 
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
+# The cluster's WAL so far: "records bytes" (PostgreSQL only).
+wal() {
+  [ "$DB" = postgres ] || { echo "0 0"; return; }
+  psql "$ASSISTD_BENCH_POSTGRES_URL" -Atc "SELECT wal_records || ' ' || wal_bytes FROM pg_stat_wal"
+}
+ours_run() {
+  ./target/release/assistd-bench end-to-end --db "$DB" --n "$1" --concurrency "$CONCURRENCY" \
+    | grep '^scenario=end-to-end' | sed -E 's/.* rate=([0-9]+)\/s.*/\1/'
+}
+theirs_run() {
+  QB_N="$1" QB_REPS=1 QB_MEASURES=e2e QB_PEERS="$PEER" QB_PRODUCERS="$CONCURRENCY" \
+    QB_CONCURRENCY="$CONCURRENCY" target/peers/release/queue-bench "${PEER_ARGS[@]}" 2>/dev/null \
+    | grep '^RESULT' | grep 'measure=e2e' | sed -E 's/.*median= *([0-9]+) jobs\/s.*/\1/'
+}
+# Runs "$@" (printing its rate) and sets WAL_RECORDS and WAL_BYTES to what the cluster wrote.
+measured() {
+  local before after
+  before="$(wal)"
+  RATE="$("$@")"
+  after="$(wal)"
+  read -r WAL_RECORDS WAL_BYTES <<<"$(awk -v b="$before" -v a="$after" \
+    'BEGIN {split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2]}')"
+}
+per() { awk -v w="$1" -v base="$2" -v n="$N" 'BEGIN {printf "%.1f", (w - base) / (n - 1)}'; }
+
+if [ "$DB" = postgres ]; then
+  # What one message / job writes with its database and schema: taken off every run.
+  measured ours_run 1; OURS_BASE_R=$WAL_RECORDS; OURS_BASE_B=$WAL_BYTES
+  measured theirs_run 1; THEIRS_BASE_R=$WAL_RECORDS; THEIRS_BASE_B=$WAL_BYTES
+fi
+
 ours=()
 theirs=()
 for pair in $(seq 1 "$PAIRS"); do
-  line="$(./target/release/assistd-bench end-to-end --db "$DB" --n "$N" --concurrency "$CONCURRENCY" | grep '^scenario=end-to-end')"
-  a="$(sed -E 's/.* rate=([0-9]+)\/s.*/\1/' <<<"$line")"
-  line="$(QB_N="$N" QB_REPS=1 QB_MEASURES=e2e QB_PEERS="$PEER" QB_PRODUCERS="$CONCURRENCY" \
-    QB_CONCURRENCY="$CONCURRENCY" target/peers/release/queue-bench "${PEER_ARGS[@]}" 2>/dev/null \
-    | grep '^RESULT' | grep 'measure=e2e')"
-  p="$(sed -E 's/.*median= *([0-9]+) jobs\/s.*/\1/' <<<"$line")"
+  measured ours_run "$N"; a=$RATE
+  wal_ours=""
+  [ "$DB" = postgres ] && wal_ours=" assistd_wal_records_per_msg=$(per "$WAL_RECORDS" "$OURS_BASE_R") assistd_wal_bytes_per_msg=$(per "$WAL_BYTES" "$OURS_BASE_B")"
+  measured theirs_run "$N"; p=$RATE
+  wal_theirs=""
+  [ "$DB" = postgres ] && wal_theirs=" ${PEER}_wal_records_per_job=$(per "$WAL_RECORDS" "$THEIRS_BASE_R") ${PEER}_wal_bytes_per_job=$(per "$WAL_BYTES" "$THEIRS_BASE_B")"
   ours+=("$a")
   theirs+=("$p")
-  echo "pair=$pair db=$DB n=$N assistd_end_to_end=$a/s ${PEER}_e2e=$p/s ratio=$(awk -v a="$a" -v p="$p" 'BEGIN {printf "%.2f", a / p}')"
+  echo "pair=$pair db=$DB n=$N assistd_end_to_end=$a/s ${PEER}_e2e=$p/s ratio=$(awk -v a="$a" -v p="$p" 'BEGIN {printf "%.2f", a / p}')$wal_ours$wal_theirs"
 done
 ma="$(printf '%s\n' "${ours[@]}" | median)"
 mp="$(printf '%s\n' "${theirs[@]}" | median)"

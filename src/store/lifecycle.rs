@@ -100,7 +100,9 @@ impl Store {
     }
 
     /// Puts a FAILED task, or one CANCELLED by an error (not by a person), back to PENDING;
-    /// it continues from its last SUCCEEDED step and answers under a new reply key.
+    /// it continues from its last SUCCEEDED step and answers under a new reply key. A pause
+    /// asked of the run that failed is not carried into this one (as a restart does not):
+    /// the admin who resumes asks for a run.
     pub async fn resume_task(&self, task_id: i64, actor: &str, now: i64) -> StoreResult<Control> {
         let control = write_tx!(self, tx => {
             let current: Option<(TaskStatus, Option<FailureType>)> =
@@ -119,7 +121,8 @@ impl Store {
             sqlx::query(
                 "UPDATE agent_task SET status = $1, failure_type = NULL, error_msg = NULL, \
                  retry_count = retry_count + 1, resume_count = resume_count + 1, \
-                 run_aborts = 0, version = version + 1, owner = NULL, lease_expire = NULL, run_after = $2, \
+                 pause_requested = 0, run_aborts = 0, version = version + 1, owner = NULL, \
+                 lease_expire = NULL, run_after = $2, \
                  finished_at = NULL, updated_at = $2 WHERE id = $3",
             )
             .bind(TaskStatus::Pending)

@@ -477,6 +477,16 @@ async fn risk_events_are_flagged_and_tasks_filter_on_them() {
 /// Issue 23: the dashboard's count links keep its window and filters, its filters are
 /// selects of the known values, and the task list pages past its limit and searches by
 /// conversation id and message text (case-insensitive, `%` taken literally).
+/// The task ids a task-list page lists, in its order.
+fn listed(html: &str) -> Vec<i64> {
+    html.match_indices("class=\"task-link\">#")
+        .map(|(at, m)| {
+            let rest = &html[at + m.len()..];
+            rest[..rest.find('<').unwrap()].parse().unwrap()
+        })
+        .collect()
+}
+
 /// The task list's text search goes through the trigram index (migration 0024) and folds
 /// case by Unicode on both databases; Chinese is found by any substring, a two-character
 /// word included (matched without the index).
@@ -508,13 +518,7 @@ async fn the_task_search_folds_unicode_case_and_finds_chinese() {
             .await
             .unwrap();
         assert_eq!(resp.status(), 200, "{q}");
-        let html = resp.text().await.unwrap();
-        html.match_indices("class=\"task-link\">#")
-            .map(|(at, m)| {
-                let rest = &html[at + m.len()..];
-                rest[..rest.find('<').unwrap()].parse().unwrap()
-            })
-            .collect()
+        listed(&resp.text().await.unwrap())
     };
     assert_eq!(search("ärger").await, [ids[0]], "lower case finds upper");
     assert_eq!(search("BÜRO").await, [ids[0]], "upper case finds lower");
@@ -571,14 +575,6 @@ async fn the_task_list_keeps_the_dashboard_filters_pages_and_searches() {
             assert_eq!(resp.status(), 200, "{path}");
             resp.text().await.unwrap()
         }
-    };
-    let listed = |html: &str| -> Vec<i64> {
-        html.match_indices("class=\"task-link\">#")
-            .map(|(at, m)| {
-                let rest = &html[at + m.len()..];
-                rest[..rest.find('<').unwrap()].parse().unwrap()
-            })
-            .collect()
     };
 
     // The dashboard: selects, and count links carrying the window and the filters.

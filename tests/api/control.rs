@@ -152,6 +152,41 @@ async fn a_failed_task_resumes_and_answers_under_a_new_key() {
     app.stop().await;
 }
 
+/// A pause asked while a run was going, which then failed before it reached a step boundary,
+/// is stale once the task has failed: the run an admin resumes is not paused by it (seen in
+/// the rollups test's random mix, where such a resumed task stayed PAUSED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_asked_of_a_failed_run_does_not_pause_its_resumed_run() {
+    let model = model_failing_first(1, "").await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |_| {}).await;
+    let id = task_id_of(
+        app.post_message(&message("c-stale-pause", 1, "again"))
+            .await,
+    )
+    .await;
+    app.wait_replied(id, WAIT).await;
+    // The pause request the failed run left behind (the pause endpoint refuses a finished
+    // task; the request was made while it ran).
+    let stale = "UPDATE agent_task SET pause_requested = 1 WHERE id = $1";
+    match app.store() {
+        assistd::store::Store::Sqlite(pool, _) => {
+            sqlx::query(stale).bind(id).execute(pool).await.unwrap();
+        }
+        assistd::store::Store::Postgres(pool) => {
+            sqlx::query(stale).bind(id).execute(pool).await.unwrap();
+        }
+    }
+    assert_eq!(app.control(id, "resume").await.status(), 200);
+    let task = app
+        .wait_task(id, WAIT, |t| {
+            t["status"] == "SUCCEEDED" || t["status"] == "PAUSED"
+        })
+        .await;
+    assert_eq!(task["status"], "SUCCEEDED", "{task}");
+    assert_eq!(task["pause_requested"], false);
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_can_be_listed_by_status_and_conversation() {
     let app = TestApp::spawn().await;
