@@ -481,18 +481,16 @@ impl Store {
         });
         let scanned = ids.len() as i64;
         // A model call keeps the model it asked for: the summary's tokens are per model.
-        let kept = match self.dialect() {
-            super::Dialect::Sqlite => {
-                "CASE WHEN step_type = 'llm' AND json_valid(input) \
-                 THEN json_object('model', json_extract(input, '$.model')) END"
-            }
-            super::Dialect::Postgres => {
-                "CASE WHEN step_type = 'llm' AND input LIKE '{%' \
-                 THEN json_build_object('model', step_model(input))::text END"
-            }
+        let model = super::rollups::step_model(self.dialect(), "input");
+        let object = match self.dialect() {
+            super::Dialect::Sqlite => "json_object",
+            super::Dialect::Postgres => "json_build_object",
         };
-        let purge_steps =
-            format!("UPDATE agent_step SET input = {kept}, output = NULL WHERE task_id = $1");
+        let purge_steps = format!(
+            "UPDATE agent_step SET output = NULL, input = CASE WHEN step_type = 'llm' \
+             AND {model} IS NOT NULL THEN CAST({object}('model', {model}) AS TEXT) END \
+             WHERE task_id = $1"
+        );
         let mut purged = 0;
         for (task_id, message_id) in ids {
             write_tx!(self, tx => {

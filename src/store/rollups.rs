@@ -9,14 +9,27 @@ use super::{Store, StoreResult, on_pool, write_tx};
 use crate::domain::{FailureType, JobRunStatus, ReplyStatus, TaskStatus};
 use crate::metrics::MetricCounts;
 
-/// The live tasks, one arm per partial index (`agent_task_pending`, `_running`, `_waiting`,
-/// `_paused`), so each is an index scan of the few it holds.
-const LIVE_TASKS: &str = "SELECT status, failure_type, claim_count FROM agent_task \
-     WHERE status = 'PENDING' \
-     UNION ALL SELECT status, failure_type, claim_count FROM agent_task WHERE status = 'RUNNING' \
-     UNION ALL SELECT status, failure_type, claim_count FROM agent_task \
-     WHERE status = 'WAITING_HUMAN_CONFIRM' \
-     UNION ALL SELECT status, failure_type, claim_count FROM agent_task WHERE status = 'PAUSED'";
+/// The ids of the live tasks, one arm per partial index (`agent_task_pending`, `_running`,
+/// `_waiting`, `_paused`), so each is an index scan of the few it holds; finished tasks are
+/// in the rollups. Joined to `agent_task` by CROSS JOIN, which SQLite never reorders: its
+/// planner does not know they are few and would otherwise walk every task and look each up
+/// among them.
+pub(super) const LIVE_IDS: &str = "SELECT id FROM agent_task WHERE status = 'PENDING' \
+     UNION ALL SELECT id FROM agent_task WHERE status = 'RUNNING' \
+     UNION ALL SELECT id FROM agent_task WHERE status = 'WAITING_HUMAN_CONFIRM' \
+     UNION ALL SELECT id FROM agent_task WHERE status = 'PAUSED'";
+
+/// The model a journalled request (`input`, a column of `agent_step`) asked for; NULL when
+/// it is not JSON (retention keeps only the model: `Store::purge_finished`).
+pub(super) fn step_model(dialect: super::Dialect, input: &str) -> String {
+    match dialect {
+        super::Dialect::Sqlite => {
+            format!("(CASE WHEN json_valid({input}) THEN json_extract({input}, '$.model') END)")
+        }
+        // Migration 0023.
+        super::Dialect::Postgres => format!("step_model({input})"),
+    }
+}
 
 /// Lease takeovers of a task row: its claims after the first.
 const TAKEOVERS: &str = "CASE WHEN claim_count > 1 THEN claim_count - 1 ELSE 0 END";
@@ -41,8 +54,9 @@ fn task_cells(rolled: bool) -> String {
         format!(
             "SELECT status, NULLIF(failure_type, ''), CAST(SUM(tasks) AS BIGINT), \
              CAST(SUM(takeovers) AS BIGINT) FROM task_rollup GROUP BY 1, 2 \
-             UNION ALL SELECT status, failure_type, COUNT(*), CAST(SUM({TAKEOVERS}) AS BIGINT) \
-             FROM ({LIVE_TASKS}) live GROUP BY 1, 2"
+             UNION ALL SELECT t.status, t.failure_type, COUNT(*), \
+             CAST(SUM({TAKEOVERS}) AS BIGINT) FROM ({LIVE_IDS}) l CROSS JOIN agent_task t \
+             WHERE t.id = l.id GROUP BY 1, 2"
         )
     } else {
         format!(
@@ -232,12 +246,7 @@ impl Rollup {
 
 /// The rollups counted from history (migrations 0022 and 0023 fill them the same way).
 fn refill(dialect: super::Dialect) -> [String; 4] {
-    let model = match dialect {
-        super::Dialect::Sqlite => {
-            "CASE WHEN json_valid(s.input) THEN json_extract(s.input, '$.model') END"
-        }
-        super::Dialect::Postgres => "step_model(s.input)",
-    };
+    let model = step_model(dialect, "s.input");
     [
         format!(
             "INSERT INTO task_rollup SELECT t.created_at / 3600000, t.agent_id, \

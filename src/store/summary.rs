@@ -3,7 +3,7 @@
 //! same at a thousand tasks kept as at a million; live tasks and the replies not getting
 //! through are read from history, through the partial indexes that hold them.
 
-use super::rollups::{ANSWER_KEY, ANSWER_STATE};
+use super::rollups::{ANSWER_KEY, ANSWER_STATE, LIVE_IDS, step_model};
 use super::{Store, StoreResult, on_pool};
 use crate::domain::{FailureType, TaskStatus};
 
@@ -73,15 +73,6 @@ pub struct ErrorRow {
 
 /// Most of the newest failures of the window read for the top errors.
 pub const ERROR_SAMPLE: i64 = 10_000;
-
-/// The live tasks, one arm per partial index (`agent_task_pending`, `_running`, `_waiting`,
-/// `_paused`): few, read from history; finished ones are in the rollups. Joined to them by
-/// CROSS JOIN, which SQLite never reorders: its planner does not know they are few and
-/// would otherwise walk the window's tasks (history) and look each up among them.
-const LIVE_IDS: &str = "SELECT id FROM agent_task WHERE status = 'PENDING' \
-     UNION ALL SELECT id FROM agent_task WHERE status = 'RUNNING' \
-     UNION ALL SELECT id FROM agent_task WHERE status = 'WAITING_HUMAN_CONFIRM' \
-     UNION ALL SELECT id FROM agent_task WHERE status = 'PAUSED'";
 
 /// `query` with the five parameters of the filters (`$2` to `$6`) bound from `f`.
 macro_rules! with_filter {
@@ -215,12 +206,7 @@ impl Store {
     /// from each journalled request): finished tasks from `token_rollup`, live ones from
     /// their steps.
     pub async fn tokens_by_agent_model(&self, f: &SummaryFilter) -> StoreResult<Vec<TokenRow>> {
-        let model = match self.dialect() {
-            super::Dialect::Sqlite => {
-                "(CASE WHEN json_valid(s.input) THEN json_extract(s.input, '$.model') END)"
-            }
-            super::Dialect::Postgres => "step_model(s.input)",
-        };
+        let model = step_model(self.dialect(), "s.input");
         let sql = format!(
             "SELECT a.name AS agent, NULLIF(c.model, '') AS model, \
              CAST(SUM(c.calls) AS BIGINT) AS calls, \

@@ -363,11 +363,13 @@ impl Store {
 
     /// Tasks, newest first, matching every filter `search` sets (see [`TaskSearch`]).
     pub async fn find_tasks(&self, search: &TaskSearch) -> StoreResult<Vec<TaskRow>> {
-        let short = search
-            .text
-            .as_deref()
-            .is_some_and(|t| t.chars().count() < 3);
-        let matching = message_search(self.dialect(), short);
+        let (matching, text) = match search.text.as_deref() {
+            Some(t) => {
+                let (sql, pattern) = message_search(self.dialect(), t);
+                (sql, Some(pattern))
+            }
+            None => ("SELECT id FROM im_message WHERE false", None),
+        };
         let risk = if search.risky {
             " AND EXISTS (SELECT 1 FROM audit_log a WHERE a.task_id = agent_task.id AND a.risk_flag)"
         } else {
@@ -383,10 +385,6 @@ impl Store {
              AND ($10 IS NULL OR message_id IN ({matching})){risk} \
              ORDER BY id DESC LIMIT $3"
         );
-        let text = search
-            .text
-            .as_deref()
-            .map(|t| message_pattern(self.dialect(), t));
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, TaskRow>(&sql)
                 .bind(search.status.map(|s| s.as_str()))
@@ -502,36 +500,35 @@ impl Store {
     }
 }
 
-/// The ids of messages whose text holds `$10` ([`message_pattern`]) in any case: through the
-/// trigram index of migration 0024 (SQLite: a phrase of the text's trigrams in FTS5;
-/// PostgreSQL: `LIKE` on the text lowercased under the ICU root collation, which pg_trgm's
-/// index serves). A `short` text (under three characters) has no trigram: SQLite scans
-/// the messages (case folded for ASCII only there), PostgreSQL reads its whole index.
-fn message_search(dialect: super::Dialect, short: bool) -> &'static str {
-    match (dialect, short) {
-        (super::Dialect::Sqlite, false) => {
-            "SELECT rowid FROM im_message_trigram WHERE im_message_trigram MATCH $10"
-        }
-        (super::Dialect::Sqlite, true) => {
-            "SELECT id FROM im_message WHERE LOWER(text) LIKE $10 ESCAPE '\\'"
-        }
-        (super::Dialect::Postgres, _) => {
+/// The ids of messages whose text holds `text` in any case, as a statement over `$10` and
+/// what to bind there: through the trigram index of migration 0024 (SQLite: a phrase of the
+/// text's trigrams in FTS5, its quotes doubled; PostgreSQL: `LIKE` on the text lowercased
+/// under the ICU root collation, which pg_trgm's index serves). A text under three
+/// characters has no trigram: SQLite scans the messages (case folded for ASCII only there),
+/// PostgreSQL reads its whole index. A `LIKE` substring takes its own `%`, `_` and `\`
+/// literally.
+fn message_search(dialect: super::Dialect, text: &str) -> (&'static str, String) {
+    let like = || {
+        let escaped = text
+            .to_lowercase()
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        format!("%{escaped}%")
+    };
+    match dialect {
+        super::Dialect::Sqlite if text.chars().count() >= 3 => (
+            "SELECT rowid FROM im_message_trigram WHERE im_message_trigram MATCH $10",
+            format!("\"{}\"", text.replace('"', "\"\"")),
+        ),
+        super::Dialect::Sqlite => (
+            "SELECT id FROM im_message WHERE LOWER(text) LIKE $10 ESCAPE '\\'",
+            like(),
+        ),
+        super::Dialect::Postgres => (
             "SELECT id FROM im_message \
-             WHERE lower(text COLLATE \"und-x-icu\") LIKE $10 ESCAPE '\\'"
-        }
+             WHERE lower(text COLLATE \"und-x-icu\") LIKE $10 ESCAPE '\\'",
+            like(),
+        ),
     }
-}
-
-/// `text` as [`message_search`] takes it: an FTS5 phrase (its quotes doubled) on SQLite, a
-/// lowercased `LIKE` substring with its own `%`, `_` and `\` taken literally otherwise.
-fn message_pattern(dialect: super::Dialect, text: &str) -> String {
-    if dialect == super::Dialect::Sqlite && text.chars().count() >= 3 {
-        return format!("\"{}\"", text.replace('"', "\"\""));
-    }
-    let escaped = text
-        .to_lowercase()
-        .replace('\\', "\\\\")
-        .replace('%', "\\%")
-        .replace('_', "\\_");
-    format!("%{escaped}%")
 }
