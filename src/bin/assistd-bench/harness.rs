@@ -56,8 +56,14 @@ impl BenchDb {
         }
     }
 
+    /// Drops the bench's PostgreSQL database, unless `ASSISTD_BENCH_KEEP_DB` is set (then it
+    /// prints its name, for reading the run's WAL by relation: `scripts/wal-by-relation.sh`).
     pub(crate) async fn drop_db(&self) {
         if let Some((admin, name)) = &self.admin {
+            if std::env::var_os("ASSISTD_BENCH_KEEP_DB").is_some() {
+                println!("kept_database={name}");
+                return;
+            }
             use sqlx::Connection;
             if let Ok(mut conn) = sqlx::PgConnection::connect(admin).await {
                 let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -79,6 +85,9 @@ pub(crate) struct Mocks {
     /// repeated a key already received.
     pub(crate) reply_keys: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     pub(crate) repeated_replies: Arc<AtomicUsize>,
+    /// Replies that were failure notices, not answers: a bench measures answered messages,
+    /// so `wait_replies` fails on any (a mock the client no longer reads, a broken path).
+    pub(crate) notices: Arc<AtomicUsize>,
     pub(crate) replied: Arc<Notify>,
     /// When the mocks started; the marks below are milliseconds since then.
     pub(crate) epoch: Instant,
@@ -107,6 +116,8 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
     let reply_keys = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
     let repeated_replies = Arc::new(AtomicUsize::new(0));
     let (keys, repeated) = (reply_keys.clone(), repeated_replies.clone());
+    let notices = Arc::new(AtomicUsize::new(0));
+    let notices_seen = notices.clone();
     let peak = max_in_flight.clone();
     let epoch = Instant::now();
     let last_call_ms = Arc::new(AtomicU64::new(0));
@@ -130,14 +141,23 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
                     .and_then(|m| m["content"].as_str())
                     .unwrap_or("")
                     .to_string();
-                axum::Json(json!({"choices": [{"message": {"role": "assistant", "content": format!("answer to: {last}")},
-                    "finish_reason": "stop"}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+                // A whole chat completion, as strict clients (async-openai's types) read it.
+                axum::Json(json!({
+                    "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_700_000_000u32,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "logprobs": null, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": format!("answer to: {last}")}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}))
             }),
         )
         .route("/tool", axum::routing::get(|| async { axum::Json(json!({"ok": true})) }))
         .route(
             "/reply",
-            post(move |headers: axum::http::HeaderMap| async move {
+            post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
+                // The default `replies.failure_notice` says this: a run that failed.
+                if memchr_str(&body, b"could not answer this message") {
+                    notices_seen.fetch_add(1, Ordering::Relaxed);
+                }
                 let key = headers.get("idempotency-key").and_then(|k| k.to_str().ok());
                 if !keys.lock().unwrap().insert(key.unwrap_or("").to_string()) {
                     repeated.fetch_add(1, Ordering::Relaxed);
@@ -167,6 +187,7 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
         replies,
         reply_keys,
         repeated_replies,
+        notices,
         replied,
         epoch,
         last_call_ms,
@@ -320,7 +341,15 @@ pub(crate) async fn wait_replies(mocks: &Mocks, n: usize, timeout: Duration) -> 
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
     }
+    let notices = mocks.notices.load(Ordering::Relaxed);
+    if notices > 0 {
+        bail!("{notices} of {n} replies were failure notices, not answers");
+    }
     Ok(())
+}
+
+fn memchr_str(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Resident set size of this process, in KiB.
