@@ -19,12 +19,14 @@ pub enum Control {
     Purged,
 }
 
-/// A task's columns; its current step is the highest step of its journal.
+/// A task's columns; its current step is the highest step of its journal, its snapshot its
+/// agent version's definition (tasks claimed before issue 35 hold a copy of it).
 const TASK_COLUMNS: &str = concat!(
     "id, agent_id, agent_version_id, task_type, channel, conversation_id, \
      message_id, trigger_user, status, ",
     current_step_sql!(),
-    " AS current_step, workflow_snapshot, context_summary, result, trace, failure_type, \
+    " AS current_step, COALESCE(workflow_snapshot, (SELECT v.definition FROM agent_version v \
+     WHERE v.id = agent_task.agent_version_id)) AS workflow_snapshot, context_summary, result, trace, failure_type, \
      error_msg, retry_count, claim_count, resume_count, restart_count, run_aborts, provider, \
      pause_requested <> 0 AS pause_requested, version, owner, lease_expire, confirm_deadline, created_at, updated_at, \
      started_at, finished_at, takeover = 1 AS taken_over, \
@@ -158,8 +160,10 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
 impl Store {
     /// Atomically takes up to `limit` claimable tasks for `owner`: PENDING ones that are due
     /// and RUNNING ones whose lease has expired, but only the oldest active task of each
-    /// conversation. Copies the agent version's definition into the task (snapshot) and
-    /// writes TASK_RUNNING for each.
+    /// conversation. Writes TASK_RUNNING for each. The task runs its agent version's
+    /// definition, read with the row (`TASK_COLUMNS`): versions never change, so a copy in
+    /// every task (as before issue 35) was the same text written again in each claim's and
+    /// each finish's row version.
     pub async fn claim_tasks(
         &self,
         owner: &str,
@@ -185,9 +189,7 @@ impl Store {
             "UPDATE agent_task SET status = 'RUNNING', owner = $1, lease_expire = $2, \
              version = version + 1, claim_count = claim_count + 1, \
              takeover = CASE WHEN status = 'RUNNING' OR takeover = 2 THEN 1 ELSE 0 END, \
-             started_at = COALESCE(started_at, $3), updated_at = $3, \
-             workflow_snapshot = COALESCE(workflow_snapshot, (SELECT v.definition \
-                 FROM agent_version v WHERE v.id = agent_task.agent_version_id)) \
+             started_at = COALESCE(started_at, $3), updated_at = $3 \
              WHERE id IN ({pick}) RETURNING {TASK_COLUMNS}"
         );
         let claimed = write_tx!(self, tx => {
