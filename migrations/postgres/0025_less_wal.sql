@@ -235,3 +235,9 @@ ALTER TABLE audit_log DROP CONSTRAINT audit_log_pkey;
 -- is about as large as the begun one: half of each page is left for them.
 ALTER TABLE agent_step SET (fillfactor = 50);
 ALTER TABLE outbound_reply SET (fillfactor = 70);
+
+-- 5. An audit row names its task without a foreign key. Tasks are never deleted, and every
+-- audit row of a task is written in a transaction that holds or has just written the task
+-- row; the key's check locked that row again (a row-lock record in the WAL per audit row
+-- written next to a new or updated task row: at intake, claim and delivery).
+ALTER TABLE audit_log DROP CONSTRAINT audit_log_task_id_fkey;
