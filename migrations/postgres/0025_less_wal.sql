@@ -235,9 +235,19 @@ ALTER TABLE audit_log DROP CONSTRAINT audit_log_pkey;
 -- is about as large as the begun one: half of each page is left for them.
 ALTER TABLE agent_step SET (fillfactor = 50);
 ALTER TABLE outbound_reply SET (fillfactor = 70);
+-- A task's claim and finish change indexed columns (its status is in the partial indexes'
+-- predicates), so they are never HOT; but a new version that fits on its page is logged as
+-- the bytes that changed, and one that moves to another page costs a whole copy and an
+-- extra row-lock record (PostgreSQL locks the old version while it finds the new page).
+-- Room for both of a task's new versions on the page it was inserted in.
+ALTER TABLE agent_task SET (fillfactor = 40);
 
 -- 5. An audit row names its task without a foreign key. Tasks are never deleted, and every
 -- audit row of a task is written in a transaction that holds or has just written the task
 -- row; the key's check locked that row again (a row-lock record in the WAL per audit row
 -- written next to a new or updated task row: at intake, claim and delivery).
 ALTER TABLE audit_log DROP CONSTRAINT audit_log_task_id_fkey;
+-- Likewise a reply names its task, and a task its message: neither is ever deleted, and each
+-- is written in the transaction that writes (or has just written) the row it names.
+ALTER TABLE outbound_reply DROP CONSTRAINT outbound_reply_task_id_fkey;
+ALTER TABLE agent_task DROP CONSTRAINT agent_task_message_id_fkey;

@@ -177,13 +177,18 @@ impl BatchSql {
         );
         // The PENDING step, inserted only where its task's fence holds. The task row is not
         // touched: its current step is read from the journal (`TASK_COLUMNS`), so a step
-        // costs one row write to begin and one to complete.
+        // costs one row write to begin and one to complete. A key journalled before (a
+        // resume) is found by `NOT EXISTS`, not `ON CONFLICT`: keys name their task, and
+        // only the run holding the task's fence begins its steps (one write in flight, a
+        // batch's repeats in later rounds), so no concurrent insert of the key can race
+        // this one, and a plain insert spares PostgreSQL the speculative insertion's extra
+        // WAL record. Should one race all the same, the unique key refuses it.
         let begin = format!(
             "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
              input, status, attempt, created_at) \
              SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
-             $3, 0, $2 FROM {} WHERE {owned_unpaused} \
-             ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key",
+             $3, 0, $2 FROM {} WHERE {owned_unpaused} AND NOT EXISTS (SELECT 1 FROM agent_step s \
+             WHERE s.idempotency_key = v.idempotency_key) RETURNING id, idempotency_key",
             fenced_rows(&[
                 ("step_no", "bigint"),
                 ("step_type", "text"),
