@@ -86,6 +86,17 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
             &instance,
             &[],
         )?);
+        // ASSISTD_BENCH_PIN=1: each child on its own core (child i on core i mod the
+        // cores), for checking the capacity model's separate machines as far as one allows.
+        if std::env::var_os("ASSISTD_BENCH_PIN").is_some() {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let pid = children.last().map_or(0, |c| c.id());
+            let pinned = std::process::Command::new("taskset")
+                .args(["-pc", &(i % cores).to_string(), &pid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .status()?;
+            anyhow::ensure!(pinned.success(), "taskset could not pin the child");
+        }
         wait_ready(port).await?;
         addrs.push(format!("127.0.0.1:{port}").parse()?);
     }
