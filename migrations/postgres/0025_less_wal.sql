@@ -24,19 +24,16 @@ DROP FUNCTION reply_rollup_count();
 DROP FUNCTION task_rollup_add(agent_task, BIGINT);
 DROP FUNCTION task_rollup_answer(agent_task, TEXT, BIGINT, BIGINT);
 
--- Adds `signs[i]` times the finished task `tasks[i]` (the row as counted: +1 its new
--- version, -1 its old one) to the three task rollups: its cell with its answer's state, its
--- latency when delivered, its llm steps' tokens per model.
-CREATE FUNCTION task_rollup_rows(tasks agent_task[], signs BIGINT[]) RETURNS void
-LANGUAGE plpgsql AS $$
+-- Adds `signs[i]` times the finished task `tasks[i]`, its answer in `states[i]` (sent at
+-- `sent_ats[i]`), to task_rollup and, when delivered, with its latency to latency_rollup:
+-- one upsert per cell for all the rows.
+CREATE FUNCTION answer_rollup_rows(tasks agent_task[], states TEXT[], sent_ats BIGINT[],
+    signs BIGINT[]) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    WITH t AS (
-        SELECT x.*, s.sign FROM unnest(tasks) WITH ORDINALITY AS x
-        JOIN unnest(signs) WITH ORDINALITY AS s(sign, n) ON s.n = x.ordinality
-    ), a AS (
-        SELECT t.*, COALESCE(answer_state(r.status, r.placeholder), '') AS state,
-            r.sent_at
-        FROM t LEFT JOIN outbound_reply r ON r.idempotency_key = answer_key(t.id, t.resume_count)
+    WITH a AS (
+        SELECT x.*, v.state, v.sent_at, v.sign FROM unnest(tasks) WITH ORDINALITY AS x
+        JOIN unnest(states, sent_ats, signs) WITH ORDINALITY AS v(state, sent_at, sign, n)
+            ON v.n = x.ordinality
     ), cells AS (
         INSERT INTO task_rollup
         SELECT created_at / 3600000, agent_id, agent_version_id, channel, status,
@@ -47,21 +44,37 @@ BEGIN
         DO UPDATE SET tasks = task_rollup.tasks + excluded.tasks,
             takeovers = task_rollup.takeovers + excluded.takeovers
         RETURNING 1
-    ), latency AS (
-        INSERT INTO latency_rollup
-        SELECT a.created_at / 3600000, a.agent_id, a.channel, COALESCE(a.failure_type, ''),
-            latency_le(a.sent_at - m.received_at), pg_backend_pid(), SUM(a.sign)
-        FROM a JOIN im_message m ON m.id = a.message_id
-        WHERE a.state = 'DELIVERED' GROUP BY 1, 2, 3, 4, 5
-        ON CONFLICT (hour, agent_id, channel, failure_type, le, slot)
-        DO UPDATE SET answers = latency_rollup.answers + excluded.answers
-        RETURNING 1
     )
+    INSERT INTO latency_rollup
+    SELECT a.created_at / 3600000, a.agent_id, a.channel, COALESCE(a.failure_type, ''),
+        latency_le(a.sent_at - m.received_at), pg_backend_pid(), SUM(a.sign)
+    FROM a JOIN im_message m ON m.id = a.message_id
+    WHERE a.state = 'DELIVERED' GROUP BY 1, 2, 3, 4, 5
+    ON CONFLICT (hour, agent_id, channel, failure_type, le, slot)
+    DO UPDATE SET answers = latency_rollup.answers + excluded.answers;
+END $$;
+
+-- Adds `signs[i]` times the finished task `tasks[i]` (the row as counted: +1 its new
+-- version, -1 its old one) to the three task rollups: its cell with its answer's state, its
+-- latency when delivered, its llm steps' tokens per model.
+CREATE FUNCTION task_rollup_rows(tasks agent_task[], signs BIGINT[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    states TEXT[];
+    sent_ats BIGINT[];
+BEGIN
+    SELECT array_agg(COALESCE(answer_state(r.status, r.placeholder), '') ORDER BY x.ordinality),
+        array_agg(r.sent_at ORDER BY x.ordinality) INTO states, sent_ats
+    FROM unnest(tasks) WITH ORDINALITY AS x
+    LEFT JOIN outbound_reply r ON r.idempotency_key = answer_key(x.id, x.resume_count);
+    PERFORM answer_rollup_rows(tasks, states, sent_ats, signs);
     INSERT INTO token_rollup
     SELECT t.created_at / 3600000, t.agent_id, t.channel, COALESCE(t.failure_type, ''),
         COALESCE(step_model(s.input), ''), pg_backend_pid(), SUM(t.sign),
         SUM(t.sign * s.tokens_in), SUM(t.sign * COALESCE(s.tokens_out, 0))
-    FROM t JOIN agent_step s ON s.task_id = t.id
+    FROM (SELECT x.*, v.sign FROM unnest(tasks) WITH ORDINALITY AS x
+          JOIN unnest(signs) WITH ORDINALITY AS v(sign, n) ON v.n = x.ordinality) t
+    JOIN agent_step s ON s.task_id = t.id
     WHERE s.step_type = 'llm' AND s.tokens_in IS NOT NULL GROUP BY 1, 2, 3, 4, 5
     ON CONFLICT (hour, agent_id, channel, failure_type, model, slot)
     DO UPDATE SET calls = token_rollup.calls + excluded.calls,
@@ -77,18 +90,17 @@ DECLARE
     signs BIGINT[];
 BEGIN
     IF TG_OP = 'UPDATE' THEN
+        WITH changed AS (
+            SELECT o, n FROM old_rows o JOIN new_rows n ON n.id = o.id
+            WHERE o.status IS DISTINCT FROM n.status OR o.failure_type IS DISTINCT FROM n.failure_type
+               OR o.claim_count IS DISTINCT FROM n.claim_count
+               OR o.resume_count IS DISTINCT FROM n.resume_count
+        )
         SELECT array_agg(c.task), array_agg(c.sign) INTO tasks, signs FROM (
-            SELECT o AS task, -1::BIGINT AS sign FROM old_rows o JOIN new_rows n ON n.id = o.id
-            WHERE o.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-              AND (o.status IS DISTINCT FROM n.status OR o.failure_type IS DISTINCT FROM n.failure_type
-                   OR o.claim_count IS DISTINCT FROM n.claim_count
-                   OR o.resume_count IS DISTINCT FROM n.resume_count)
+            SELECT o AS task, -1::BIGINT AS sign FROM changed
+            WHERE (o).status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
             UNION ALL
-            SELECT n, 1 FROM new_rows n JOIN old_rows o ON o.id = n.id
-            WHERE n.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-              AND (o.status IS DISTINCT FROM n.status OR o.failure_type IS DISTINCT FROM n.failure_type
-                   OR o.claim_count IS DISTINCT FROM n.claim_count
-                   OR o.resume_count IS DISTINCT FROM n.resume_count)) c;
+            SELECT n, 1 FROM changed WHERE (n).status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')) c;
     ELSIF TG_OP = 'INSERT' THEN
         SELECT array_agg(n), array_agg(1::BIGINT) INTO tasks, signs FROM new_rows n
         WHERE n.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
@@ -117,64 +129,47 @@ FOR EACH STATEMENT EXECUTE FUNCTION task_rollup_statement();
 -- `moved` holds each changed reply's old and new version (either NULL for an insert or a
 -- delete).
 CREATE FUNCTION reply_rollup_rows(moved JSONB) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    tasks agent_task[];
+    states TEXT[];
+    sent_ats BIGINT[];
+    signs BIGINT[];
 BEGIN
+    -- reply_rollup: -1 for the old version if it was settled, +1 for the new one.
     WITH m AS (
-        SELECT (x ->> 'old_status') AS old_status, (x ->> 'new_status') AS new_status,
-            (x ->> 'old_placeholder')::BIGINT AS old_placeholder,
-            (x ->> 'new_placeholder')::BIGINT AS new_placeholder,
-            (x ->> 'old_sent_at')::BIGINT AS old_sent_at, (x ->> 'new_sent_at')::BIGINT AS new_sent_at,
-            (x ->> 'task_id')::BIGINT AS task_id, x ->> 'idempotency_key' AS idempotency_key,
-            (x ->> 'created_at')::BIGINT AS created_at, x ->> 'channel' AS channel
-        FROM jsonb_array_elements(moved) x
-    ), settled AS (
-        -- reply_rollup: -1 for the old version if it was settled, +1 for the new one.
-        INSERT INTO reply_rollup
-        SELECT created_at / 3600000, channel, status, placeholder, pg_backend_pid(), SUM(sign)
-        FROM (SELECT created_at, channel, old_status AS status, old_placeholder AS placeholder,
-                  -1 AS sign FROM m WHERE old_status IS NOT NULL AND old_status <> 'PENDING'
-              UNION ALL
-              SELECT created_at, channel, new_status, new_placeholder, 1 FROM m
-              WHERE new_status IS NOT NULL AND new_status <> 'PENDING') s
-        GROUP BY 1, 2, 3, 4
-        ON CONFLICT (hour, channel, status, placeholder, slot)
-        DO UPDATE SET replies = reply_rollup.replies + excluded.replies
-        RETURNING 1
-    ), answers AS (
-        -- The answers of finished tasks, in their old and new states.
-        SELECT t.*, s.state, s.sent_at, s.sign FROM m
-        JOIN agent_task t ON t.id = m.task_id
-        CROSS JOIN LATERAL (
-            SELECT CASE WHEN m.old_status IS NULL THEN ''
-                        ELSE answer_state(m.old_status, m.old_placeholder) END, m.old_sent_at, -1::BIGINT
-            UNION ALL
-            SELECT CASE WHEN m.new_status IS NULL THEN ''
-                        ELSE answer_state(m.new_status, m.new_placeholder) END, m.new_sent_at, 1::BIGINT
-        ) AS s(state, sent_at, sign)
-        WHERE m.idempotency_key LIKE 'agent-task-%'
-          AND t.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-          AND m.idempotency_key = answer_key(t.id, t.resume_count)
-          AND (CASE WHEN m.old_status IS NULL THEN ''
-                    ELSE answer_state(m.old_status, m.old_placeholder) END)
-              <> (CASE WHEN m.new_status IS NULL THEN ''
-                       ELSE answer_state(m.new_status, m.new_placeholder) END)
-    ), cells AS (
-        INSERT INTO task_rollup
-        SELECT created_at / 3600000, agent_id, agent_version_id, channel, status,
-            COALESCE(failure_type, ''), state, pg_backend_pid(), SUM(sign),
-            SUM(sign * GREATEST(claim_count - 1, 0))
-        FROM answers GROUP BY 1, 2, 3, 4, 5, 6, 7
-        ON CONFLICT (hour, agent_id, agent_version_id, channel, status, failure_type, delivery, slot)
-        DO UPDATE SET tasks = task_rollup.tasks + excluded.tasks,
-            takeovers = task_rollup.takeovers + excluded.takeovers
-        RETURNING 1
+        SELECT * FROM jsonb_to_recordset(moved) AS x(old_status TEXT, new_status TEXT,
+            old_placeholder BIGINT, new_placeholder BIGINT, created_at BIGINT, channel TEXT)
     )
-    INSERT INTO latency_rollup
-    SELECT a.created_at / 3600000, a.agent_id, a.channel, COALESCE(a.failure_type, ''),
-        latency_le(a.sent_at - msg.received_at), pg_backend_pid(), SUM(a.sign)
-    FROM answers a JOIN im_message msg ON msg.id = a.message_id
-    WHERE a.state = 'DELIVERED' GROUP BY 1, 2, 3, 4, 5
-    ON CONFLICT (hour, agent_id, channel, failure_type, le, slot)
-    DO UPDATE SET answers = latency_rollup.answers + excluded.answers;
+    INSERT INTO reply_rollup
+    SELECT created_at / 3600000, channel, status, placeholder, pg_backend_pid(), SUM(sign)
+    FROM (SELECT created_at, channel, old_status AS status, old_placeholder AS placeholder,
+              -1 AS sign FROM m WHERE old_status IS NOT NULL AND old_status <> 'PENDING'
+          UNION ALL
+          SELECT created_at, channel, new_status, new_placeholder, 1 FROM m
+          WHERE new_status IS NOT NULL AND new_status <> 'PENDING') s
+    GROUP BY 1, 2, 3, 4
+    ON CONFLICT (hour, channel, status, placeholder, slot)
+    DO UPDATE SET replies = reply_rollup.replies + excluded.replies;
+    -- A finished task's answer in its old state (-1) and its new one (+1).
+    SELECT array_agg(t), array_agg(s.state), array_agg(s.sent_at), array_agg(s.sign)
+    INTO tasks, states, sent_ats, signs
+    FROM jsonb_to_recordset(moved) AS m(old_status TEXT, new_status TEXT,
+        old_placeholder BIGINT, new_placeholder BIGINT, old_sent_at BIGINT, new_sent_at BIGINT,
+        task_id BIGINT, idempotency_key TEXT)
+    JOIN agent_task t ON t.id = m.task_id
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(answer_state(m.old_status, m.old_placeholder), ''), m.old_sent_at, -1::BIGINT
+        UNION ALL
+        SELECT COALESCE(answer_state(m.new_status, m.new_placeholder), ''), m.new_sent_at, 1::BIGINT
+    ) AS s(state, sent_at, sign)
+    WHERE m.idempotency_key LIKE 'agent-task-%'
+      AND t.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+      AND m.idempotency_key = answer_key(t.id, t.resume_count)
+      AND COALESCE(answer_state(m.old_status, m.old_placeholder), '')
+          <> COALESCE(answer_state(m.new_status, m.new_placeholder), '');
+    IF tasks IS NOT NULL THEN
+        PERFORM answer_rollup_rows(tasks, states, sent_ats, signs);
+    END IF;
 END $$;
 
 CREATE FUNCTION reply_rollup_statement() RETURNS trigger LANGUAGE plpgsql AS $$
