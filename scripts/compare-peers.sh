@@ -4,7 +4,8 @@
 # prints every pair, then the medians and the ratio. Issue 22. On PostgreSQL each run also
 # reports the WAL it wrote per message / job (pg_stat_wal, records and bytes, read with psql
 # around the run), less what a run of one message / job writes (creating its database and
-# schema), divided by N - 1. Issue 35.
+# schema), divided by N - 1, and the CPU the local PostgreSQL cluster used per message / job
+# (its processes' /proc times, with what the postmaster reaped from ended backends). Issue 35.
 #
 #   scripts/compare-peers.sh sqlite   [N] [PAIRS]
 #   scripts/compare-peers.sh postgres [N] [PAIRS]    # needs ASSISTD_BENCH_POSTGRES_URL (an admin URL:
@@ -47,11 +48,34 @@ theirs_run() {
     QB_CONCURRENCY="$CONCURRENCY" target/peers/release/queue-bench "${PEER_ARGS[@]}" 2>/dev/null \
     | grep '^RESULT' | grep 'measure=e2e' | sed -E 's/.*median= *([0-9]+) jobs\/s.*/\1/'
 }
-# Runs "$@" (printing its rate) and sets WAL_RECORDS and WAL_BYTES to what the cluster wrote.
+# CPU milliseconds the local PostgreSQL cluster has used: every live postgres process's user
+# and system time, plus what the postmaster reaped from backends that ended (its children's
+# times). Linux /proc, 100 ticks a second.
+pgcpu() {
+  [ "$DB" = postgres ] || { echo 0; return; }
+  local total=0 pid comm fields
+  for stat in /proc/[0-9]*/stat; do
+    pid="${stat#/proc/}"; pid="${pid%/stat}"
+    comm="$(cat "/proc/$pid/comm" 2>/dev/null)" || continue
+    [ "$comm" = postgres ] || continue
+    fields="$(sed -E 's/^.*\) //' "$stat" 2>/dev/null)" || continue
+    # After the name: state, ppid, ...; utime, stime, cutime, cstime are 12-15. The
+    # postmaster (whose parent is not postgres) adds its reaped backends' times.
+    local parent
+    parent="$(cat "/proc/$(echo "$fields" | awk '{print $2}')/comm" 2>/dev/null || true)"
+    total=$(awk -v t="$total" -v f="$fields" -v pm="$([ "$parent" = postgres ] && echo 0 || echo 1)" \
+      'BEGIN { split(f, x, " "); print t + (x[12] + x[13] + pm * (x[14] + x[15])) * 10 }')
+  done
+  echo "$total"
+}
+# Runs "$@" (printing its rate) and sets WAL_RECORDS and WAL_BYTES to what the cluster wrote
+# and PG_CPU_MS to the CPU it used meanwhile.
 measured() {
-  local before after
+  local before after cpu_before
   before="$(wal)"
+  cpu_before="$(pgcpu)"
   RATE="$("$@")"
+  PG_CPU_MS="$(awk -v a="$(pgcpu)" -v b="$cpu_before" 'BEGIN {print a - b}')"
   after="$(wal)"
   read -r WAL_RECORDS WAL_BYTES <<<"$(awk -v b="$before" -v a="$after" \
     'BEGIN {split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2]}')"
@@ -69,10 +93,10 @@ theirs=()
 for pair in $(seq 1 "$PAIRS"); do
   measured ours_run "$N"; a=$RATE
   wal_ours=""
-  [ "$DB" = postgres ] && wal_ours=" assistd_wal_records_per_msg=$(per "$WAL_RECORDS" "$OURS_BASE_R") assistd_wal_bytes_per_msg=$(per "$WAL_BYTES" "$OURS_BASE_B")"
+  [ "$DB" = postgres ] && wal_ours=" assistd_wal_records_per_msg=$(per "$WAL_RECORDS" "$OURS_BASE_R") assistd_wal_bytes_per_msg=$(per "$WAL_BYTES" "$OURS_BASE_B") assistd_pg_cpu_ms_per_msg=$(awk -v c="$PG_CPU_MS" -v n="$N" 'BEGIN {printf "%.3f", c / n}')"
   measured theirs_run "$N"; p=$RATE
   wal_theirs=""
-  [ "$DB" = postgres ] && wal_theirs=" ${PEER}_wal_records_per_job=$(per "$WAL_RECORDS" "$THEIRS_BASE_R") ${PEER}_wal_bytes_per_job=$(per "$WAL_BYTES" "$THEIRS_BASE_B")"
+  [ "$DB" = postgres ] && wal_theirs=" ${PEER}_wal_records_per_job=$(per "$WAL_RECORDS" "$THEIRS_BASE_R") ${PEER}_wal_bytes_per_job=$(per "$WAL_BYTES" "$THEIRS_BASE_B") ${PEER}_pg_cpu_ms_per_job=$(awk -v c="$PG_CPU_MS" -v n="$N" 'BEGIN {printf "%.3f", c / n}')"
   ours+=("$a")
   theirs+=("$p")
   echo "pair=$pair db=$DB n=$N assistd_end_to_end=$a/s ${PEER}_e2e=$p/s ratio=$(awk -v a="$a" -v p="$p" 'BEGIN {printf "%.2f", a / p}')$wal_ours$wal_theirs"
