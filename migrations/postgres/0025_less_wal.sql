@@ -246,3 +246,10 @@ ALTER TABLE audit_log DROP CONSTRAINT audit_log_task_id_fkey;
 -- is written in the transaction that writes (or has just written) the row it names.
 ALTER TABLE outbound_reply DROP CONSTRAINT outbound_reply_task_id_fkey;
 ALTER TABLE agent_task DROP CONSTRAINT agent_task_message_id_fkey;
+
+-- 6. The claim's "oldest active task of its conversation" reads pending tasks through an
+-- index of pending tasks only and running ones through the unique running index; the index
+-- over both states it replaces got a new entry at every claim.
+CREATE INDEX agent_task_pending_conversation ON agent_task (channel, conversation_id, id)
+    WHERE status = 'PENDING';
+DROP INDEX agent_task_active_conversation;

@@ -124,11 +124,16 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
     let only = providers.condition();
     // The oldest active task of its conversation, and nothing else of the conversation
     // running: an older task put back to PENDING (resumed, approved) waits for a newer one
-    // that is running now.
+    // that is running now. Two checks, each through its own partial index: no older
+    // pending task (`agent_task_pending_conversation`) and no other running one
+    // (`agent_task_one_running_per_conversation`); one index over both states got a new
+    // entry at every claim (issue 35 part 2).
     const OLDEST_IN_CONVERSATION: &str = "NOT EXISTS (SELECT 1 FROM agent_task o \
          WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
-         AND o.status IN ('PENDING', 'RUNNING') AND o.id <> t.id \
-         AND (o.id < t.id OR o.status = 'RUNNING'))";
+         AND o.status = 'PENDING' AND o.id < t.id) \
+         AND NOT EXISTS (SELECT 1 FROM agent_task o \
+         WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
+         AND o.status = 'RUNNING' AND o.id <> t.id)";
     match dialect {
         Dialect::Sqlite => format!(
             "SELECT id FROM (\

@@ -62,7 +62,11 @@ async fn hot_statements_use_indexes_on_sqlite() {
     let plan = store.explain(&pick).await.unwrap().join(" | ");
     assert!(plan.contains("agent_task_pending"), "{plan}");
     assert!(plan.contains("agent_task_running"), "{plan}");
-    assert!(plan.contains("agent_task_active_conversation"), "{plan}");
+    assert!(plan.contains("agent_task_pending_conversation"), "{plan}");
+    assert!(
+        plan.contains("agent_task_one_running_per_conversation"),
+        "{plan}"
+    );
     assert!(
         plan.split(" | ")
             .all(|step| !step.starts_with("SCAN") || step.contains("USING")),
