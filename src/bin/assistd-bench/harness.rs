@@ -85,8 +85,9 @@ pub(crate) struct Mocks {
     /// repeated a key already received.
     pub(crate) reply_keys: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     pub(crate) repeated_replies: Arc<AtomicUsize>,
-    /// Replies that were failure notices, not answers: a bench measures answered messages,
-    /// so `wait_replies` fails on any (a mock the client no longer reads, a broken path).
+    /// Replies that were failure notices (`FAILURE_NOTICE`), not answers: a bench measures
+    /// answered messages, so `wait_replies` fails on any (a mock the client no longer
+    /// reads, a broken path).
     pub(crate) notices: Arc<AtomicUsize>,
     pub(crate) replied: Arc<Notify>,
     /// When the mocks started; the marks below are milliseconds since then.
@@ -154,8 +155,7 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
         .route(
             "/reply",
             post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
-                // The default `replies.failure_notice` says this: a run that failed.
-                if memchr_str(&body, b"could not answer this message") {
+                if String::from_utf8_lossy(&body).contains(FAILURE_NOTICE_MARK) {
                     notices_seen.fetch_add(1, Ordering::Relaxed);
                 }
                 let key = headers.get("idempotency-key").and_then(|k| k.to_str().ok());
@@ -226,6 +226,7 @@ pub(crate) fn bench_config(
     c.channels.generic.reply_url = format!("http://{}/reply", mocks.addr);
     c.channels.console.enabled = false;
     c.scheduler.enabled = false;
+    c.replies.failure_notice = FAILURE_NOTICE.into();
     Ok(c)
 }
 
@@ -348,9 +349,11 @@ pub(crate) async fn wait_replies(mocks: &Mocks, n: usize, timeout: Duration) -> 
     Ok(())
 }
 
-fn memchr_str(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
+/// What the bench's servers say when a run fails (`replies.failure_notice`, set by
+/// `bench_config` and `spawn_child`), so the reply receiver can tell notices from answers
+/// whatever the default template says.
+const FAILURE_NOTICE_MARK: &str = "BENCH-FAILURE-NOTICE";
+const FAILURE_NOTICE: &str = "BENCH-FAILURE-NOTICE {failure_type} (task {task_id})";
 
 /// Resident set size of this process, in KiB.
 /// Resident memory of process `pid` (`VmRSS`, or `VmHWM` = its peak), in KiB.
@@ -415,6 +418,7 @@ pub(crate) fn spawn_child(
             grace_secs.to_string(),
         )
         .env("ASSISTD_LOG__LEVEL", "warn")
+        .env("ASSISTD_REPLIES__FAILURE_NOTICE", FAILURE_NOTICE)
         .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(stdout)
         .stderr(stderr)
