@@ -85,7 +85,7 @@ impl Store {
                 .filter(|&i| agents.contains_key(batch[i].1))
                 .collect();
             // Messages (conflicts on either platform key skip the row: a duplicate).
-            let mut inserted: HashMap<(String, String), i64> = HashMap::new();
+            let mut inserted: HashMap<(String, String), (i64, i64)> = HashMap::new();
             if !known.is_empty() {
                 // `ord` keeps the batch's order, so tasks get ids in arrival order.
                 let rows: Vec<Value> = known
@@ -106,17 +106,19 @@ impl Store {
                         })
                     })
                     .collect();
-                for (id, channel, event) in sqlx::query_as::<_, (i64, String, String)>(&sql.messages)
-                    .bind(super::text::storable_rows(rows))
-                    .bind(now)
-                    .fetch_all(&mut *tx)
-                    .await?
+                for (id, channel, event, task_id) in
+                    sqlx::query_as::<_, (i64, String, String, i64)>(&sql.messages)
+                        .bind(super::text::storable_rows(rows))
+                        .bind(now)
+                        .fetch_all(&mut *tx)
+                        .await?
                 {
-                    inserted.insert((channel, event), id);
+                    inserted.insert((channel, event), (id, task_id));
                 }
             }
             // The message row each new message got (the first of equal keys in the batch).
-            let mut fresh: Vec<(usize, i64)> = Vec::new();
+            // (batch index, message row, its task's id)
+            let mut fresh: Vec<(usize, i64, i64)> = Vec::new();
             for &i in &known {
                 let m = batch[i].0;
                 // The keys as stored (`store::text`), as the insert returned them.
@@ -124,19 +126,19 @@ impl Store {
                     super::text::storable(&m.channel).into_owned(),
                     super::text::storable(&m.event_id).into_owned(),
                 );
-                if let Some(id) = inserted.remove(&key) {
-                    fresh.push((i, id));
+                if let Some((id, task_id)) = inserted.remove(&key) {
+                    fresh.push((i, id, task_id));
                 }
             }
-            let mut task_of_message: HashMap<i64, i64> = HashMap::new();
             if !fresh.is_empty() {
                 let rows: Vec<Value> = fresh
                     .iter()
-                    .map(|&(i, message_row)| {
+                    .map(|&(i, message_row, task_id)| {
                         let (m, agent) = batch[i];
                         let (agent_id, version_id, provider) = &agents[agent];
                         json!({
                             "ord": i,
+                            "id": task_id,
                             "agent_id": agent_id,
                             "agent_version_id": version_id,
                             "provider": provider,
@@ -147,21 +149,17 @@ impl Store {
                         })
                     })
                     .collect();
-                task_of_message = sqlx::query_as::<_, (i64, i64)>(&sql.tasks)
+                sqlx::query(&sql.tasks)
                     .bind(super::text::storable_rows(rows))
                     .bind(now)
                     .bind(TaskType::ConversationReply)
                     .bind(TaskStatus::Pending)
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .map(|(t, m)| (m, t))
-                    .collect();
+                    .execute(&mut *tx)
+                    .await?;
                 let audits: Vec<Value> = fresh
                     .iter()
-                    .map(|&(i, message_row)| {
+                    .map(|&(i, _, task_id)| {
                         let m = batch[i].0;
-                        let task_id = task_of_message[&message_row];
                         audit_row(
                             task_id,
                             AuditEvent::TaskCreated,
@@ -184,21 +182,21 @@ impl Store {
                         .await?;
                 }
             }
-            let fresh: HashMap<usize, i64> = fresh.into_iter().collect();
+            let fresh: HashMap<usize, i64> = fresh.into_iter().map(|(i, _, t)| (i, t)).collect();
             let mut results = Vec::with_capacity(batch.len());
             for (i, (m, agent)) in batch.iter().enumerate() {
                 if !agents.contains_key(*agent) {
                     results.push(Err(StoreError::NotFound));
-                } else if let Some(message_row) = fresh.get(&i) {
+                } else if let Some(&task_id) = fresh.get(&i) {
                     results.push(Ok(Ingested {
-                        task_id: task_of_message[message_row],
+                        task_id,
                         duplicate: false,
                     }));
                 } else {
                     let (task_id,): (i64,) = sqlx::query_as(
-                        "SELECT t.id FROM im_message m JOIN agent_task t ON t.message_id = m.id \
+                        "SELECT m.task_id FROM im_message m \
                          WHERE m.channel = $1 AND (m.external_message_id = $2 \
-                         OR m.external_event_id = $3) ORDER BY t.id LIMIT 1",
+                         OR m.external_event_id = $3) ORDER BY m.task_id LIMIT 1",
                     )
                     .bind(super::text::storable(&m.channel))
                     .bind(super::text::storable(&m.message_id))
@@ -226,7 +224,7 @@ impl Store {
             sqlx::query_as(
                 "SELECT m.id AS message_id, m.text, \
                  CASE WHEN t.status = 'SUCCEEDED' THEN t.result END AS answer \
-                 FROM im_message m LEFT JOIN agent_task t ON t.message_id = m.id \
+                 FROM im_message m LEFT JOIN agent_task t ON t.id = m.task_id \
                  WHERE m.channel = $1 AND m.conversation_id = $2 AND m.id <= $3 \
                  ORDER BY m.id DESC LIMIT $4",
             )
@@ -335,7 +333,7 @@ impl Store {
 struct IntakeSql {
     /// Messages; a row whose event or message id is stored already is skipped.
     messages: String,
-    /// Their PENDING tasks (`$3` task type, `$4` status).
+    /// Their PENDING tasks, with the ids their messages name (`$3` task type, `$4` status).
     tasks: String,
 }
 
@@ -346,13 +344,22 @@ impl IntakeSql {
     }
 
     fn new(sqlite: bool) -> IntakeSql {
+        // The id its task will have, given with the message (issue 35 part 2: no index
+        // over `agent_task.message_id`). PostgreSQL draws it from the task's sequence (a
+        // duplicate's draw is a gap); SQLite has one writer, whose transaction inserts the
+        // tasks next, so ids after the highest are free (`ord` is unique in a batch).
+        let task_id = if sqlite {
+            "(SELECT COALESCE(MAX(id), 0) FROM agent_task) + 1 + v.ord"
+        } else {
+            "nextval('agent_task_id_seq')"
+        };
         let messages = format!(
             "INSERT INTO im_message (channel, external_event_id, external_message_id, \
              conversation_id, sender_id, sender_name, text, received_at, reply_context, \
-             trace_context) SELECT v.channel, v.event_id, v.message_id, v.conversation_id, \
-             v.sender_id, v.sender_name, v.text, $2, v.reply_context, v.trace_context FROM {} \
-             ORDER BY v.ord \
-             ON CONFLICT DO NOTHING RETURNING id, channel, external_event_id",
+             trace_context, task_id) SELECT v.channel, v.event_id, v.message_id, \
+             v.conversation_id, v.sender_id, v.sender_name, v.text, $2, v.reply_context, \
+             v.trace_context, {task_id} FROM {} ORDER BY v.ord \
+             ON CONFLICT DO NOTHING RETURNING id, channel, external_event_id, task_id",
             json_rows(
                 sqlite,
                 &[
@@ -370,15 +377,16 @@ impl IntakeSql {
             )
         );
         let tasks = format!(
-            "INSERT INTO agent_task (agent_id, agent_version_id, provider, task_type, channel, \
-             conversation_id, message_id, trigger_user, status, run_after, created_at, \
-             updated_at) SELECT v.agent_id, v.agent_version_id, v.provider, $3, v.channel, \
-             v.conversation_id, v.message_id, v.trigger_user, $4, $2, $2, $2 FROM {} \
-             ORDER BY v.ord RETURNING id, message_id",
+            "INSERT INTO agent_task (id, agent_id, agent_version_id, provider, task_type, \
+             channel, conversation_id, message_id, trigger_user, status, run_after, \
+             created_at, updated_at) SELECT v.id, v.agent_id, v.agent_version_id, v.provider, \
+             $3, v.channel, v.conversation_id, v.message_id, v.trigger_user, $4, $2, $2, $2 \
+             FROM {} ORDER BY v.ord",
             json_rows(
                 sqlite,
                 &[
                     ("ord", "bigint"),
+                    ("id", "bigint"),
                     ("agent_id", "bigint"),
                     ("agent_version_id", "bigint"),
                     ("provider", "text"),

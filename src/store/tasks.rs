@@ -389,7 +389,7 @@ impl Store {
              AND ($6 IS NULL OR agent_id = (SELECT id FROM agent WHERE name = $6)) \
              AND ($7 IS NULL OR created_at >= $7) AND ($8 IS NULL OR created_at < $8) \
              AND ($9 IS NULL OR id < $9) \
-             AND ($10 IS NULL OR message_id IN ({matching})){risk} \
+             AND ($10 IS NULL OR id IN (SELECT task_id FROM im_message WHERE id IN ({matching}))){risk} \
              ORDER BY id DESC LIMIT $3"
         );
         Ok(on_pool!(self, pool => {

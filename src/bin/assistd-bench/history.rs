@@ -15,18 +15,21 @@ use crate::*;
 
 /// The seeding statements, the same text for both dialects: `$1` N, `$2` now (ms), `$3` the
 /// spacing of the messages (ms); (tasks) `$1` agent id, `$2` its version id, `$3`..`$4` the
-/// messages' ids; (replies) `$1`..`$2` the tasks' ids.
+/// messages' ids; (replies) `$1`..`$2` the tasks' ids. Message `i` names task `i`, as
+/// intake would (`im_message.task_id`); the ids are given, so PostgreSQL's sequences are
+/// moved past them afterwards.
 const MESSAGES: &str = "WITH RECURSIVE n(i) AS (SELECT CAST(1 AS BIGINT) UNION ALL \
      SELECT i + 1 FROM n WHERE i < $1) \
-     INSERT INTO im_message (channel, external_event_id, external_message_id, conversation_id, \
-     sender_id, text, received_at) \
-     SELECT 'generic', 'h-e-' || CAST(i AS TEXT), 'h-m-' || CAST(i AS TEXT), \
+     INSERT INTO im_message (id, task_id, channel, external_event_id, external_message_id, \
+     conversation_id, sender_id, text, received_at) \
+     SELECT i, i, 'generic', 'h-e-' || CAST(i AS TEXT), 'h-m-' || CAST(i AS TEXT), \
      'h-c-' || CAST(i % 1000 AS TEXT), 'u', 'history message ' || CAST(i AS TEXT), \
      $2 - i * $3 FROM n";
-const TASKS: &str = "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+const TASKS: &str = "INSERT INTO agent_task (id, agent_id, agent_version_id, task_type, channel, \
      conversation_id, message_id, trigger_user, status, failure_type, error_msg, run_after, \
      created_at, updated_at, finished_at) \
-     SELECT $1, $2, 'conversation_reply', m.channel, m.conversation_id, m.id, m.sender_id, \
+     SELECT m.task_id, $1, $2, 'conversation_reply', m.channel, m.conversation_id, m.id, \
+     m.sender_id, \
      CASE WHEN m.id % 10 = 0 THEN 'FAILED' ELSE 'SUCCEEDED' END, \
      CASE WHEN m.id % 10 = 0 THEN 'PROVIDER_ERROR' END, \
      CASE WHEN m.id % 10 = 0 THEN 'model call failed: HTTP 50' || CAST(m.id % 7 AS TEXT) END, \
@@ -90,6 +93,12 @@ async fn seed(db: &BenchDb, kind: Db, n: usize) -> anyhow::Result<()> {
             // (a finishing transaction's few are pruned as it goes), and no statistics are
             // fresh yet (autovacuum's work).
             if matches!(kind, Db::Postgres) {
+                sqlx::query(
+                    "SELECT setval('im_message_id_seq', (SELECT MAX(id) FROM im_message)), \
+                     setval('agent_task_id_seq', (SELECT MAX(id) FROM agent_task))",
+                )
+                .execute(&mut conn)
+                .await?;
                 sqlx::query("VACUUM FULL task_rollup, reply_rollup, latency_rollup, token_rollup")
                     .execute(&mut conn)
                     .await?;
