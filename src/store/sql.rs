@@ -182,13 +182,16 @@ impl BatchSql {
         // only the run holding the task's fence begins its steps (one write in flight, a
         // batch's repeats in later rounds), so no concurrent insert of the key can race
         // this one, and a plain insert spares PostgreSQL the speculative insertion's extra
-        // WAL record. Should one race all the same, the unique key refuses it.
+        // WAL record. Should one race all the same, the unique (task_id, step_no) refuses
+        // it. Keys are read by task and key, through that index (a key names its task and
+        // step, so PostgreSQL keeps no index of its own over keys: migration 0027).
         let begin = format!(
             "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
              input, status, attempt, created_at) \
              SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
              $3, 0, $2 FROM {} WHERE {owned_unpaused} AND NOT EXISTS (SELECT 1 FROM agent_step s \
-             WHERE s.idempotency_key = v.idempotency_key) RETURNING id, idempotency_key",
+             WHERE s.task_id = v.task_id AND s.idempotency_key = v.idempotency_key) \
+             RETURNING id, idempotency_key",
             fenced_rows(&[
                 ("step_no", "bigint"),
                 ("step_type", "text"),
@@ -198,7 +201,7 @@ impl BatchSql {
             ])
         );
         let existing_step = format!(
-            "SELECT {STEP_COLUMNS} FROM agent_step WHERE idempotency_key = $1 \
+            "SELECT {STEP_COLUMNS} FROM agent_step WHERE task_id = $2 AND idempotency_key = $1 \
              AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $2 AND t.owner = $3 \
              AND t.version = $4 AND t.status = 'RUNNING' AND t.pause_requested = 0{lock})"
         );

@@ -458,8 +458,9 @@ impl Store {
     }
 
     /// The audit trail of one target (a job, approval, reply, step or task), newest first.
-    /// A task's rows are read through `audit_log_task`; the target index leaves them out
-    /// (migration 0010), and its predicate is spelt out so the planner can use it.
+    /// A task's rows, and a reply's (which name the reply's task), are read through
+    /// `audit_log_task`; the target index leaves them out (migrations 0010 and 0027), and
+    /// its predicate is spelt out so the planner can use it.
     pub async fn target_audit(
         &self,
         target_type: &str,
@@ -481,10 +482,27 @@ impl Store {
                 .await?
             }));
         }
+        if target_type == "reply" {
+            let Ok(reply_id) = target_id.parse::<i64>() else {
+                return Ok(Vec::new());
+            };
+            return Ok(on_pool!(self, pool => {
+                sqlx::query_as::<_, AuditRow>(&format!(
+                    "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE task_id = \
+                     (SELECT task_id FROM outbound_reply WHERE id = $1) \
+                     AND target_type = 'reply' AND target_id = $2 ORDER BY id DESC LIMIT $3"
+                ))
+                .bind(reply_id)
+                .bind(target_id)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+            }));
+        }
         Ok(on_pool!(self, pool => {
             sqlx::query_as::<_, AuditRow>(&format!(
                 "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE target_type = $1 AND target_id = $2 \
-                 AND target_type <> 'task' ORDER BY id DESC LIMIT $3"
+                 AND target_type NOT IN ('task', 'reply') ORDER BY id DESC LIMIT $3"
             ))
             .bind(target_type)
             .bind(target_id)

@@ -212,7 +212,7 @@ impl Store {
                 "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, \
                  idempotency_key, input, status, attempt, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8) \
-                 ON CONFLICT (idempotency_key) DO NOTHING",
+                 ON CONFLICT (task_id, step_no) DO NOTHING",
             )
             .bind(fence.task_id)
             .bind(step.step_no)
