@@ -166,6 +166,13 @@ const CHINESE: &[(&str, &str)] = &[
     ("如何编写 shell 脚本？", "ch12.zh-cn.html#12.1"),
     ("怎么调试程序？", "ch12.zh-cn.html#12.5"),
     ("如何制作 Debian 包？", "ch12.zh-cn.html#12.9"),
+    ("udev 是如何管理设备的？", "ch03.zh-cn.html#3.8"),
+    ("怎样配置打印机？", "ch06.zh-cn.html#6.4"),
+    ("如何在程序之间复制粘贴到剪贴板？", "ch07.zh-cn.html#7.9"),
+    ("怎样编译 Linux 内核？", "ch09.zh-cn.html#9.10"),
+    ("如何加密磁盘上的数据？", "ch09.zh-cn.html#9.9"),
+    ("怎么运行虚拟机？", "ch09.zh-cn.html#9.11"),
+    ("如何用 diff 和 patch 合并源代码？", "ch10.zh-cn.html#10.4"),
 ];
 
 /// Whether a hit is on `want`: a page, or `page#s1,s2` — a page's numbered sections (a hit
