@@ -164,9 +164,12 @@ impl Store {
         Ok(id)
     }
 
-    /// Takes the oldest open job whose lease has run out (a queued one has none), for
-    /// `owner` until `lease_until`; each claim raises the job's version, so writes made under
-    /// an earlier claim no longer commit.
+    /// Takes the oldest open job whose lease has run out (a queued one has none) and that no
+    /// older open job of its collection waits before, for `owner` until `lease_until`; each
+    /// claim raises the job's version, so writes made under an earlier claim no longer
+    /// commit. A collection's jobs so run one after another in the order they were
+    /// submitted: a document given again in a later job is never overwritten by its older
+    /// text from an earlier job that was interrupted and resumed.
     pub async fn claim_ingest(
         &self,
         owner: &str,
@@ -174,11 +177,16 @@ impl Store {
         now: i64,
     ) -> StoreResult<Option<IngestClaim>> {
         // The outer conditions are checked again on the row PostgreSQL locks, so two
-        // instances racing for one job cannot both take it.
+        // instances racing for one job cannot both take it; a later job of the collection
+        // is not taken while an earlier one is open (both read the open jobs' index).
         let sql = "UPDATE knowledge_ingest SET state = 'running', owner = $1, \
              version = version + 1, claims = claims + 1, lease_until = $2, updated_at = $3 \
-             WHERE id = (SELECT id FROM knowledge_ingest WHERE state IN ('queued', 'running') \
-             AND lease_until < $3 ORDER BY lease_until, id LIMIT 1) \
+             WHERE id = (SELECT j.id FROM knowledge_ingest j \
+             WHERE j.state IN ('queued', 'running') AND j.lease_until < $3 \
+             AND NOT EXISTS (SELECT 1 FROM knowledge_ingest o \
+             WHERE o.state IN ('queued', 'running') AND o.collection_id = j.collection_id \
+             AND o.id < j.id) \
+             ORDER BY j.id LIMIT 1) \
              AND state IN ('queued', 'running') AND lease_until < $3 \
              RETURNING id, collection_id, version, claims, actor";
         let claim = write_tx!(self, tx => {

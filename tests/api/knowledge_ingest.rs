@@ -358,6 +358,97 @@ async fn a_stale_claim_writes_nothing() {
     db.drop_db().await;
 }
 
+/// A collection's jobs run in the order they were submitted: a later job is not taken while
+/// an earlier one of its collection is open, even when the earlier one is held by a live
+/// claim, so a document given again later is never overwritten by its older text; another
+/// collection's job is not held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collections_jobs_run_in_the_order_they_were_submitted() {
+    use assistd::store::knowledge_ingest::NewItem;
+    let db = TestDb::new().await;
+    let config = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    let store = assistd::store::Store::connect(&config.database)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    for name in ["c", "d"] {
+        store
+            .create_collection(name, 1200, 200, None, 1)
+            .await
+            .unwrap();
+    }
+    let c = store.collection("c").await.unwrap().unwrap();
+    let d = store.collection("d").await.unwrap().unwrap();
+    let item = |text: &str| NewItem {
+        doc_id: Some("a".into()),
+        title: None,
+        source_url: None,
+        content_type: "text/plain".into(),
+        text: text.into(),
+    };
+    let old = store
+        .create_ingest(c.id, &[item("old text")], "test", 1)
+        .await
+        .unwrap();
+    let new = store
+        .create_ingest(c.id, &[item("new text")], "test", 2)
+        .await
+        .unwrap();
+    let other = store
+        .create_ingest(d.id, &[item("other text")], "test", 3)
+        .await
+        .unwrap();
+    let now = now_ms();
+    // A worker that died holding the old job (its lease ran out): the old job is taken
+    // again before the newer one, although the newer one was never claimed.
+    let dead = store
+        .claim_ingest("dead", now - 1, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(dead.id, old);
+    let live = store
+        .claim_ingest("one", now + 60_000, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(live.id, old, "the earlier job is resumed first");
+    // While it is held, the collection's newer job waits; the other collection's does not.
+    let next = store
+        .claim_ingest("two", now + 60_000, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.id, other);
+    assert!(
+        store
+            .claim_ingest("three", now + 60_000, now)
+            .await
+            .unwrap()
+            .is_none(),
+        "a collection's later job is not taken while its earlier one is open"
+    );
+    // The old job's document fails (so the job can end); then the newer job is taken.
+    let pending = store.pending_items(old, 10).await.unwrap();
+    let step = assistd::store::knowledge_ingest::IngestStep {
+        job_id: old,
+        owner: "one",
+        version: live.version,
+        item_id: pending[0].id,
+        lease_until: now + 60_000,
+    };
+    assert!(store.fail_item(&step, "test", now).await.unwrap());
+    assert!(store.finish_ingest(&live, "one", None, now).await.unwrap());
+    let after = store
+        .claim_ingest("three", now + 60_000, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.id, new);
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// A job that is claimed again and again without adding a document (a document that kills
 /// the worker each time) is given up after `knowledge.ingest_max_claims`, audited as a
 /// risk and shown with its reason.
