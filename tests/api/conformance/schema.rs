@@ -116,7 +116,13 @@ async fn the_claim_reads_no_finished_history_on_postgres() {
         .replace("$4", "64");
     let plan = store.explain(&pick).await.unwrap().join("\n");
     assert!(plan.contains("agent_task_pending"), "{plan}");
-    assert!(plan.contains("agent_task_running"), "{plan}");
+    // Running tasks through the one-per-conversation index (migration 0028 dropped
+    // `agent_task_running`, an entry per claim).
+    assert!(
+        plan.contains("agent_task_one_running_per_conversation"),
+        "{plan}"
+    );
+    assert!(!plan.contains("agent_task_running"), "{plan}");
     assert!(!plan.contains("agent_task_pkey"), "{plan}");
     store.close().await;
     db.drop_db().await;

@@ -1,0 +1,11 @@
+-- Issue 35 part 2: one index entry fewer per claim, and lease renewals that are HOT.
+--
+-- Running tasks were indexed twice: `agent_task_one_running_per_conversation` (unique,
+-- a conversation runs one task at a time) and `agent_task_running` (id, lease_expire),
+-- each getting an entry at every claim. The running set is the live work of the
+-- instances (at most one task per conversation, bounded by their workers), so the
+-- claim's expired-lease branch, the reaper and the owners' report read it through the
+-- unique index and check the lease on the row. With `lease_expire` in no index, a lease
+-- renewal no longer changes an indexed column and stays a heap-only update. SQLite keeps
+-- the index (its WAL is not the measure there, and its planner uses it under UNION ALL).
+DROP INDEX agent_task_running;
