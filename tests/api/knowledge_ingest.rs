@@ -15,6 +15,31 @@ use crate::helpers::*;
 use assistd::domain::now_ms;
 
 /// A document of `paragraphs` paragraphs whose words name it (`policy<n>`).
+/// A document given to the store directly (no title or link).
+fn item(doc_id: &str, content_type: &str, text: &str) -> assistd::store::knowledge_ingest::NewItem {
+    assistd::store::knowledge_ingest::NewItem {
+        doc_id: Some(doc_id.into()),
+        title: None,
+        source_url: None,
+        content_type: content_type.into(),
+        text: text.into(),
+    }
+}
+
+/// The job `owner` claims now with a lease until `lease_until`: one there must be.
+async fn claimed(
+    store: &assistd::store::Store,
+    owner: &str,
+    lease_until: i64,
+    now: i64,
+) -> assistd::store::knowledge_ingest::IngestClaim {
+    store
+        .claim_ingest(owner, lease_until, now)
+        .await
+        .unwrap()
+        .expect("a job to claim")
+}
+
 fn policy(n: usize, paragraphs: usize) -> Value {
     let mut text = format!("# Policy {n}\n\n");
     for p in 0..paragraphs {
@@ -260,46 +285,31 @@ async fn a_bad_batch_is_refused_whole_with_nothing_written() {
 /// the job's progress are one transaction, fenced by the claim's version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_claim_writes_nothing() {
-    use assistd::store::knowledge_ingest::{IngestStep, NewItem};
-    let db = TestDb::new().await;
-    let config = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
-    let store = assistd::store::Store::connect(&config.database)
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    use assistd::store::knowledge_ingest::IngestStep;
+    let (db, store) = crate::conformance::fresh_store().await;
     store
         .create_collection("c", 1200, 200, None, 1)
         .await
         .unwrap();
     let collection = store.collection("c").await.unwrap().unwrap();
-    let item = NewItem {
-        doc_id: Some("a".into()),
-        title: None,
-        source_url: None,
-        content_type: "text/plain".into(),
-        text: "alpha beta".into(),
-    };
     let job = store
-        .create_ingest(collection.id, &[item], "test", 1)
+        .create_ingest(
+            collection.id,
+            &[item("a", "text/plain", "alpha beta")],
+            "test",
+            1,
+        )
         .await
         .unwrap();
     let now = now_ms();
-    let first = store
-        .claim_ingest("one", now - 1, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let first = claimed(&store, "one", now - 1, now).await;
     // Its lease ran out (it was set in the past): another instance takes the job.
-    let second = store
-        .claim_ingest("two", now + 60_000, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let second = claimed(&store, "two", now + 60_000, now).await;
     assert_eq!(second.id, job);
     assert!(second.version > first.version);
     let pending = store.pending_items(job, 10).await.unwrap();
     let ready = assistd::knowledge::prepare(
-        &config.knowledge,
+        &test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply").knowledge,
         &collection,
         assistd::knowledge::Document {
             id: pending[0].doc_id.as_deref(),
@@ -364,13 +374,7 @@ async fn a_stale_claim_writes_nothing() {
 /// collection's job is not held up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collections_jobs_run_in_the_order_they_were_submitted() {
-    use assistd::store::knowledge_ingest::NewItem;
-    let db = TestDb::new().await;
-    let config = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
-    let store = assistd::store::Store::connect(&config.database)
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    let (db, store) = crate::conformance::fresh_store().await;
     for name in ["c", "d"] {
         store
             .create_collection(name, 1200, 200, None, 1)
@@ -379,13 +383,7 @@ async fn a_collections_jobs_run_in_the_order_they_were_submitted() {
     }
     let c = store.collection("c").await.unwrap().unwrap();
     let d = store.collection("d").await.unwrap().unwrap();
-    let item = |text: &str| NewItem {
-        doc_id: Some("a".into()),
-        title: None,
-        source_url: None,
-        content_type: "text/plain".into(),
-        text: text.into(),
-    };
+    let item = |text: &str| item("a", "text/plain", text);
     let old = store
         .create_ingest(c.id, &[item("old text")], "test", 1)
         .await
@@ -401,24 +399,12 @@ async fn a_collections_jobs_run_in_the_order_they_were_submitted() {
     let now = now_ms();
     // A worker that died holding the old job (its lease ran out): the old job is taken
     // again before the newer one, although the newer one was never claimed.
-    let dead = store
-        .claim_ingest("dead", now - 1, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let dead = claimed(&store, "dead", now - 1, now).await;
     assert_eq!(dead.id, old);
-    let live = store
-        .claim_ingest("one", now + 60_000, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let live = claimed(&store, "one", now + 60_000, now).await;
     assert_eq!(live.id, old, "the earlier job is resumed first");
     // While it is held, the collection's newer job waits; the other collection's does not.
-    let next = store
-        .claim_ingest("two", now + 60_000, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let next = claimed(&store, "two", now + 60_000, now).await;
     assert_eq!(next.id, other);
     assert!(
         store
@@ -439,11 +425,7 @@ async fn a_collections_jobs_run_in_the_order_they_were_submitted() {
     };
     assert!(store.fail_item(&step, "test", now).await.unwrap());
     assert!(store.finish_ingest(&live, "one", None, now).await.unwrap());
-    let after = store
-        .claim_ingest("three", now + 60_000, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let after = claimed(&store, "three", now + 60_000, now).await;
     assert_eq!(after.id, new);
     store.close().await;
     db.drop_db().await;
@@ -462,13 +444,11 @@ async fn a_job_that_never_progresses_is_given_up_where_an_admin_sees_it() {
     create(&app, "handbook").await;
     let store = app.store();
     let collection = store.collection("handbook").await.unwrap().unwrap();
-    let item = assistd::store::knowledge_ingest::NewItem {
-        doc_id: Some("crashes.md".into()),
-        title: None,
-        source_url: None,
-        content_type: "text/markdown".into(),
-        text: "# Crashes\n\nthe worker dies on this one".into(),
-    };
+    let item = item(
+        "crashes.md",
+        "text/markdown",
+        "# Crashes\n\nthe worker dies on this one",
+    );
     let job = store
         .create_ingest(collection.id, &[item], "admin:api", now_ms())
         .await
