@@ -14,7 +14,6 @@ use crate::binary::{RealServer, server_envs};
 use crate::helpers::*;
 use assistd::domain::now_ms;
 
-/// A document of `paragraphs` paragraphs whose words name it (`policy<n>`).
 /// A document given to the store directly (no title or link).
 fn item(doc_id: &str, content_type: &str, text: &str) -> assistd::store::knowledge_ingest::NewItem {
     assistd::store::knowledge_ingest::NewItem {
@@ -40,6 +39,7 @@ async fn claimed(
         .expect("a job to claim")
 }
 
+/// A document of `paragraphs` paragraphs whose words name it (`policy<n>`).
 fn policy(n: usize, paragraphs: usize) -> Value {
     let mut text = format!("# Policy {n}\n\n");
     for p in 0..paragraphs {
