@@ -94,7 +94,7 @@ impl Store {
                  placeholder) \
                  SELECT $1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $9, 1 WHERE EXISTS \
                  (SELECT 1 FROM agent_task WHERE id = $1 AND owner = $10 AND version = $11 \
-                 AND status = 'RUNNING') ON CONFLICT (idempotency_key) DO NOTHING",
+                 AND status = 'RUNNING') ON CONFLICT (task_id, idempotency_key) DO NOTHING",
             )
             .bind(fence.task_id)
             .bind(placeholder.key)
@@ -114,15 +114,20 @@ impl Store {
         Ok(done == 1)
     }
 
-    /// The platform message id of the placeholder under `key`, once it was sent and while
-    /// it is still the placeholder (the answer has not replaced it).
-    pub async fn placeholder_message(&self, key: &str) -> StoreResult<Option<String>> {
+    /// The platform message id of the placeholder of task `task_id` under `key`, once it
+    /// was sent and while it is still the placeholder (the answer has not replaced it).
+    pub async fn placeholder_message(
+        &self,
+        task_id: i64,
+        key: &str,
+    ) -> StoreResult<Option<String>> {
         Ok(on_pool!(self, pool => {
             sqlx::query_scalar::<_, Option<String>>(
-                "SELECT platform_message_id FROM outbound_reply WHERE idempotency_key = $1 \
-                 AND placeholder = 1 AND status = 'SENT'",
+                "SELECT platform_message_id FROM outbound_reply WHERE task_id = $2 \
+                 AND idempotency_key = $1 AND placeholder = 1 AND status = 'SENT'",
             )
             .bind(key)
+            .bind(task_id)
             .fetch_optional(pool)
             .await?
             .flatten()
@@ -142,10 +147,11 @@ impl Store {
     ) -> StoreResult<Noted> {
         let noted = write_tx!(self, tx => {
             let row: Option<(i64, Option<String>)> = sqlx::query_as(
-                "SELECT id, streamed_parts FROM outbound_reply WHERE idempotency_key = $1 \
-                 AND placeholder = 1",
+                "SELECT id, streamed_parts FROM outbound_reply WHERE task_id = $2 \
+                 AND idempotency_key = $1 AND placeholder = 1",
             )
             .bind(key)
+            .bind(fence.task_id)
             .fetch_optional(&mut *tx)
             .await?;
             let Some((id, parts)) = row else {

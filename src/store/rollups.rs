@@ -252,7 +252,8 @@ fn refill(dialect: super::Dialect) -> [String; 4] {
             "INSERT INTO task_rollup SELECT t.created_at / 3600000, t.agent_id, \
              t.agent_version_id, t.channel, t.status, COALESCE(t.failure_type, ''), \
              COALESCE({ANSWER_STATE}, ''), 0, COUNT(*), SUM({TAKEOVERS}) \
-             FROM agent_task t LEFT JOIN outbound_reply r ON r.idempotency_key = {ANSWER_KEY} \
+             FROM agent_task t LEFT JOIN outbound_reply r ON r.task_id = t.id \
+             AND r.idempotency_key = {ANSWER_KEY} \
              WHERE t.status IN {FINISHED} GROUP BY 1, 2, 3, 4, 5, 6, 7"
         ),
         "INSERT INTO reply_rollup SELECT created_at / 3600000, channel, status, placeholder, \
@@ -271,7 +272,8 @@ fn refill(dialect: super::Dialect) -> [String; 4] {
              COALESCE(t.failure_type, ''), \
              COALESCE((SELECT MIN(le) FROM latency_bound WHERE le >= r.sent_at - m.received_at), \
              (SELECT MAX(le) FROM latency_bound)), 0, COUNT(*) \
-             FROM agent_task t JOIN outbound_reply r ON r.idempotency_key = {ANSWER_KEY} \
+             FROM agent_task t JOIN outbound_reply r ON r.task_id = t.id \
+             AND r.idempotency_key = {ANSWER_KEY} \
              JOIN im_message m ON m.id = t.message_id \
              WHERE t.status IN {FINISHED} AND r.status = 'SENT' AND r.placeholder = 0 \
              GROUP BY 1, 2, 3, 4, 5"

@@ -60,7 +60,7 @@ pub(crate) use insert_audit;
 /// a second insert of a reply is a no-op.
 macro_rules! reply_upsert {
     () => {
-        " ON CONFLICT (idempotency_key) DO UPDATE SET content = excluded.content, \
+        " ON CONFLICT (task_id, idempotency_key) DO UPDATE SET content = excluded.content, \
          reply_type = excluded.reply_type, placeholder = 0, status = 'PENDING', \
          edit = CASE WHEN outbound_reply.status = 'SENT' \
              AND outbound_reply.platform_message_id IS NOT NULL THEN 1 ELSE 0 END, \

@@ -129,7 +129,7 @@ impl Store {
              UNION ALL SELECT (t.created_at / $1) * $1, t.agent_id, t.agent_version_id, \
              t.status, t.failure_type, {ANSWER_STATE}, COUNT(*) \
              FROM ({LIVE_IDS}) l CROSS JOIN agent_task t \
-             LEFT JOIN outbound_reply r ON r.idempotency_key = {ANSWER_KEY} \
+             LEFT JOIN outbound_reply r ON r.task_id = t.id AND r.idempotency_key = {ANSWER_KEY} \
              WHERE t.id = l.id AND {TASKS} \
              GROUP BY 1, 2, 3, 4, 5, 6) c \
              JOIN agent a ON a.id = c.agent_id JOIN agent_version v ON v.id = c.agent_version_id \
@@ -155,7 +155,7 @@ impl Store {
              GROUP BY 1, 2 \
              UNION ALL SELECT t.channel, {ANSWER_STATE}, COUNT(*) \
              FROM ({LIVE_IDS}) l CROSS JOIN agent_task t CROSS JOIN outbound_reply r \
-             WHERE t.id = l.id AND r.idempotency_key = {ANSWER_KEY} AND {TASKS} \
+             WHERE t.id = l.id AND r.task_id = t.id AND r.idempotency_key = {ANSWER_KEY} AND {TASKS} \
              GROUP BY 1, 2) d GROUP BY 1, 2 HAVING SUM(count) <> 0 ORDER BY 1, 2"
         );
         Ok(on_pool!(self, pool => {

@@ -162,6 +162,17 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
     }
 }
 
+/// The task list's "risky only" filter (`TaskSearch::risky`), probed per listed task: on
+/// PostgreSQL through `audit_log_risky`, which holds risky rows alone (migration 0029).
+pub const RISKY_FILTER: &str =
+    " AND EXISTS (SELECT 1 FROM audit_log a WHERE a.task_id = agent_task.id AND a.risk_flag)";
+
+/// A task's audit rows (`$1` the task), oldest first: on PostgreSQL a bitmap scan of the
+/// BRIN summaries of `audit_log_task` (migration 0029), on SQLite its B-tree.
+pub fn task_audit_sql() -> String {
+    format!("SELECT {AUDIT_COLUMNS} FROM audit_log WHERE task_id = $1 ORDER BY id")
+}
+
 impl Store {
     /// Atomically takes up to `limit` claimable tasks for `owner`: PENDING ones that are due
     /// and RUNNING ones whose lease has expired, but only the oldest active task of each
@@ -378,7 +389,7 @@ impl Store {
             None => ("SELECT id FROM im_message WHERE false", None),
         };
         let risk = if search.risky {
-            " AND EXISTS (SELECT 1 FROM audit_log a WHERE a.task_id = agent_task.id AND a.risk_flag)"
+            RISKY_FILTER
         } else {
             ""
         };
@@ -446,11 +457,10 @@ impl Store {
         Ok((count, last.unwrap_or(0) - first.unwrap_or(0)))
     }
 
+    /// The task's audit trail, oldest first (`task_audit_sql`).
     pub async fn task_audit(&self, task_id: i64) -> StoreResult<Vec<AuditRow>> {
         Ok(on_pool!(self, pool => {
-            sqlx::query_as::<_, AuditRow>(&format!(
-                "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE task_id = $1 ORDER BY id"
-            ))
+            sqlx::query_as::<_, AuditRow>(&task_audit_sql())
             .bind(task_id)
             .fetch_all(pool)
             .await?

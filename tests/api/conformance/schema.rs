@@ -129,6 +129,77 @@ async fn the_claim_reads_no_finished_history_on_postgres() {
     db.drop_db().await;
 }
 
+/// Issue 35 (migration 0029): on PostgreSQL a task's audit rows are found through the BRIN
+/// summaries of `audit_log_task` (no B-tree entry per row), risky ones through the partial
+/// `audit_log_risky`; both reads return exactly the rows they did, with rows of old tasks
+/// (an approval answered later) written among new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
+    use assistd::store::tasks::{RISKY_FILTER, TaskSearch, task_audit_sql};
+    let (db, store) = fresh_store().await;
+    let Store::Postgres(pool) = &store else {
+        store.close().await;
+        db.drop_db().await;
+        return;
+    };
+    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    publish(&store, &cfg).await;
+    // 20,000 finished tasks with four audit rows each, written interleaved as workers do
+    // (a task's rows among its neighbours'); every 2,000th task's last row comes at the
+    // very end (answered late) and is risky.
+    for sql in [
+        "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+         conversation_id, sender_id, text, received_at) SELECT 'generic', 'e' || g, 'm' || g, \
+         'c' || g, 'u', 'hi', 1 FROM generate_series(1, 20000) g",
+        "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+         conversation_id, message_id, trigger_user, status, run_after, created_at, updated_at, \
+         finished_at) SELECT (SELECT id FROM agent LIMIT 1), (SELECT id FROM agent_version \
+         LIMIT 1), 'conversation_reply', 'generic', m.conversation_id, m.id, 'u', \
+         'SUCCEEDED', 0, 1, 1, 2 FROM im_message m ORDER BY m.id",
+        "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
+         target_type, target_id) SELECT t, 'TASK_CREATED', 'w', 'step ' || k, false, 1, 'task', \
+         t::text FROM generate_series(1, 20000) t, generate_series(1, 4) k \
+         WHERE NOT (k = 4 AND t % 2000 = 0) ORDER BY t + 7 * k, k",
+        "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
+         target_type, target_id) SELECT t, 'TASK_FAILED', 'w', 'step 4', true, 2, \
+         'task', t::text FROM generate_series(2000, 20000, 2000) s(t) ORDER BY s.t",
+        "SELECT brin_summarize_new_values('audit_log_task')",
+        "ANALYZE audit_log",
+        "ANALYZE agent_task",
+    ] {
+        sqlx::query(sql).execute(pool).await.unwrap();
+    }
+    let plan = store
+        .explain(&task_audit_sql().replace("$1", "4000"))
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(plan.contains("Bitmap Index Scan on audit_log_task"), "{plan}");
+    for task in [1, 3999, 4000, 20000] {
+        let rows = store.task_audit(task).await.unwrap();
+        let steps: Vec<&str> = rows.iter().map(|r| r.summary.as_str()).collect();
+        assert_eq!(steps, ["step 1", "step 2", "step 3", "step 4"], "task {task}");
+        assert!(rows.iter().all(|r| r.task_id == Some(task)));
+        assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
+        assert_eq!(rows[3].risk_flag, task % 2000 == 0, "task {task}");
+    }
+    let risky_list = format!("SELECT id FROM agent_task WHERE true{RISKY_FILTER} ORDER BY id DESC LIMIT 50");
+    let plan = store.explain(&risky_list).await.unwrap().join("\n");
+    assert!(plan.contains("audit_log_risky"), "{plan}");
+    let risky = store
+        .find_tasks(&TaskSearch {
+            risky: true,
+            limit: 50,
+            ..TaskSearch::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<i64> = risky.iter().map(|t| t.id).collect();
+    assert_eq!(ids, (1..=10).rev().map(|k| k * 2000).collect::<Vec<i64>>());
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// A database made by an earlier release (migrations up to 0002, a `current_step` column
 /// on the task) upgrades in place: 0003 drops the column, and the task's current step is
 /// then read from its journal.
