@@ -340,7 +340,11 @@ impl Feedback {
                     Err(e) => tracing::warn!(error = %e, "queueing the placeholder failed"),
                 }
             }
-            Job::Find => match svc.store.placeholder_message(self.fence.task_id, &self.key).await {
+            Job::Find => match svc
+                .store
+                .placeholder_message(self.fence.task_id, &self.key)
+                .await
+            {
                 Ok(Some(id)) => self.lock().message_id = Some(id),
                 // Not sent yet: look again a little later (the answer stops this).
                 Ok(None) => tokio::time::sleep(self.stream_every.unwrap_or_default()).await,

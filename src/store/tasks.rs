@@ -388,11 +388,7 @@ impl Store {
             }
             None => ("SELECT id FROM im_message WHERE false", None),
         };
-        let risk = if search.risky {
-            RISKY_FILTER
-        } else {
-            ""
-        };
+        let risk = if search.risky { RISKY_FILTER } else { "" };
         let sql = format!(
             "SELECT {TASK_COLUMNS} FROM agent_task \
              WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR conversation_id = $2) \

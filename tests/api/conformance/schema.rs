@@ -174,16 +174,24 @@ async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
         .await
         .unwrap()
         .join("\n");
-    assert!(plan.contains("Bitmap Index Scan on audit_log_task"), "{plan}");
+    assert!(
+        plan.contains("Bitmap Index Scan on audit_log_task"),
+        "{plan}"
+    );
     for task in [1, 3999, 4000, 20000] {
         let rows = store.task_audit(task).await.unwrap();
         let steps: Vec<&str> = rows.iter().map(|r| r.summary.as_str()).collect();
-        assert_eq!(steps, ["step 1", "step 2", "step 3", "step 4"], "task {task}");
+        assert_eq!(
+            steps,
+            ["step 1", "step 2", "step 3", "step 4"],
+            "task {task}"
+        );
         assert!(rows.iter().all(|r| r.task_id == Some(task)));
         assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
         assert_eq!(rows[3].risk_flag, task % 2000 == 0, "task {task}");
     }
-    let risky_list = format!("SELECT id FROM agent_task WHERE true{RISKY_FILTER} ORDER BY id DESC LIMIT 50");
+    let risky_list =
+        format!("SELECT id FROM agent_task WHERE true{RISKY_FILTER} ORDER BY id DESC LIMIT 50");
     let plan = store.explain(&risky_list).await.unwrap().join("\n");
     assert!(plan.contains("audit_log_risky"), "{plan}");
     let risky = store
