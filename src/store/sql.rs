@@ -222,23 +222,61 @@ impl BatchSql {
             ]),
             keyed_by(sqlite, "agent_step.id", "step_id")
         );
-        let finish = format!(
-            "UPDATE agent_task SET status = v.status, result = v.result, \
+        let finish_cols = [
+            ("status", "text"),
+            ("result", "text"),
+            ("failure_type", "text"),
+            ("error", "text"),
+            ("retries", "bigint"),
+            ("trace", "text"),
+        ];
+        let finish_set = "status = v.status, result = v.result, \
              failure_type = v.failure_type, error_msg = v.error, \
              retry_count = agent_task.retry_count + v.retries, \
              version = agent_task.version + 1, lease_expire = NULL, finished_at = $2, \
-             updated_at = $2, trace = v.trace FROM {} WHERE {}{} RETURNING agent_task.id",
-            fenced_rows(&[
-                ("status", "text"),
-                ("result", "text"),
-                ("failure_type", "text"),
-                ("error", "text"),
-                ("retries", "bigint"),
-                ("trace", "text"),
-            ]),
-            fence("agent_task"),
-            keyed_by(sqlite, "agent_task.id", "task_id")
-        );
+             updated_at = $2, trace = v.trace";
+        // SQLite: the task's finish alone (its last step went by `complete` just before).
+        // PostgreSQL: a finish and its task's last step in one statement (issue 35 part 2).
+        // The task's update is the fence (it locks the row and re-checks the fence on the
+        // row as it then stands), and the step is completed only for the tasks it returned,
+        // so the step needs no row lock of its own (`complete`'s `FOR SHARE`, one WAL record
+        // per answered message). Both land before the statement's rollup trigger runs,
+        // which reads the step's tokens. A finish without a last step (`step_id` null)
+        // completes no step.
+        let step_cols = [
+            ("step_id", "bigint"),
+            ("step_status", "text"),
+            ("output", "text"),
+            ("step_error", "text"),
+            ("tokens_in", "bigint"),
+            ("tokens_out", "bigint"),
+            ("duration_ms", "bigint"),
+            ("attempts", "bigint"),
+        ];
+        let finish = if sqlite {
+            format!(
+                "UPDATE agent_task SET {finish_set} FROM {} WHERE {} RETURNING agent_task.id",
+                fenced_rows(&finish_cols),
+                fence("agent_task"),
+            )
+        } else {
+            let all: Vec<(&str, &str)> = finish_cols.iter().chain(&step_cols).copied().collect();
+            format!(
+                "WITH fin AS (UPDATE agent_task SET {finish_set} FROM {} WHERE {}{} \
+                 RETURNING agent_task.id), \
+                 step AS (UPDATE agent_step SET status = v.step_status, output = v.output, \
+                 error = v.step_error, tokens_in = v.tokens_in, tokens_out = v.tokens_out, \
+                 duration_ms = v.duration_ms, finished_at = $2, attempt = v.attempts FROM {} \
+                 WHERE agent_step.id = v.step_id AND agent_step.task_id = v.task_id \
+                 AND v.task_id IN (SELECT id FROM fin){}) \
+                 SELECT id FROM fin",
+                fenced_rows(&finish_cols),
+                fence("agent_task"),
+                keyed_by(sqlite, "agent_task.id", "task_id"),
+                fenced_rows(&all),
+                keyed_by(sqlite, "agent_step.id", "step_id")
+            )
+        };
         // One reply per task and key: a second insert under the same key is a no-op.
         let insert_replies = format!(
             "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \

@@ -155,40 +155,33 @@ impl Store {
             )),
             _ => None,
         });
+        // PostgreSQL completes a finishing task's last step in the finish's own statement.
+        let finish_steps_apart = self.dialect() == super::Dialect::Sqlite;
         let completions = rounds(ops, |op| {
+            if !finish_steps_apart && matches!(op, WriteOp::FinishTask { .. }) {
+                return None;
+            }
             let (fence, step) = op.step_result()?;
-            Some((
-                step.step_id,
-                fenced_row(
-                    fence,
-                    json!({
-                        "step_id": step.step_id,
-                        "status": step.status.as_str(),
-                        "output": step.output,
-                        "error": step.error,
-                        "tokens_in": step.tokens_in,
-                        "tokens_out": step.tokens_out,
-                        "duration_ms": step.duration_ms,
-                        "attempts": step.attempts,
-                    }),
-                ),
-            ))
+            let row = Value::Object(step_fields(step, "status", "error"));
+            Some((step.step_id, fenced_row(fence, row)))
         });
         let finishes = rounds(ops, |op| match op {
-            WriteOp::FinishTask { fence, outcome } => Some((
-                fence.task_id,
-                fenced_row(
-                    fence,
-                    json!({
-                        "status": outcome.status.as_str(),
-                        "result": outcome.result,
-                        "failure_type": outcome.failure_type.map(|f| f.as_str()),
-                        "error": outcome.error,
-                        "retries": outcome.retries,
-                        "trace": outcome.trace,
-                    }),
-                ),
-            )),
+            WriteOp::FinishTask { fence, outcome } => {
+                let mut row = json!({
+                    "status": outcome.status.as_str(),
+                    "result": outcome.result,
+                    "failure_type": outcome.failure_type.map(|f| f.as_str()),
+                    "error": outcome.error,
+                    "retries": outcome.retries,
+                    "trace": outcome.trace,
+                });
+                if let (false, Some(step), Value::Object(map)) =
+                    (finish_steps_apart, &outcome.step, &mut row)
+                {
+                    map.extend(step_fields(step, "step_status", "step_error"));
+                }
+                Some((fence.task_id, fenced_row(fence, row)))
+            }
             _ => None,
         });
         let marks = rounds(ops, |op| match op {
@@ -539,6 +532,21 @@ fn rounds<'a, K: Eq + Hash>(
             rows: super::text::storable_rows(rows),
         })
         .collect()
+}
+
+/// A step result's columns for `complete` (and PostgreSQL's `finish`, which names its
+/// status and error fields apart from the task's).
+fn step_fields(step: &StepResult, status: &str, error: &str) -> serde_json::Map<String, Value> {
+    let mut fields = serde_json::Map::new();
+    fields.insert("step_id".into(), step.step_id.into());
+    fields.insert(status.into(), step.status.as_str().into());
+    fields.insert("output".into(), json!(step.output));
+    fields.insert(error.into(), json!(step.error));
+    fields.insert("tokens_in".into(), json!(step.tokens_in));
+    fields.insert("tokens_out".into(), json!(step.tokens_out));
+    fields.insert("duration_ms".into(), json!(step.duration_ms));
+    fields.insert("attempts".into(), json!(step.attempts));
+    fields
 }
 
 /// `fields` with the fence of `fence` added.

@@ -100,6 +100,11 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
         store.task_reply(id).await.unwrap().is_none(),
         "and wrote no reply"
     );
+    assert_eq!(
+        store.task_steps(id).await.unwrap()[0].status,
+        StepStatus::Pending,
+        "nor completed the step"
+    );
     assert!(store.finish_task(&new, &done, later).await.unwrap());
     assert!(
         !store.finish_task(&new, &done, later).await.unwrap(),
@@ -116,8 +121,8 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
 }
 
 /// A takeover committing while a stale owner's step write is under way (PostgreSQL, read
-/// committed): the stale begin and completion wait for it and then see the new owner, so
-/// nothing lands. The fence check locks the task row (`FOR SHARE`); a plain `EXISTS` reads
+/// committed): the stale begin, completion and finish (with its last step) wait for it and
+/// then see the new owner, so nothing lands. The fence check locks the task row (`FOR SHARE`); a plain `EXISTS` reads
 /// the statement's snapshot, taken before the takeover committed, and lets the stale row in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_write_racing_a_takeover_does_not_land() {
@@ -128,16 +133,18 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
         return;
     };
     let now = now_ms();
-    ingest_conversations(&store, "race", 2, now).await;
-    let claimed = store.claim_tasks("old", 2, now + LEASE, now).await.unwrap();
+    ingest_conversations(&store, "race", 3, now).await;
+    let claimed = store.claim_tasks("old", 3, now + LEASE, now).await.unwrap();
     let stale: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "old")).collect();
-    // The second task's step is begun while still owned, to race its completion.
-    let key = format!("{}:1:chat", stale[1].task_id);
-    let begun = store
-        .begin_step(&stale[1], &llm_step(&key), now)
-        .await
-        .unwrap()
-        .unwrap();
+    // The second and third tasks' steps are begun while still owned, to race their
+    // completion: alone, and with the task's finish (PostgreSQL completes a finishing
+    // task's last step in the finish's statement, fenced by the task's update).
+    let mut begun = Vec::new();
+    for fence in &stale[1..] {
+        let key = format!("{}:1:chat", fence.task_id);
+        let row = store.begin_step(fence, &llm_step(&key), now).await.unwrap();
+        begun.push(row.unwrap().id);
+    }
     for (n, fence) in stale.iter().enumerate() {
         // Another instance's takeover, not yet committed.
         let mut takeover = pool.begin().await.unwrap();
@@ -148,27 +155,28 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
             .unwrap();
         let writer = store.clone();
         let fence = fence.clone();
-        let step_id = begun.id;
+        let step = StepResult {
+            step_id: if n == 0 { 0 } else { begun[n - 1] },
+            attempts: 1,
+            status: StepStatus::Succeeded,
+            output: Some("{}".into()),
+            error: None,
+            tokens_in: Some(10),
+            tokens_out: Some(5),
+            duration_ms: 1,
+        };
         let write = tokio::spawn(async move {
             if n == 0 {
                 let key = format!("{}:1:chat", fence.task_id);
                 let row = writer.begin_step(&fence, &llm_step(&key), now).await;
                 row.unwrap().is_some()
-            } else {
-                let out = WriteOp::CompleteStep {
-                    fence: fence.clone(),
-                    step: StepResult {
-                        step_id,
-                        attempts: 1,
-                        status: StepStatus::Succeeded,
-                        output: Some("{}".into()),
-                        error: None,
-                        tokens_in: None,
-                        tokens_out: None,
-                        duration_ms: 1,
-                    },
-                };
+            } else if n == 1 {
+                let out = WriteOp::CompleteStep { fence, step };
                 writer.apply_one(out, now).await.unwrap().done()
+            } else {
+                let mut done = outcome(fence.task_id);
+                done.step = Some(step);
+                writer.finish_task(&fence, &done, now).await.unwrap()
             }
         });
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -177,12 +185,21 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
     }
     let steps = store.task_steps(stale[0].task_id).await.unwrap();
     assert!(steps.is_empty(), "no stale step row: {steps:?}");
-    let steps = store.task_steps(stale[1].task_id).await.unwrap();
+    for fence in &stale[1..] {
+        let steps = store.task_steps(fence.task_id).await.unwrap();
+        assert_eq!(
+            (steps[0].status, steps[0].tokens_in),
+            (StepStatus::Pending, None),
+            "the stale completion did not land"
+        );
+    }
+    let task = store.task(stale[2].task_id).await.unwrap().unwrap();
     assert_eq!(
-        steps[0].status,
-        StepStatus::Pending,
-        "the stale completion did not land"
+        task.status,
+        TaskStatus::Running,
+        "the stale finish did not land"
     );
+    assert!(store.task_reply(stale[2].task_id).await.unwrap().is_none());
     store.close().await;
     db.drop_db().await;
 }
