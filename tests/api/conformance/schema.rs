@@ -84,6 +84,31 @@ async fn hot_statements_use_indexes_on_sqlite() {
     db.drop_db().await;
 }
 
+/// PostgreSQL: `messages` messages over `conversations` conversations, each with its task
+/// (ids 1, 2, …): the first `finished` SUCCEEDED, the rest PENDING; the tasks analysed.
+async fn seed_history(pool: &sqlx::PgPool, messages: i64, finished: i64, conversations: i64) {
+    for sql in [
+        format!(
+            "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+             conversation_id, sender_id, text, received_at) SELECT 'generic', 'e' || g, \
+             'm' || g, 'c' || (g % {conversations}), 'u', 'hi', 1 \
+             FROM generate_series(1, {messages}) g"
+        ),
+        format!(
+            "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+             conversation_id, message_id, trigger_user, status, run_after, created_at, \
+             updated_at, finished_at) SELECT (SELECT id FROM agent LIMIT 1), \
+             (SELECT id FROM agent_version LIMIT 1), 'conversation_reply', 'generic', \
+             m.conversation_id, m.id, 'u', \
+             CASE WHEN m.id <= {finished} THEN 'SUCCEEDED' ELSE 'PENDING' END, 0, 1, 1, \
+             CASE WHEN m.id <= {finished} THEN 2 END FROM im_message m ORDER BY m.id"
+        ),
+        "ANALYZE agent_task".to_string(),
+    ] {
+        sqlx::query(&sql).execute(pool).await.unwrap();
+    }
+}
+
 /// Issue 22: on PostgreSQL, with a long history of finished tasks and a few pending ones,
 /// the claim walks its partial indexes, not the primary key past every finished task (the
 /// plan the `OR` form got: 23 ms per claim at 100,000 finished tasks).
@@ -97,20 +122,7 @@ async fn the_claim_reads_no_finished_history_on_postgres() {
     };
     let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     publish(&store, &cfg).await;
-    for sql in [
-        "INSERT INTO im_message (channel, external_event_id, external_message_id, \
-         conversation_id, sender_id, text, received_at) SELECT 'generic', 'e' || g, 'm' || g, \
-         'c' || (g % 5000), 'u', 'hi', 1 FROM generate_series(1, 30100) g",
-        "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
-         conversation_id, message_id, trigger_user, status, run_after, created_at, updated_at, \
-         finished_at) SELECT (SELECT id FROM agent LIMIT 1), (SELECT id FROM agent_version \
-         LIMIT 1), 'conversation_reply', 'generic', m.conversation_id, m.id, 'u', \
-         CASE WHEN m.id <= 30000 THEN 'SUCCEEDED' ELSE 'PENDING' END, 0, 1, 1, \
-         CASE WHEN m.id <= 30000 THEN 2 END FROM im_message m",
-        "ANALYZE agent_task",
-    ] {
-        sqlx::query(sql).execute(pool).await.unwrap();
-    }
+    seed_history(pool, 30_100, 30_000, 5_000).await;
     let pick = assistd::store::tasks::claim_pick_sql(store.dialect())
         .replace("$3", "10")
         .replace("$4", "64");
@@ -147,15 +159,8 @@ async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
     // 20,000 finished tasks with four audit rows each, written interleaved as workers do
     // (a task's rows among its neighbours'); every 2,000th task's last row comes at the
     // very end (answered late) and is risky.
+    seed_history(pool, 20_000, 20_000, 20_000).await;
     for sql in [
-        "INSERT INTO im_message (channel, external_event_id, external_message_id, \
-         conversation_id, sender_id, text, received_at) SELECT 'generic', 'e' || g, 'm' || g, \
-         'c' || g, 'u', 'hi', 1 FROM generate_series(1, 20000) g",
-        "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
-         conversation_id, message_id, trigger_user, status, run_after, created_at, updated_at, \
-         finished_at) SELECT (SELECT id FROM agent LIMIT 1), (SELECT id FROM agent_version \
-         LIMIT 1), 'conversation_reply', 'generic', m.conversation_id, m.id, 'u', \
-         'SUCCEEDED', 0, 1, 1, 2 FROM im_message m ORDER BY m.id",
         "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
          target_type, target_id) SELECT t, 'TASK_CREATED', 'w', 'step ' || k, false, 1, 'task', \
          t::text FROM generate_series(1, 20000) t, generate_series(1, 4) k \
@@ -165,7 +170,6 @@ async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
          'task', t::text FROM generate_series(2000, 20000, 2000) s(t) ORDER BY s.t",
         "SELECT brin_summarize_new_values('audit_log_task')",
         "ANALYZE audit_log",
-        "ANALYZE agent_task",
     ] {
         sqlx::query(sql).execute(pool).await.unwrap();
     }
