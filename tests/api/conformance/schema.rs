@@ -84,9 +84,15 @@ async fn hot_statements_use_indexes_on_sqlite() {
     db.drop_db().await;
 }
 
-/// PostgreSQL: `messages` messages over `conversations` conversations, each with its task
-/// (ids 1, 2, …): the first `finished` SUCCEEDED, the rest PENDING; the tasks analysed.
-async fn seed_history(pool: &sqlx::PgPool, messages: i64, finished: i64, conversations: i64) {
+/// PostgreSQL (`store`, at `url`): the test agent published, then `messages` messages over
+/// `conversations` conversations, each with its task (ids 1, 2, …): the first `finished`
+/// SUCCEEDED, the rest PENDING; the tasks analysed.
+async fn seed_history(store: &Store, url: &str, messages: i64, finished: i64, conversations: i64) {
+    let Store::Postgres(pool) = store else {
+        panic!("a PostgreSQL store");
+    };
+    let cfg = test_config(url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    publish(store, &cfg).await;
     for sql in [
         format!(
             "INSERT INTO im_message (channel, external_event_id, external_message_id, \
@@ -115,14 +121,12 @@ async fn seed_history(pool: &sqlx::PgPool, messages: i64, finished: i64, convers
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_reads_no_finished_history_on_postgres() {
     let (db, store) = fresh_store().await;
-    let Store::Postgres(pool) = &store else {
+    if !db.is_postgres() {
         store.close().await;
         db.drop_db().await;
         return;
-    };
-    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
-    publish(&store, &cfg).await;
-    seed_history(pool, 30_100, 30_000, 5_000).await;
+    }
+    seed_history(&store, &db.url, 30_100, 30_000, 5_000).await;
     let pick = assistd::store::tasks::claim_pick_sql(store.dialect())
         .replace("$3", "10")
         .replace("$4", "64");
@@ -154,12 +158,10 @@ async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
         db.drop_db().await;
         return;
     };
-    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
-    publish(&store, &cfg).await;
     // 20,000 finished tasks with four audit rows each, written interleaved as workers do
     // (a task's rows among its neighbours'); every 2,000th task's last row comes at the
     // very end (answered late) and is risky.
-    seed_history(pool, 20_000, 20_000, 20_000).await;
+    seed_history(&store, &db.url, 20_000, 20_000, 20_000).await;
     for sql in [
         "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
          target_type, target_id) SELECT t, 'TASK_CREATED', 'w', 'step ' || k, false, 1, 'task', \
