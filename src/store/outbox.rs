@@ -80,10 +80,15 @@ impl Store {
         now: i64,
     ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
-            // The task row before the reply row, in the order a finishing batch takes them
-            // (PostgreSQL; SQLite has one writer).
+            // PostgreSQL (SQLite has one writer): the task row before the reply row, in the
+            // order a finishing batch takes them, and in share mode, so that a finish in
+            // flight (which updates the task row, then replaces a placeholder under its key
+            // or inserts its reply where none is) is waited for, after which the fence below
+            // sees the task finished; and a finish arriving meanwhile waits for this
+            // placeholder to commit, then finds and replaces it. No placeholder lands
+            // between a finish's two reply statements.
             if self.dialect() == Dialect::Postgres {
-                sqlx::query("SELECT id FROM agent_task WHERE id = $1 FOR KEY SHARE")
+                sqlx::query("SELECT id FROM agent_task WHERE id = $1 FOR SHARE")
                     .bind(fence.task_id)
                     .fetch_optional(&mut *tx)
                     .await?;

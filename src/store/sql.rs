@@ -121,6 +121,9 @@ pub(super) struct BatchSql {
     pub(super) existing_step: String,
     pub(super) complete: String,
     pub(super) finish: String,
+    /// PostgreSQL: the placeholders under the replies' keys made the replies (`$1` the
+    /// replies, `$2` the time); `None` on SQLite, whose `insert_replies` upserts.
+    pub(super) replace_placeholders: Option<String>,
     pub(super) insert_replies: String,
     pub(super) mark_sent: String,
     pub(super) insert_audits: String,
@@ -277,23 +280,54 @@ impl BatchSql {
                 keyed_by(sqlite, "agent_step.id", "step_id")
             )
         };
-        // One reply per task and key: a second insert under the same key is a no-op.
-        let insert_replies = format!(
+        // One reply per task and key: a second insert under the same key is a no-op, and a
+        // placeholder under the key becomes the reply (`reply_upsert!`). SQLite: that upsert.
+        // PostgreSQL: the placeholders are replaced first (`replace_placeholders`, the
+        // upsert's own `SET`), then the replies inserted where no row is under their key, by
+        // `NOT EXISTS`: a plain insert spares PostgreSQL the speculative insertion's extra
+        // WAL record (issue 35 part 2). No other transaction inserts under a finishing
+        // task's reply key meanwhile: the finish's update holds the task row, and a
+        // placeholder is queued only under a share lock on it (`queue_placeholder`).
+        let reply_rows = rows(&[
+            ("task_id", "bigint"),
+            ("idempotency_key", "text"),
+            ("channel", "text"),
+            ("conversation_id", "text"),
+            ("in_reply_to", "text"),
+            ("reply_type", "text"),
+            ("content", "text"),
+        ]);
+        let insert_reply_rows = format!(
             "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
              in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at) \
              SELECT v.task_id, v.idempotency_key, v.channel, v.conversation_id, v.in_reply_to, \
-             v.reply_type, v.content, $3, 0, $2, $2 FROM {} WHERE true{}",
-            rows(&[
-                ("task_id", "bigint"),
-                ("idempotency_key", "text"),
-                ("channel", "text"),
-                ("conversation_id", "text"),
-                ("in_reply_to", "text"),
-                ("reply_type", "text"),
-                ("content", "text"),
-            ]),
-            reply_upsert!()
+             v.reply_type, v.content, $3, 0, $2, $2 FROM {reply_rows} WHERE "
         );
+        let (replace_placeholders, insert_replies) = if sqlite {
+            (None, format!("{insert_reply_rows}true{}", reply_upsert!()))
+        } else {
+            let upsert = reply_upsert!();
+            let set = upsert
+                .split_once(" DO UPDATE SET ")
+                .and_then(|(_, rest)| rest.split_once(" WHERE "))
+                .map(|(set, _)| set)
+                .expect("reply_upsert! has a SET and a WHERE");
+            let set = set
+                .replace("excluded.next_attempt_at", "$2")
+                .replace("excluded.", "v.");
+            (
+                Some(format!(
+                    "UPDATE outbound_reply SET {set} FROM {reply_rows} \
+                     WHERE outbound_reply.task_id = v.task_id \
+                     AND outbound_reply.idempotency_key = v.idempotency_key \
+                     AND outbound_reply.placeholder = 1"
+                )),
+                format!(
+                    "{insert_reply_rows}NOT EXISTS (SELECT 1 FROM outbound_reply o \
+                     WHERE o.task_id = v.task_id AND o.idempotency_key = v.idempotency_key)"
+                ),
+            )
+        };
         // A placeholder that went out after the answer took its row (`reply_upsert!`) is
         // not the end: the row stays PENDING, to edit the message just sent into the answer
         // (or, without its id, to send the answer as a new message).
@@ -339,6 +373,7 @@ impl BatchSql {
             existing_step,
             complete,
             finish,
+            replace_placeholders,
             insert_replies,
             mark_sent,
             insert_audits,

@@ -108,8 +108,9 @@ impl Store {
     /// Each kind of operation goes as one statement whatever the batch size (the rows come
     /// as one JSON array, so the statement text, and its prepared statement, stays the same),
     /// every row fenced on its own: lease renewals, step begins, step completions (with the
-    /// last step of finishing tasks), task finishes, their replies, reply-delivered marks,
-    /// and the audit rows of finishes and marks. A running task has one runner write in
+    /// last step of finishing tasks on SQLite; PostgreSQL completes it in the finish's own
+    /// statement, fenced by the task's update), task finishes, their replies,
+    /// reply-delivered marks, and the audit rows of finishes and marks. A running task has one runner write in
     /// flight (its heartbeat may add a renewal), so this order gives the same result as any
     /// other. Should two operations of a batch name the same row (a stale write next to a
     /// current one), the later goes in a later round of the same statement, so each answer
@@ -250,8 +251,8 @@ impl Store {
                     answers[i] = Some(WriteOut::Step(row.map(Box::new)));
                 }
             }
-            // Before the finishes: a finishing task's last step is fenced on the version the
-            // finish is about to bump.
+            // Before the finishes: a finishing task's last step (SQLite) is fenced on the
+            // version the finish is about to bump.
             for round in &completions {
                 let rows = round.rows.as_str();
                 let written = landed_ids!(&mut *tx, &sql.complete, rows, now);
@@ -299,8 +300,16 @@ impl Store {
                     ));
                 }
                 if !replies.is_empty() {
+                    let replies = super::text::storable_rows(replies);
+                    if let Some(replace) = &sql.replace_placeholders {
+                        sqlx::query(replace)
+                            .bind(replies.as_str())
+                            .bind(now)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                     sqlx::query(&sql.insert_replies)
-                        .bind(super::text::storable_rows(replies))
+                        .bind(replies.as_str())
                         .bind(now)
                         .bind(ReplyStatus::Pending)
                         .execute(&mut *tx)

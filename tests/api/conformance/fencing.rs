@@ -204,6 +204,120 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
     db.drop_db().await;
 }
 
+/// A slow run's placeholder and its task's finish, racing (PostgreSQL, read committed): the
+/// finish replaces a placeholder under its reply key and otherwise inserts its reply where
+/// no row is (no `ON CONFLICT`), so no placeholder may land between the two. Queued while a
+/// finish holds the task row, the placeholder waits for it and then sees the task finished:
+/// nothing queued (with the former key-share lock it landed at once). Queued first and
+/// committed while the finish waits, it is what the finish then replaces: one row, the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_racing_its_tasks_finish_leaves_one_reply() {
+    use assistd::store::outbox::NewPlaceholder;
+    let (db, store) = fresh_store().await;
+    let Store::Postgres(pool) = &store else {
+        store.close().await;
+        db.drop_db().await;
+        return;
+    };
+    let now = now_ms();
+    ingest_conversations(&store, "ph", 2, now).await;
+    let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
+    let fences: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "me")).collect();
+    let keys: Vec<String> = fences
+        .iter()
+        .map(|f| assistd::domain::reply_key(f.task_id, 0))
+        .collect();
+    fn placeholder(key: &str) -> NewPlaceholder<'_> {
+        NewPlaceholder {
+            key,
+            channel: "generic",
+            conversation_id: "c",
+            in_reply_to: "m",
+            content: r#"{"text":"Thinking…"}"#,
+        }
+    }
+
+    // 1. A finish in flight holds the first task's row.
+    let mut finish = pool.begin().await.unwrap();
+    sqlx::query("UPDATE agent_task SET status = 'SUCCEEDED', version = version + 1 WHERE id = $1")
+        .bind(fences[0].task_id)
+        .execute(&mut *finish)
+        .await
+        .unwrap();
+    let queue = {
+        let (store, fence, key) = (store.clone(), fences[0].clone(), keys[0].clone());
+        tokio::spawn(async move {
+            let queued = store
+                .queue_placeholder(&fence, &placeholder(&key), now)
+                .await;
+            queued.unwrap()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!queue.is_finished(), "the placeholder waits for the finish");
+    finish.commit().await.unwrap();
+    assert!(!queue.await.unwrap(), "and then queues nothing");
+    assert!(
+        store
+            .task_replies(fences[0].task_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // 2. A placeholder being queued holds the second task's row in share mode.
+    let mut queued = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM agent_task WHERE id = $1 FOR SHARE")
+        .bind(fences[1].task_id)
+        .execute(&mut *queued)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
+         in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at, \
+         placeholder) VALUES ($1, $2, 'generic', 'c', 'm', 'text', $3, 'PENDING', 0, $4, $4, 1)",
+    )
+    .bind(fences[1].task_id)
+    .bind(&keys[1])
+    .bind(r#"{"text":"Thinking…"}"#)
+    .bind(now)
+    .execute(&mut *queued)
+    .await
+    .unwrap();
+    let finishing = {
+        let (store, fence) = (store.clone(), fences[1].clone());
+        tokio::spawn(async move {
+            let done = store
+                .finish_task(&fence, &outcome(fence.task_id), now)
+                .await;
+            done.unwrap()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !finishing.is_finished(),
+        "the finish waits for the placeholder"
+    );
+    queued.commit().await.unwrap();
+    assert!(finishing.await.unwrap(), "and then finishes");
+    let replies = store.task_replies(fences[1].task_id).await.unwrap();
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    let reply = &replies[0];
+    assert_eq!(
+        (
+            reply.idempotency_key.as_str(),
+            reply.content.as_str(),
+            reply.placeholder,
+            reply.edit,
+            reply.send_key.as_deref(),
+        ),
+        (keys[1].as_str(), r#"{"text":"ok"}"#, false, false, None),
+        "the placeholder became the answer"
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
 fn llm_step(key: &str) -> NewStep<'_> {
     NewStep {
         step_no: 1,
