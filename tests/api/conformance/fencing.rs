@@ -122,8 +122,9 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
 
 /// A takeover committing while a stale owner's step write is under way (PostgreSQL, read
 /// committed): the stale begin, completion and finish (with its last step) wait for it and
-/// then see the new owner, so nothing lands. The fence check locks the task row (`FOR SHARE`); a plain `EXISTS` reads
-/// the statement's snapshot, taken before the takeover committed, and lets the stale row in.
+/// then see the new owner, so nothing lands. The fence check locks the task row (`FOR
+/// SHARE`); a plain `EXISTS` reads the statement's snapshot, taken before the takeover
+/// committed, and lets the stale row in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_write_racing_a_takeover_does_not_land() {
     let (db, store) = fresh_store().await;
@@ -133,9 +134,7 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
         return;
     };
     let now = now_ms();
-    ingest_conversations(&store, "race", 3, now).await;
-    let claimed = store.claim_tasks("old", 3, now + LEASE, now).await.unwrap();
-    let stale: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "old")).collect();
+    let stale = claimed_fences(&store, "race", 3, "old", now).await;
     // The second and third tasks' steps are begun while still owned, to race their
     // completion: alone, and with the task's finish (PostgreSQL completes a finishing
     // task's last step in the finish's statement, fenced by the task's update).
@@ -220,9 +219,7 @@ async fn a_placeholder_racing_its_tasks_finish_leaves_one_reply() {
         return;
     };
     let now = now_ms();
-    ingest_conversations(&store, "ph", 2, now).await;
-    let claimed = store.claim_tasks("me", 2, now + LEASE, now).await.unwrap();
-    let fences: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "me")).collect();
+    let fences = claimed_fences(&store, "ph", 2, "me", now).await;
     let keys: Vec<String> = fences
         .iter()
         .map(|f| assistd::domain::reply_key(f.task_id, 0))
@@ -318,6 +315,20 @@ async fn a_placeholder_racing_its_tasks_finish_leaves_one_reply() {
     db.drop_db().await;
 }
 
+/// `n` new conversations' tasks, claimed by `owner`: their fences.
+async fn claimed_fences(
+    store: &Store,
+    prefix: &str,
+    n: usize,
+    owner: &str,
+    now: i64,
+) -> Vec<Fence> {
+    ingest_conversations(store, prefix, n, now).await;
+    let claimed = store.claim_tasks(owner, n, now + LEASE, now).await.unwrap();
+    assert_eq!(claimed.len(), n);
+    claimed.iter().map(|t| fence_of(t, owner)).collect()
+}
+
 fn llm_step(key: &str) -> NewStep<'_> {
     NewStep {
         step_no: 1,
@@ -339,10 +350,7 @@ async fn concurrent_writes_over_the_same_tasks_do_not_deadlock() {
     use assistd::store::journal::Journal;
     let (db, store) = fresh_store().await;
     let now = now_ms();
-    ingest_conversations(&store, "dl", 24, now).await;
-    let claimed = store.claim_tasks("me", 24, now + LEASE, now).await.unwrap();
-    assert_eq!(claimed.len(), 24);
-    let fences: Vec<Fence> = claimed.iter().map(|t| fence_of(t, "me")).collect();
+    let fences = claimed_fences(&store, "dl", 24, "me", now).await;
     let deadlocks_before = deadlocks(&store).await;
     let mut cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     cfg.worker.group_commit_writers = 4;
