@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::tasks::AdminAuth;
 use crate::domain::{AuditEvent, AuditTarget};
 use crate::knowledge::{Body, ContentType, Document, KnowledgeError};
-use crate::store::knowledge::{Collection, CollectionRow};
+use crate::store::knowledge::{Collection, CollectionRow, DocumentRow};
 
 pub fn router(max_document_bytes: usize) -> Router<Arc<ApiContext>> {
     Router::new()
@@ -157,8 +157,7 @@ async fn show(
     State(svc): State<Arc<ApiContext>>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let row = summary(&svc, &name).await?;
-    let documents = svc.store.documents(row.collection.id).await?;
+    let (ingest, row, documents) = with_ingest_state(&svc, &name).await?;
     let mut out = collection_json(&row);
     out["documents"] = json!(
         documents
@@ -175,7 +174,7 @@ async fn show(
             .collect::<Vec<_>>()
     );
     out["document_count"] = json!(row.documents);
-    out["ingest"] = ingest_state(&svc, row.collection.id).await?;
+    out["ingest"] = ingest;
     Ok(Json(out))
 }
 
@@ -420,8 +419,7 @@ async fn collection_view(
     name: &str,
     searched: Option<(&str, Vec<Value>)>,
 ) -> Result<axum::response::Response, ApiError> {
-    let row = summary(svc, name).await?;
-    let documents = svc.store.documents(row.collection.id).await?;
+    let (ingest, row, documents) = with_ingest_state(svc, name).await?;
     let (q, results) = match searched {
         Some((q, results)) => (Some(q.to_string()), Some(results)),
         None => (None, None),
@@ -435,7 +433,7 @@ async fn collection_view(
                 "content_type": d.content_type, "bytes": d.bytes, "chunks": d.chunks,
                 "updated_at": d.updated_at,
             })).collect::<Vec<_>>(),
-            "ingest": ingest_state(svc, row.collection.id).await?,
+            "ingest": ingest,
             "q": q,
             "results": results,
             "k": svc.config.knowledge.top_k,
@@ -517,6 +515,21 @@ pub(super) async fn ingest_json(
         "created_at": row.created_at,
         "finished_at": row.finished_at,
     }))
+}
+
+/// Collection `name`'s ingest state, then its counts and documents, read in that order:
+/// a job shown ended has every document it wrote in the counts and the list beside it
+/// (read the other way round, a document committed between the reads was missing from a
+/// listing that already said `idle`).
+async fn with_ingest_state(
+    svc: &ApiContext,
+    name: &str,
+) -> Result<(Value, CollectionRow, Vec<DocumentRow>), ApiError> {
+    let id = collection(svc, name).await?.id;
+    let ingest = ingest_state(svc, id).await?;
+    let row = summary(svc, name).await?;
+    let documents = svc.store.documents(row.collection.id).await?;
+    Ok((ingest, row, documents))
 }
 
 /// The collection's ingest state: `queued` or `running` with the job's progress while one

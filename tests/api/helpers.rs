@@ -23,39 +23,69 @@ pub struct TestDb {
     pub url: String,
     _dir: Option<tempfile::TempDir>,
     pg_admin: Option<(String, String)>,
+    /// The private cluster the database is in (`TestDb::postgres` without
+    /// `ASSISTD_TEST_POSTGRES_URL`); stopped when the last handle goes.
+    _cluster: Option<Arc<crate::private_pg::PrivateCluster>>,
 }
 
 impl TestDb {
     pub async fn new() -> TestDb {
         match std::env::var("ASSISTD_TEST_POSTGRES_URL") {
-            Ok(admin_url) if !admin_url.is_empty() => {
-                use sqlx::Connection;
-                let name = format!("assistd_t_{}", uuid::Uuid::new_v4().simple());
-                let mut conn = sqlx::PgConnection::connect(&admin_url)
-                    .await
-                    .expect("connect to ASSISTD_TEST_POSTGRES_URL");
-                sqlx::query(&format!("CREATE DATABASE {name}"))
-                    .execute(&mut conn)
-                    .await
-                    .expect("create test database");
-                conn.close().await.ok();
-                let mut url = reqwest::Url::parse(&admin_url).expect("postgres url");
-                url.set_path(&format!("/{name}"));
-                TestDb {
-                    url: url.to_string(),
-                    _dir: None,
-                    pg_admin: Some((admin_url, name)),
-                }
-            }
+            Ok(admin_url) if !admin_url.is_empty() => Self::created_in(admin_url).await,
+            _ => Self::sqlite(),
+        }
+    }
+
+    /// A fresh SQLite database, whatever database the run is for (SQLite-only tests).
+    pub fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}/assistd.db", dir.path().display());
+        TestDb {
+            url,
+            _dir: Some(dir),
+            pg_admin: None,
+            _cluster: None,
+        }
+    }
+
+    /// A fresh PostgreSQL database for a PostgreSQL-only test: in the server of
+    /// `ASSISTD_TEST_POSTGRES_URL` when it is set, else in a private cluster started for
+    /// the test. Such a test is compiled as ignored where no PostgreSQL server can be
+    /// started (`#[cfg_attr(not(assistd_has_postgres_server), ignore = ...)]`), so it never
+    /// counts as passed without having run.
+    pub async fn postgres() -> TestDb {
+        match std::env::var("ASSISTD_TEST_POSTGRES_URL") {
+            Ok(admin_url) if !admin_url.is_empty() => Self::created_in(admin_url).await,
             _ => {
-                let dir = tempfile::tempdir().expect("tempdir");
-                let url = format!("sqlite://{}/assistd.db", dir.path().display());
-                TestDb {
-                    url,
-                    _dir: Some(dir),
-                    pg_admin: None,
-                }
+                let cluster = tokio::task::spawn_blocking(crate::private_pg::PrivateCluster::start)
+                    .await
+                    .expect("start a private PostgreSQL cluster");
+                let mut db = Self::created_in(cluster.url()).await;
+                db._cluster = Some(Arc::new(cluster));
+                db
             }
+        }
+    }
+
+    /// A new database in the server of `admin_url`, dropped by `drop_db`.
+    async fn created_in(admin_url: String) -> TestDb {
+        use sqlx::Connection;
+        let name = format!("assistd_t_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .expect("connect to the PostgreSQL server for tests");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let mut url = reqwest::Url::parse(&admin_url).expect("postgres url");
+        url.set_path(&format!("/{name}"));
+        TestDb {
+            url: url.to_string(),
+            _dir: None,
+            pg_admin: Some((admin_url, name)),
+            _cluster: None,
         }
     }
 
@@ -65,6 +95,7 @@ impl TestDb {
             url,
             _dir: None,
             pg_admin: None,
+            _cluster: None,
         }
     }
 
@@ -99,12 +130,8 @@ impl TestDb {
             url: self.url.clone(),
             _dir: None,
             pg_admin: None,
+            _cluster: self._cluster.clone(),
         }
-    }
-
-    /// Whether `TestDb::new` makes PostgreSQL databases in this run.
-    pub fn new_is_postgres() -> bool {
-        std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty())
     }
 
     pub fn is_postgres(&self) -> bool {
@@ -290,7 +317,16 @@ impl TestApp {
         receiver: MockServer,
         tweak: impl FnOnce(&mut Config),
     ) -> TestApp {
-        let db = TestDb::new().await;
+        Self::spawn_on(TestDb::new().await, model, receiver, tweak).await
+    }
+
+    /// [`TestApp::spawn_with`] on a given database (`TestDb::postgres`, say).
+    pub async fn spawn_on(
+        db: TestDb,
+        model: MockServer,
+        receiver: MockServer,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestApp {
         let reply_url = format!("{}/reply", receiver.uri());
         let mut config = test_config(&db.url, &model.uri(), &reply_url);
         tweak(&mut config);

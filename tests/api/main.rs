@@ -34,6 +34,7 @@ mod pipeline;
 mod placeholder_crash;
 mod platforms;
 mod poison;
+mod private_pg;
 mod progress;
 mod providers;
 mod real_model;

@@ -218,18 +218,20 @@ async fn a_run_that_always_aborts_ends_failed_internal_and_the_conversation_move
 /// On PostgreSQL, a database outage while a run is in flight is waited out: the run goes
 /// on as soon as the database answers again (not when the 60 s lease lapses, which is
 /// past this test's wait), and is not counted as an abort.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_is_waited_out_and_not_counted() {
     // SQLite has no server to lose (the outage test of `outage.rs` stops a private
     // PostgreSQL cluster; this one closes the test database to connections).
-    if !TestDb::new_is_postgres() {
-        return;
-    }
+    let db = TestDb::postgres().await;
     let model = MockServer::start().await;
     model_mock(|_: &Value| ModelReply::text("still here").delayed(Duration::from_millis(1500)))
         .mount(&model)
         .await;
-    let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
+    let app = TestApp::spawn_on(db, model, accepting_receiver().await, |c| {
         c.database.acquire_timeout_secs = 1;
         c.worker.lease_secs = 60;
     })

@@ -125,13 +125,15 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
 /// then see the new owner, so nothing lands. The fence check locks the task row (`FOR
 /// SHARE`); a plain `EXISTS` reads the statement's snapshot, taken before the takeover
 /// committed, and lets the stale row in.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_write_racing_a_takeover_does_not_land() {
-    let (db, store) = fresh_store().await;
+    let (db, store) = store_on(TestDb::postgres().await).await;
     let Store::Postgres(pool) = &store else {
-        store.close().await;
-        db.drop_db().await;
-        return;
+        unreachable!("TestDb::postgres is PostgreSQL")
     };
     let now = now_ms();
     let stale = claimed_fences(&store, "race", 3, "old", now).await;
@@ -209,14 +211,16 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
 /// finish holds the task row, the placeholder waits for it and then sees the task finished:
 /// nothing queued (with the former key-share lock it landed at once). Queued first and
 /// committed while the finish waits, it is what the finish then replaces: one row, the answer.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_racing_its_tasks_finish_leaves_one_reply() {
     use assistd::store::outbox::NewPlaceholder;
-    let (db, store) = fresh_store().await;
+    let (db, store) = store_on(TestDb::postgres().await).await;
     let Store::Postgres(pool) = &store else {
-        store.close().await;
-        db.drop_db().await;
-        return;
+        unreachable!("TestDb::postgres is PostgreSQL")
     };
     let now = now_ms();
     let fences = claimed_fences(&store, "ph", 2, "me", now).await;

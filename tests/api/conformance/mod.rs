@@ -14,7 +14,11 @@ mod intake;
 mod schema;
 
 pub(crate) async fn fresh_store() -> (TestDb, Store) {
-    let db = TestDb::new().await;
+    store_on(TestDb::new().await).await
+}
+
+/// A migrated store with the agents published, on `db`.
+pub(crate) async fn store_on(db: TestDb) -> (TestDb, Store) {
     let mut cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     cfg.database.max_connections = 8;
     let store = Store::connect(&cfg.database).await.unwrap();

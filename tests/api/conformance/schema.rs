@@ -51,13 +51,9 @@ async fn a_changed_agent_definition_becomes_a_new_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_statements_use_indexes_on_sqlite() {
-    let (db, store) = fresh_store().await;
-    if db.is_postgres() {
-        // PostgreSQL plans depend on table statistics: see the test below.
-        store.close().await;
-        db.drop_db().await;
-        return;
-    }
+    // SQLite in every run (PostgreSQL plans depend on table statistics: see the tests
+    // below).
+    let (db, store) = store_on(TestDb::sqlite()).await;
     let pick = assistd::store::tasks::claim_pick_sql(store.dialect());
     let plan = store.explain(&pick).await.unwrap().join(" | ");
     assert!(plan.contains("agent_task_pending"), "{plan}");
@@ -118,14 +114,13 @@ async fn seed_history(store: &Store, url: &str, messages: i64, finished: i64, co
 /// Issue 22: on PostgreSQL, with a long history of finished tasks and a few pending ones,
 /// the claim walks its partial indexes, not the primary key past every finished task (the
 /// plan the `OR` form got: 23 ms per claim at 100,000 finished tasks).
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_reads_no_finished_history_on_postgres() {
-    let (db, store) = fresh_store().await;
-    if !db.is_postgres() {
-        store.close().await;
-        db.drop_db().await;
-        return;
-    }
+    let (db, store) = store_on(TestDb::postgres().await).await;
     seed_history(&store, &db.url, 30_100, 30_000, 5_000).await;
     let pick = assistd::store::tasks::claim_pick_sql(store.dialect())
         .replace("$3", "10")
@@ -149,14 +144,16 @@ async fn the_claim_reads_no_finished_history_on_postgres() {
 /// summaries of `audit_log_task` (no B-tree entry per row), risky ones through the partial
 /// `audit_log_risky`; both reads return exactly the rows they did, with rows of old tasks
 /// (an approval answered later) written among new ones.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
     use assistd::store::tasks::{RISKY_FILTER, TaskSearch, task_audit_sql};
-    let (db, store) = fresh_store().await;
+    let (db, store) = store_on(TestDb::postgres().await).await;
     let Store::Postgres(pool) = &store else {
-        store.close().await;
-        db.drop_db().await;
-        return;
+        unreachable!("TestDb::postgres is PostgreSQL")
     };
     // 20,000 finished tasks with four audit rows each, written interleaved as workers do
     // (a task's rows among its neighbours'); every 2,000th task's last row comes at the
