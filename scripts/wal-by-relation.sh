@@ -26,7 +26,7 @@ psql "$dburl" -Atc "SELECT c.relfilenode, COALESCE(t.relname || ' (toast)', c.re
   LEFT JOIN pg_index i ON i.indexrelid = c.oid
   WHERE c.relfilenode <> 0" > /tmp/wal-relnames.$$
 psql "$URL" -qAt -F $'\t' -c "SELECT COALESCE(substring(block_ref from 'rel [0-9]+/$oid/([0-9]+)'), '-'),
-    resource_manager || ':' || split_part(record_type, ' ', 1), count(*), sum(record_length)
+    resource_manager || ':' || split_part(record_type, ' ', 1), count(*), sum(record_length), sum(fpi_length)
   FROM pg_get_wal_records_info('$start', '$end')
   GROUP BY 1, 2 ORDER BY 4 DESC" > /tmp/wal-records.$$
 awk -F'\t' -v n="$N" -v names=/tmp/wal-relnames.$$ '
@@ -34,12 +34,13 @@ awk -F'\t' -v n="$N" -v names=/tmp/wal-relnames.$$ '
   { rel = ($1 in name) ? name[$1] : ($1 == "-" ? "(no relation)" : "rel " $1);
     # Catalogs of the new database (CREATE DATABASE copies them through the WAL): not per message.
     if (rel ~ /^(pg_|sql_|_sqlx)/ || ($1 != "-" && $1 + 0 < 16384)) next
-    r[rel] += $3; b[rel] += $4; kr[rel " " $2] += $3; kb[rel " " $2] += $4; R += $3; B += $4 }
+    r[rel] += $3; b[rel] += $4; kr[rel " " $2] += $3; kb[rel " " $2] += $4; R += $3; B += $4; F += $5 }
   END {
     printf "%-48s %10s %10s\n", "relation", "records/msg", "bytes/msg"
     for (k in r) if (b[k] / n >= 1) printf "%-48s %10.2f %10.0f\n", k, r[k] / n, b[k] / n | "sort -k3 -nr"
     close("sort -k3 -nr")
     printf "%-48s %10.2f %10.0f\n", "TOTAL", R / n, B / n
+    printf "%-48s %10s %10.0f\n", "of which full-page images", "", F / n
     print ""
     printf "%-64s %10s %10s\n", "relation and record", "records/msg", "bytes/msg"
     for (k in kr) if (kb[k] / n >= 20) printf "%-64s %10.2f %10.0f\n", k, kr[k] / n, kb[k] / n | "sort -k4 -nr"

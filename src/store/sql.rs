@@ -60,17 +60,32 @@ pub(crate) use insert_audit;
 /// a second insert of a reply is a no-op.
 macro_rules! reply_upsert {
     () => {
-        " ON CONFLICT (task_id, idempotency_key) DO UPDATE SET content = excluded.content, \
-         reply_type = excluded.reply_type, placeholder = 0, status = 'PENDING', \
-         edit = CASE WHEN outbound_reply.status = 'SENT' \
-             AND outbound_reply.platform_message_id IS NOT NULL THEN 1 ELSE 0 END, \
-         send_key = CASE WHEN outbound_reply.attempts > 0 AND NOT (outbound_reply.status = 'SENT' \
-             AND outbound_reply.platform_message_id IS NOT NULL) \
-             THEN outbound_reply.idempotency_key || '-answer' ELSE NULL END, \
-         attempts = 0, last_error = NULL, next_attempt_at = excluded.next_attempt_at \
-         WHERE outbound_reply.placeholder = 1"
+        concat!(
+            " ON CONFLICT (task_id, idempotency_key) DO UPDATE SET ",
+            $crate::store::sql::placeholder_becomes_reply!("excluded", "excluded.next_attempt_at"),
+            " WHERE outbound_reply.placeholder = 1"
+        )
     };
 }
+
+/// The `SET` of `reply_upsert!`: the placeholder row `outbound_reply` takes the reply of the
+/// row aliased `$new`, due at `$next`. Also PostgreSQL's finish, which replaces placeholders
+/// by an `UPDATE … FROM` its rows (`v`) instead of an upsert.
+macro_rules! placeholder_becomes_reply {
+    ($new:literal, $next:literal) => {
+        concat!(
+            "content = ", $new, ".content, reply_type = ", $new, ".reply_type, placeholder = 0, \
+             status = 'PENDING', \
+             edit = CASE WHEN outbound_reply.status = 'SENT' \
+                 AND outbound_reply.platform_message_id IS NOT NULL THEN 1 ELSE 0 END, \
+             send_key = CASE WHEN outbound_reply.attempts > 0 AND NOT (outbound_reply.status = 'SENT' \
+                 AND outbound_reply.platform_message_id IS NOT NULL) \
+                 THEN outbound_reply.idempotency_key || '-answer' ELSE NULL END, \
+             attempts = 0, last_error = NULL, next_attempt_at = ", $next
+        )
+    };
+}
+pub(crate) use placeholder_becomes_reply;
 pub(crate) use reply_upsert;
 
 /// Queues a task's reply inside the caller's transaction; a second insert under the same key
@@ -306,15 +321,7 @@ impl BatchSql {
         let (replace_placeholders, insert_replies) = if sqlite {
             (None, format!("{insert_reply_rows}true{}", reply_upsert!()))
         } else {
-            let upsert = reply_upsert!();
-            let set = upsert
-                .split_once(" DO UPDATE SET ")
-                .and_then(|(_, rest)| rest.split_once(" WHERE "))
-                .map(|(set, _)| set)
-                .expect("reply_upsert! has a SET and a WHERE");
-            let set = set
-                .replace("excluded.next_attempt_at", "$2")
-                .replace("excluded.", "v.");
+            let set = placeholder_becomes_reply!("v", "$2");
             (
                 Some(format!(
                     "UPDATE outbound_reply SET {set} FROM {reply_rows} \
