@@ -315,10 +315,7 @@ async fn with_real_embeddings(
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_recall_at_5_on_the_chinese_debian_reference_with_real_embeddings() {
-    let Some(embedder) = crate::real_model::LlamaServer::start_with("gemma", 512, true).await
-    else {
-        return;
-    };
+    let embedder = crate::real_model::LlamaServer::start_with("gemma", 512, true).await;
     let db = TestDb::new().await;
     let knowledge = with_real_embeddings(&embedder, &db, 48, &[("debian_zh_hybrid", None)]).await;
     let store = knowledge.store.clone();
@@ -338,10 +335,7 @@ async fn hybrid_recall_at_5_on_the_chinese_debian_reference_with_real_embeddings
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_recall_at_5_on_the_python_library_with_real_embeddings() {
-    let Some(embedder) = crate::real_model::LlamaServer::start_with("gemma", 512, true).await
-    else {
-        return;
-    };
+    let embedder = crate::real_model::LlamaServer::start_with("gemma", 512, true).await;
     let db = TestDb::new().await;
     let collections = [
         ("python_coarse", Some(6000)),

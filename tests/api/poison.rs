@@ -322,9 +322,7 @@ async fn a_completion_answering_a_streaming_request_is_accepted() {
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_in_an_mcp_result_is_stored_and_answered() {
-    let Some(server) = crate::mcp::McpServer::start().await else {
-        return;
-    };
+    let server = crate::mcp::McpServer::start().await;
     let flow = crate::workflows::spawn_flow_scripted(
         r#"{"start": "loop", "nodes": [
   {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["desk.lookup"], "max_steps": 3, "next": "done"},

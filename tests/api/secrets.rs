@@ -250,9 +250,7 @@ async fn an_mcp_server_that_goes_away_names_no_secret_of_its_url() {
     const QUERY: &str = "MCPQUERYsecret4741";
     const BEARER: &str = "MCPBEARERsecret4742";
     const HEADER: &str = "MCPHEADERsecret4743";
-    let Some(mut server) = McpServer::start().await else {
-        return;
-    };
+    let mut server = McpServer::start().await;
     let flow = crate::workflows::spawn_flow_scripted(
         r#"{"start": "loop", "nodes": [
   {"id": "loop", "type": "agent", "prompt": "{{ message.text }}", "tools": ["desk.lookup"], "max_steps": 3, "next": "done"},

@@ -426,11 +426,11 @@ async fn a_long_loop_resumes_from_its_summary_and_last_steps() {
 }
 
 /// A FastMCP server over HTTP, and a binary flow running `workflow` with it configured.
-async fn mcp_flow(workflow: &str) -> Option<(crate::mcp::McpServer, BinaryFlow)> {
-    let mcp = crate::mcp::McpServer::start().await?;
+async fn mcp_flow(workflow: &str) -> (crate::mcp::McpServer, BinaryFlow) {
+    let mcp = crate::mcp::McpServer::start().await;
     let flow = BinaryFlow::new(workflow, "/unused", Duration::from_secs(1)).await;
     flow.extend_overlay(&mcp.toml());
-    Some((mcp, flow))
+    (mcp, flow)
 }
 
 /// Waits until the MCP server logged a call.
@@ -451,15 +451,12 @@ async fn wait_mcp_call(mcp: &crate::mcp::McpServer) {
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_a_destructive_mcp_call_leaves_it_unknown_and_not_repeated() {
-    let Some((mcp, flow)) = mcp_flow(
+    let (mcp, flow) = mcp_flow(
         r#"{"start": "send", "nodes": [
   {"id": "send", "type": "tool", "tool": "desk.slow_send", "args": {"to": "{{ message.text }}"}, "next": "done"},
   {"id": "done", "type": "reply", "text": "sent: {{ steps.send.result }}"}]}"#,
     )
-    .await
-    else {
-        return;
-    };
+    .await;
     let server = flow.start().await;
     let id = flow.post(&message("wf-mcp", 1, "ops")).await;
     flow.wait(id, |t| t["status"] == "WAITING_HUMAN_CONFIRM")
@@ -522,15 +519,12 @@ async fn sigkill_during_a_destructive_mcp_call_leaves_it_unknown_and_not_repeate
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_a_read_only_mcp_call_replays_it_after_the_restart() {
-    let Some((mcp, flow)) = mcp_flow(
+    let (mcp, flow) = mcp_flow(
         r#"{"start": "look", "nodes": [
   {"id": "look", "type": "tool", "tool": "desk.slow_lookup", "args": {"ticket": "{{ message.text }}"}, "next": "done"},
   {"id": "done", "type": "reply", "text": "{{ steps.look.result }}"}]}"#,
     )
-    .await
-    else {
-        return;
-    };
+    .await;
     let server = flow.start().await;
     let id = flow.post(&message("wf-mcp-ro", 1, "T-3")).await;
     wait_mcp_call(&mcp).await;
