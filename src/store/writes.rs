@@ -110,9 +110,9 @@ impl Store {
     /// every row fenced on its own: lease renewals, step begins, step completions (with the
     /// last step of finishing tasks on SQLite; PostgreSQL completes it in the finish's own
     /// statement, fenced by the task's update), task finishes, their replies,
-    /// reply-delivered marks, and the audit rows of finishes and marks. A running task has one runner write in
-    /// flight (its heartbeat may add a renewal), so this order gives the same result as any
-    /// other. Should two operations of a batch name the same row (a stale write next to a
+    /// reply-delivered marks, and the audit rows of finishes and marks. A running task has
+    /// one runner write in flight (its heartbeat may add a renewal), so this order gives the
+    /// same result as any other. Should two operations of a batch name the same row (a stale write next to a
     /// current one), the later goes in a later round of the same statement, so each answer
     /// is its own row's.
     ///

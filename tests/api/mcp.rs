@@ -31,10 +31,11 @@ impl Drop for McpServer {
     }
 }
 
-/// The Python with `mcp`. The tests using it are compiled only where build.rs found the
-/// package (else ignored, `assistd_has_mcp`), so a missing one here fails the test: it was
-/// removed after the probe (`ASSISTD_TEST_PROBE=$(date +%s) cargo test` probes again).
-pub fn mcp_python() -> String {
+/// Fails the test unless the Python of the tests imports `mcp`. The tests using it are
+/// compiled only where build.rs found the package (else ignored, `assistd_has_mcp`), so a
+/// missing one was removed after the probe (`ASSISTD_TEST_PROBE=$(date +%s) cargo test`
+/// probes again).
+fn require_mcp() {
     let python = crate::real_model::python();
     let available = Command::new(&python)
         .args(["-c", "import mcp.server.fastmcp"])
@@ -45,7 +46,6 @@ pub fn mcp_python() -> String {
         "the Python package `mcp` is not importable by {python}, though build.rs found it: \
          install it again, or probe again (ASSISTD_TEST_PROBE=$(date +%s) cargo test)"
     );
-    python
 }
 
 impl McpServer {
@@ -65,7 +65,7 @@ impl McpServer {
 
     /// Over stdio: nothing runs until assistd starts it.
     pub fn stdio() -> McpServer {
-        mcp_python();
+        require_mcp();
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("desk.py");
         std::fs::write(&script, DESK).unwrap();

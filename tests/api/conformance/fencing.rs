@@ -131,10 +131,7 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_write_racing_a_takeover_does_not_land() {
-    let (db, store) = store_on(TestDb::postgres().await).await;
-    let Store::Postgres(pool) = &store else {
-        unreachable!("TestDb::postgres is PostgreSQL")
-    };
+    let (db, store, pool) = postgres_store().await;
     let now = now_ms();
     let stale = claimed_fences(&store, "race", 3, "old", now).await;
     // The second and third tasks' steps are begun while still owned, to race their
@@ -218,10 +215,7 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_racing_its_tasks_finish_leaves_one_reply() {
     use assistd::store::outbox::NewPlaceholder;
-    let (db, store) = store_on(TestDb::postgres().await).await;
-    let Store::Postgres(pool) = &store else {
-        unreachable!("TestDb::postgres is PostgreSQL")
-    };
+    let (db, store, pool) = postgres_store().await;
     let now = now_ms();
     let fences = claimed_fences(&store, "ph", 2, "me", now).await;
     let keys: Vec<String> = fences

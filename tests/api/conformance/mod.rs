@@ -17,6 +17,17 @@ pub(crate) async fn fresh_store() -> (TestDb, Store) {
     store_on(TestDb::new().await).await
 }
 
+/// [`store_on`] a fresh PostgreSQL database (`TestDb::postgres`), with its pool, for the
+/// tests of PostgreSQL alone (compiled as ignored where no PostgreSQL server can start).
+pub(crate) async fn postgres_store() -> (TestDb, Store, sqlx::PgPool) {
+    let (db, store) = store_on(TestDb::postgres().await).await;
+    let Store::Postgres(pool) = &store else {
+        unreachable!("TestDb::postgres is PostgreSQL")
+    };
+    let pool = pool.clone();
+    (db, store, pool)
+}
+
 /// A migrated store with the agents published, on `db`.
 pub(crate) async fn store_on(db: TestDb) -> (TestDb, Store) {
     let mut cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");

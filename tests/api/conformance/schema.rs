@@ -151,10 +151,7 @@ async fn the_claim_reads_no_finished_history_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
     use assistd::store::tasks::{RISKY_FILTER, TaskSearch, task_audit_sql};
-    let (db, store) = store_on(TestDb::postgres().await).await;
-    let Store::Postgres(pool) = &store else {
-        unreachable!("TestDb::postgres is PostgreSQL")
-    };
+    let (db, store, pool) = postgres_store().await;
     // 20,000 finished tasks with four audit rows each, written interleaved as workers do
     // (a task's rows among its neighbours'); every 2,000th task's last row comes at the
     // very end (answered late) and is risky.
@@ -170,7 +167,7 @@ async fn a_tasks_audit_rows_are_found_through_the_brin_summaries_on_postgres() {
         "SELECT brin_summarize_new_values('audit_log_task')",
         "ANALYZE audit_log",
     ] {
-        sqlx::query(sql).execute(pool).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
     }
     let plan = store
         .explain(&task_audit_sql().replace("$1", "4000"))
