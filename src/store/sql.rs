@@ -390,13 +390,23 @@ impl BatchSql {
 
 /// A table `v` of the objects in the JSON array bound as `$1`, with columns `cols` (name,
 /// PostgreSQL type).
+///
+/// On SQLite each object is converted to SQLite's binary JSON once, in an inner query that
+/// `LIMIT -1 OFFSET 0` keeps from being flattened into the outer one. Reading
+/// `value ->> 'col'` straight off `json_each` renders the object as text and parses it again
+/// for every column read: a ten-column batch row was rendered and parsed ten times, and
+/// SQLite's JSON functions were ~15 % of the SQLite thread's CPU in the end-to-end profile
+/// (`docs/benchmarks.md`). SQLite 3.46, which libsqlite3-sys bundles, has no `jsonb_each`.
 pub(super) fn json_rows(sqlite: bool, cols: &[(&str, &str)]) -> String {
     if sqlite {
         let fields: Vec<String> = cols
             .iter()
-            .map(|(name, _)| format!("value ->> '{name}' AS {name}"))
+            .map(|(name, _)| format!("j ->> '{name}' AS {name}"))
             .collect();
-        format!("(SELECT {} FROM json_each($1)) AS v", fields.join(", "))
+        format!(
+            "(SELECT {} FROM (SELECT jsonb(value) AS j FROM json_each($1) LIMIT -1 OFFSET 0)) AS v",
+            fields.join(", ")
+        )
     } else {
         let fields: Vec<String> = cols
             .iter()
