@@ -328,7 +328,7 @@ impl Store {
 }
 
 /// The intake's batched inserts, per dialect: the rows come as one JSON array (`$1`, see
-/// `writes::json_rows`), so the statement text stays the same for any batch size. `$2` is
+/// `sql::json_rows`), so the statement text stays the same for any batch size. `$2` is
 /// the time.
 struct IntakeSql {
     /// Messages; a row whose event or message id is stored already is skipped.
