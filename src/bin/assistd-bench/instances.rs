@@ -76,15 +76,17 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
             .local_addr()?
             .port();
         let instance = format!("bench-{}", i + 1);
+        // ASSISTD_BENCH_SECOND_ROLE=api: every child after the first runs that role
+        // (`server.role`), e.g. webhooks only, so one instance claims and finishes every
+        // task (instances taking turns at the workers' statements; issue 35 part 3).
+        let mut extra = Vec::new();
+        if i > 0
+            && let Ok(role) = std::env::var("ASSISTD_BENCH_SECOND_ROLE")
+        {
+            extra.push(("ASSISTD_SERVER__ROLE", role));
+        }
         children.push(spawn_child(
-            &db.url,
-            &mocks,
-            port,
-            0,
-            256,
-            None,
-            &instance,
-            &[],
+            &db.url, &mocks, port, 0, 256, None, &instance, &extra,
         )?);
         // ASSISTD_BENCH_PIN=1: each child on its own core (child i on core i mod the
         // cores), for checking the capacity model's separate machines as far as one allows.
