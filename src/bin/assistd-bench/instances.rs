@@ -66,6 +66,18 @@ pub(crate) async fn instances(args: &Args) -> anyhow::Result<()> {
 }
 
 async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
+    // ASSISTD_BENCH_SECOND_ROLE=api: every child after the first runs that role
+    // (`server.role`), e.g. webhooks only, so one instance claims and finishes every task
+    // (instances taking turns at the workers' statements; issue 35 part 3). Checked here: a
+    // child refusing its configuration would only show as "did not become ready" 30 s later,
+    // and before the database and mocks exist, so a refusal leaves none behind.
+    let later_role = std::env::var("ASSISTD_BENCH_SECOND_ROLE").ok();
+    if let Some(role) = &later_role {
+        anyhow::ensure!(
+            ["all", "api", "worker"].contains(&role.as_str()),
+            "ASSISTD_BENCH_SECOND_ROLE must be all, api or worker, not {role:?}"
+        );
+    }
     let db = BenchDb::new(args.db).await?;
     let mocks = start_mocks(Duration::ZERO).await?;
     let mut children = Vec::new();
@@ -76,15 +88,10 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
             .local_addr()?
             .port();
         let instance = format!("bench-{}", i + 1);
-        // ASSISTD_BENCH_SECOND_ROLE=api: every child after the first runs that role
-        // (`server.role`), e.g. webhooks only, so one instance claims and finishes every
-        // task (instances taking turns at the workers' statements; issue 35 part 3).
-        let mut extra = Vec::new();
-        if i > 0
-            && let Ok(role) = std::env::var("ASSISTD_BENCH_SECOND_ROLE")
-        {
-            extra.push(("ASSISTD_SERVER__ROLE", role));
-        }
+        let extra: Vec<(&str, String)> = match &later_role {
+            Some(role) if i > 0 => vec![("ASSISTD_SERVER__ROLE", role.clone())],
+            _ => Vec::new(),
+        };
         children.push(spawn_child(
             &db.url, &mocks, port, 0, 256, None, &instance, &extra,
         )?);
