@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -20,6 +21,7 @@ use crate::outbox::Sender;
 use crate::scheduler::Jobs;
 use crate::store::Store;
 use crate::store::journal::Journal;
+use crate::store::worker_lease::WorkerLease;
 use crate::wake::Wake;
 
 /// The assembled instance: each part gets its own context, holding only what it uses.
@@ -254,41 +256,90 @@ impl App {
             "assistd listening"
         );
         let role = config.server.role;
-        let mut background = tokio::task::JoinSet::new();
-        if role.runs_workers() {
-            background.spawn(crate::engine::run_workers(worker.clone(), shutdown.clone()));
-            background.spawn(crate::outbox::run_outbox(sender, shutdown.clone()));
-            background.spawn(crate::knowledge::ingest::run_ingester(
-                ingester,
-                shutdown.clone(),
-            ));
-            if config.scheduler.enabled {
-                background.spawn(crate::scheduler::run_scheduler(jobs, shutdown.clone()));
-            }
-            if let Store::Postgres(pool) = &store {
-                background.spawn(crate::store::notify::listen_for_tasks(
-                    pool.clone(),
-                    wake,
-                    shutdown.clone(),
-                ));
-            }
-        }
+        let work = Work {
+            config: config.clone(),
+            store: store.clone(),
+            worker,
+            sender,
+            jobs,
+            ingester,
+            wake,
+        };
+        let background = match (&store, role.runs_workers()) {
+            (_, false) => None,
+            (Store::Postgres(pool), true) if config.worker.exclusive => Some(tokio::spawn(
+                work.clone().run_exclusive(pool.clone(), shutdown.clone()),
+            )),
+            (_, true) => Some(tokio::spawn(work.clone().run(shutdown.clone()))),
+        };
         let router = if role == crate::config::Role::Worker {
             crate::http::health_router(api)
         } else {
             crate::http::router(api)
         };
         crate::http::serve(listener, router, &config.server, shutdown.clone()).await;
-        while background.join_next().await.is_some() {}
-        // Whatever is left unfinished is handed over now, not after its lease runs out.
-        let release = if role.runs_workers() {
-            store
-                .release_leases_of(&worker.instance_id, crate::domain::now_ms())
-                .await
-        } else {
-            Ok((0, 0))
-        };
-        match release {
+        if let Some(background) = background {
+            let _ = background.await;
+            // Whatever is left unfinished is handed over now, not after its lease runs out.
+            work.release().await;
+        }
+        store.close().await;
+        tracing::info!("assistd stopped");
+        Ok(())
+    }
+}
+
+/// The parts that claim and deliver (roles all and worker): workers, outbox, knowledge
+/// ingester, scheduler and, on PostgreSQL, the `LISTEN` that wakes them.
+#[derive(Clone)]
+struct Work {
+    config: Arc<Config>,
+    store: Store,
+    worker: Arc<Worker>,
+    sender: Arc<Sender>,
+    jobs: Arc<Jobs>,
+    ingester: Arc<crate::knowledge::ingest::Ingester>,
+    wake: Arc<Wake>,
+}
+
+impl Work {
+    /// Runs the parts until `stop` fires and each has stopped (in-flight tasks get the
+    /// shutdown grace period).
+    async fn run(self, stop: CancellationToken) {
+        let mut parts = tokio::task::JoinSet::new();
+        parts.spawn(crate::engine::run_workers(
+            self.worker.clone(),
+            stop.clone(),
+        ));
+        parts.spawn(crate::outbox::run_outbox(self.sender.clone(), stop.clone()));
+        parts.spawn(crate::knowledge::ingest::run_ingester(
+            self.ingester.clone(),
+            stop.clone(),
+        ));
+        if self.config.scheduler.enabled {
+            parts.spawn(crate::scheduler::run_scheduler(
+                self.jobs.clone(),
+                stop.clone(),
+            ));
+        }
+        if let Store::Postgres(pool) = &self.store {
+            parts.spawn(crate::store::notify::listen_for_tasks(
+                pool.clone(),
+                self.wake.clone(),
+                stop.clone(),
+            ));
+        }
+        while parts.join_next().await.is_some() {}
+    }
+
+    /// Hands this instance's unfinished tasks and replies back to the queue at once.
+    async fn release(&self) {
+        let instance = &self.worker.instance_id;
+        match self
+            .store
+            .release_leases_of(instance, crate::domain::now_ms())
+            .await
+        {
             Ok((0, 0)) => {}
             Ok((tasks, replies)) => {
                 tracing::info!(tasks, replies, "released leases of unfinished work")
@@ -297,9 +348,63 @@ impl App {
                 tracing::warn!(error = %e, "could not release leases; they expire on their own")
             }
         }
-        store.close().await;
-        tracing::info!("assistd stopped");
-        Ok(())
+    }
+
+    /// `worker.exclusive` on PostgreSQL: stands by until this instance holds the workers'
+    /// lease, runs the parts while it holds it, and stops them (handing their work back) when
+    /// it is lost, to stand by again; until `shutdown`.
+    async fn run_exclusive(self, pool: sqlx::PgPool, shutdown: CancellationToken) {
+        let instance = self.worker.instance_id.clone();
+        let poll = Duration::from_millis(self.config.worker.standby_poll_ms);
+        let timeout = Duration::from_secs(self.config.database.acquire_timeout_secs.max(1));
+        let mut lease = WorkerLease::new(pool, timeout);
+        let mut failing = false;
+        crate::metrics::set_worker_lease(&instance, false);
+        tracing::info!(instance = %instance, "standing by for the workers' lease (worker.exclusive)");
+        loop {
+            match lease.try_take().await {
+                Ok(true) => {}
+                Ok(false) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "trying the workers' lease failed; will retry");
+                }
+                Err(_) => {}
+            }
+            if !lease.held() {
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => continue,
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+            failing = false;
+            crate::metrics::set_worker_lease(&instance, true);
+            tracing::info!(instance = %instance, "took the workers' lease; running the workers");
+            let stop = shutdown.child_token();
+            let running = tokio::spawn(self.clone().run(stop.clone()));
+            while !stop.is_cancelled() {
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = stop.cancelled() => break,
+                }
+                let lost = match lease.check().await {
+                    Ok(true) => continue,
+                    Ok(false) => "the workers' lease is gone".to_string(),
+                    Err(e) => format!("the workers' lease cannot be checked: {e}"),
+                };
+                tracing::warn!(cause = %lost, "stopping the workers; standing by again");
+                crate::metrics::set_worker_lease(&instance, false);
+                stop.cancel();
+            }
+            let _ = running.await;
+            crate::metrics::set_worker_lease(&instance, false);
+            // Tasks first, then the lock: the next holder finds them claimable.
+            self.release().await;
+            if shutdown.is_cancelled() {
+                lease.release().await;
+                return;
+            }
+        }
     }
 }
 

@@ -62,6 +62,11 @@ struct ClaimLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    instance: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WebhookLabels {
     channel: &'static str,
     status: u16,
@@ -79,6 +84,11 @@ struct Counters {
     webhooks: Family<WebhookLabels, Counter>,
     /// Claims of the task queue by instance and whether they found tasks.
     claims: Family<ClaimLabels, Counter>,
+    /// `worker.exclusive` on PostgreSQL: 1 while the instance holds the workers' lease, 0
+    /// while it stands by.
+    worker_lease: Family<InstanceLabels, Gauge>,
+    /// Times the instance took the workers' lease.
+    worker_lease_taken: Family<InstanceLabels, Counter>,
     /// Tokens of recorded model calls by (agent, model): (prompt, completion). Kept as plain
     /// sums because the estimated cost is priced at scrape time, with the serving app's prices.
     tokens: Mutex<BTreeMap<(String, String), (u64, u64)>>,
@@ -115,6 +125,19 @@ pub fn count_claim(instance: &str, tasks: usize) {
             result,
         })
         .inc();
+}
+
+/// Records whether `instance` holds the workers' lease now; `taken` counts a new holding.
+pub fn set_worker_lease(instance: &str, held: bool) {
+    let labels = InstanceLabels {
+        instance: instance.to_string(),
+    };
+    let gauge = COUNTERS.worker_lease.get_or_create(&labels);
+    if held && gauge.set(1) != 1 {
+        COUNTERS.worker_lease_taken.get_or_create(&labels).inc();
+    } else if !held {
+        gauge.set(0);
+    }
 }
 
 pub fn count_webhook(channel: &'static str, status: u16) {
@@ -217,6 +240,16 @@ fn register_local(registry: &mut Registry, llm: &crate::config::LlmConfig) {
         "Claims of the task queue by instance, and whether they found tasks (empty claims are \
          wake-ups that came to nothing)",
         c.claims.clone(),
+    );
+    registry.register(
+        "assistd_worker_lease",
+        "1 while the instance holds the workers' lease, 0 while it stands by (worker.exclusive, PostgreSQL)",
+        c.worker_lease.clone(),
+    );
+    registry.register(
+        "assistd_worker_lease_taken",
+        "Times the instance took the workers' lease (worker.exclusive, PostgreSQL)",
+        c.worker_lease_taken.clone(),
     );
     registry.register(
         "assistd_group_commits",

@@ -2,14 +2,15 @@
 //! `Arc<Wake>` that `app.rs` made; a signal only shortens a wait (every waiter also polls),
 //! so a missed one delays work and never loses it.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 
 use tokio::sync::{Notify, Semaphore};
 
 #[derive(Default)]
 pub struct Wake {
-    /// This instance's worker slots, once its workers run (none in the `api` role).
-    workers: OnceLock<Arc<Semaphore>>,
+    /// This instance's worker slots while its workers run (none in the `api` role, nor while
+    /// it stands by for the workers' lease).
+    workers: RwLock<Option<Arc<Semaphore>>>,
     /// Rung after a task becomes claimable (intake commit, task finished, approval, resume).
     pub tasks: Notify,
     /// Rung after a reply is committed to the outbox.
@@ -21,12 +22,22 @@ pub struct Wake {
 impl Wake {
     /// Makes `permits` (the workers' slots) what [`Wake::room`] reads.
     pub fn workers_started(&self, permits: Arc<Semaphore>) {
-        let _ = self.workers.set(permits);
+        *self.workers.write().unwrap_or_else(|p| p.into_inner()) = Some(permits);
+    }
+
+    /// Makes [`Wake::room`] 0 again: the workers stopped (shutdown, or the workers' lease
+    /// went to another instance), so this instance's commits wake the others.
+    pub fn workers_stopped(&self) {
+        *self.workers.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// How many tasks this instance's workers could start now: 0 without workers.
     pub fn room(&self) -> usize {
-        self.workers.get().map_or(0, |p| p.available_permits())
+        self.workers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(0, |p| p.available_permits())
     }
 
     /// Whether tasks just committed here need other instances woken (PostgreSQL `NOTIFY`):

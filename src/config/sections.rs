@@ -469,6 +469,12 @@ pub struct WorkerConfig {
     pub group_commit_max: usize,
     /// PostgreSQL: such transactions in flight at once (SQLite: always 1).
     pub group_commit_writers: usize,
+    /// PostgreSQL: only the instance holding the workers' lease (an advisory lock) runs
+    /// workers, outbox, ingester and scheduler; the others take webhooks and stand by.
+    /// SQLite: no effect.
+    pub exclusive: bool,
+    /// How often a standby tries the workers' lease, and its holder checks it, in ms.
+    pub standby_poll_ms: u64,
 }
 
 impl WorkerConfig {

@@ -272,6 +272,7 @@ impl Config {
         }
         positive("worker.poll_interval_ms", self.worker.poll_interval_ms)?;
         positive("worker.claim_batch", self.worker.claim_batch as u64)?;
+        positive("worker.standby_poll_ms", self.worker.standby_poll_ms)?;
         positive(
             "engine.max_run_aborts",
             u64::from(self.engine.max_run_aborts),

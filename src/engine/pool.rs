@@ -168,7 +168,14 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
             }
         }
     }
-    let grace = Duration::from_secs(worker.shutdown_grace_secs);
+    // No more claims here: from now on this instance's commits wake the others.
+    svc.wake.workers_stopped();
+    drain(running, Duration::from_secs(worker.shutdown_grace_secs)).await;
+    tracing::info!("workers stopped");
+}
+
+/// Waits up to `grace` for the runs in flight, then stops the rest.
+async fn drain(mut running: tokio::task::JoinSet<()>, grace: Duration) {
     let drained = tokio::time::timeout(grace, async {
         while running.join_next().await.is_some() {}
     })
@@ -181,7 +188,6 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
         running.abort_all();
         while running.join_next().await.is_some() {}
     }
-    tracing::info!("workers stopped");
 }
 
 async fn run_claimed(

@@ -30,6 +30,7 @@ pub(crate) mod sql;
 pub mod summary;
 pub mod tasks;
 pub mod text;
+pub mod worker_lease;
 pub mod workflow;
 pub mod writes;
 

@@ -455,3 +455,177 @@ async fn another_instance_takes_over_after_the_lease_expires() {
     rig.check_promises(12).await;
     rig.db.drop_db().await;
 }
+
+/// `name{instance="…"}`'s value in the `/metrics` of the server on `port`, if present.
+async fn instance_metric(port: u16, name: &str, instance: &str) -> Option<i64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let prefix = format!("{name}{{instance=\"{instance}\"");
+    let values: Vec<i64> = text
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Waits until `name{instance}` on `port` is `want`.
+async fn wait_metric(port: u16, name: &str, instance: &str, want: i64) {
+    let deadline = Instant::now() + WAIT;
+    while instance_metric(port, name, instance).await != Some(want) {
+        assert!(
+            Instant::now() < deadline,
+            "{name}{{instance={instance}}} on :{port} never became {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 35 part 3, `worker.exclusive`: of two real instances on one PostgreSQL only the
+/// holder of the workers' lease claims; the standby's webhooks hand their tasks over. SIGKILL
+/// the holder and the standby takes the lease (PostgreSQL ends the dead session's lock) and
+/// finishes everything, each message answered once and in order. Then the lease's own
+/// session is cut under the new holder (`pg_terminate_backend`, a lost connection): it stops
+/// its workers and the lease ends with exactly one instance again. On SQLite the key has no
+/// effect: both instances run workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_lease_passes_to_the_standby_when_its_holder_dies() {
+    const LEASE: &str = "assistd_worker_lease";
+    const CLAIMS: &str = "assistd_task_claims_total";
+    let rig = Rig::new(Duration::from_secs(1)).await;
+    let postgres = rig.db.url.starts_with("postgres");
+    let exclusive = [
+        ("ASSISTD_WORKER__EXCLUSIVE", "true"),
+        ("ASSISTD_WORKER__STANDBY_POLL_MS", "200"),
+    ];
+    let (port_a, port_b) = (free_port(), free_port());
+    let a = RealServer::start_on(port_a, &rig.env("lease-a", &exclusive), rig.workdir.path()).await;
+    let b_dir = tempfile::tempdir().unwrap();
+    if !postgres {
+        let b = RealServer::start_on(port_b, &rig.env("lease-b", &exclusive), b_dir.path()).await;
+        // Both claim at their start: no lease decides on SQLite.
+        for (port, instance) in [(port_a, "lease-a"), (port_b, "lease-b")] {
+            let deadline = Instant::now() + WAIT;
+            while instance_metric(port, CLAIMS, instance).await.is_none() {
+                assert!(Instant::now() < deadline, "{instance} never claimed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(instance_metric(port, LEASE, instance).await, None);
+        }
+        let http = reqwest::Client::new();
+        deliver(&http, port_b, &message("lease-sqlite", 0, "question")).await;
+        rig.wait_all_replied(1, WAIT).await;
+        assert_eq!(a.terminate(), Some(0));
+        assert_eq!(b.terminate(), Some(0));
+        rig.check_promises(1).await;
+        rig.db.drop_db().await;
+        return;
+    }
+    wait_metric(port_a, LEASE, "lease-a", 1).await;
+    let b = RealServer::start_on(port_b, &rig.env("lease-b", &exclusive), b_dir.path()).await;
+    wait_metric(port_b, LEASE, "lease-b", 0).await;
+
+    // Webhooks at the standby: the holder answers them.
+    let http = reqwest::Client::new();
+    for c in 0..3 {
+        for n in 0..2 {
+            deliver(&http, port_b, &message(&format!("lease{c}"), n, "question")).await;
+        }
+    }
+    let deadline = Instant::now() + WAIT;
+    while rig.calls.lock().unwrap().len() < 3 {
+        assert!(Instant::now() < deadline, "the holder never took the tasks");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        instance_metric(port_b, CLAIMS, "lease-b").await,
+        None,
+        "the standby claimed"
+    );
+    assert_eq!(instance_metric(port_b, LEASE, "lease-b").await, Some(0));
+
+    // The holder dies mid-answer: the standby takes the lease and finishes everything.
+    a.kill();
+    let killed = Instant::now();
+    wait_metric(port_b, LEASE, "lease-b", 1).await;
+    println!(
+        "worker lease: standby took it {} ms after the holder died",
+        killed.elapsed().as_millis()
+    );
+    rig.wait_all_replied(6, WAIT).await;
+    assert!(instance_metric(port_b, CLAIMS, "lease-b").await.unwrap() > 0);
+    let store = rig.store().await;
+    let tasks = store.list_tasks(None, None, 100).await.unwrap();
+    assert!(
+        tasks.iter().any(|t| t.claim_count > 1),
+        "the new holder resumed the dead one's tasks"
+    );
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t.owner.as_deref() == Some("lease-b") || t.claim_count == 1),
+        "a task finished after the kill by another instance than the new holder"
+    );
+    store.close().await;
+
+    // The holder's lease session is cut (a lost connection): it stops its workers and stands
+    // by, and the lease is held by exactly one instance again.
+    let a = RealServer::start_on(port_a, &rig.env("lease-a", &exclusive), rig.workdir.path()).await;
+    wait_metric(port_a, LEASE, "lease-a", 0).await;
+    let pg = sqlx::PgPool::connect(&rig.db.url).await.unwrap();
+    let cut: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+         AND ((classid::bigint << 32) | objid::bigint) = $1",
+    )
+    .bind(assistd::store::worker_lease::WORKER_LEASE_KEY)
+    .fetch_all(&pg)
+    .await
+    .unwrap();
+    assert_eq!(cut.len(), 1, "one session holds the lease: {cut:?}");
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(cut[0])
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+    assert!(terminated);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let held = (
+            instance_metric(port_a, LEASE, "lease-a").await,
+            instance_metric(port_b, LEASE, "lease-b").await,
+        );
+        let holders: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+             AND ((classid::bigint << 32) | objid::bigint) = $1",
+        )
+        .bind(assistd::store::worker_lease::WORKER_LEASE_KEY)
+        .fetch_all(&pg)
+        .await
+        .unwrap();
+        // The cut session is gone, the instance that had it noticed, and one holds it anew.
+        if holders.len() == 1
+            && holders[0] != cut[0]
+            && matches!(held, (Some(1), Some(0)) | (Some(0), Some(1)))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single holder after the cut: {held:?} {holders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    deliver(&http, port_a, &message("lease-after-cut", 0, "question")).await;
+    rig.wait_all_replied(7, WAIT).await;
+    pg.close().await;
+    let b_log = std::fs::read_to_string(b_dir.path().join("assistd.log")).unwrap();
+    assert!(b_log.contains("standing by again"), "{b_log}");
+    assert_eq!(a.terminate(), Some(0));
+    assert_eq!(b.terminate(), Some(0));
+    rig.check_promises(7).await;
+    rig.db.drop_db().await;
+}
