@@ -402,9 +402,10 @@ pub(crate) fn spawn_child(
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         // The bench's own ASSISTD_* variables apply to the children too (for experiments,
         // e.g. ASSISTD_WORKER__EXCLUSIVE=true), except the keys set below, which win.
-        .envs(std::env::vars().filter(|(k, _)| {
-            k.starts_with("ASSISTD_") && !k.starts_with("ASSISTD_BENCH_")
-        }))
+        .envs(
+            std::env::vars()
+                .filter(|(k, _)| k.starts_with("ASSISTD_") && !k.starts_with("ASSISTD_BENCH_")),
+        )
         .env("ASSISTD_SERVER__LISTEN", format!("127.0.0.1:{port}"))
         .env("ASSISTD_DATABASE__URL", db_url)
         .env("ASSISTD_LLM__BASE_URL", format!("http://{}/v1", mocks.addr))
