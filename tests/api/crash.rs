@@ -154,6 +154,15 @@ impl Rig {
         Store::connect(&cfg.database).await.unwrap()
     }
 
+    /// Waits until the model has had `n` calls; `what` names the stall in the failure.
+    async fn wait_calls(&self, n: usize, what: &str) {
+        let deadline = Instant::now() + WAIT;
+        while self.calls.lock().unwrap().len() < n {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until every one of `messages` has a reply at the receiver.
     async fn wait_all_replied(&self, messages: usize, timeout: Duration) {
         let deadline = Instant::now() + timeout;
@@ -422,17 +431,8 @@ async fn another_instance_takes_over_after_the_lease_expires() {
     let rig = Rig::new(Duration::from_secs(1)).await;
     let port_a = free_port();
     let a = RealServer::start_on(port_a, &rig.env("instance-a", &[]), rig.workdir.path()).await;
-    let http = reqwest::Client::new();
-    for c in 0..6 {
-        for n in 0..2 {
-            deliver(&http, port_a, &message(&format!("t{c}"), n, "question")).await;
-        }
-    }
-    let deadline = Instant::now() + WAIT;
-    while rig.calls.lock().unwrap().len() < 6 {
-        assert!(Instant::now() < deadline, "instance a never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    deliver_conversations(port_a, "t", 6, 2).await;
+    rig.wait_calls(6, "instance a never started").await;
     a.kill();
     let killed = Instant::now();
     let b = RealServer::start(&rig.env("instance-b", &[]), rig.workdir.path()).await;
@@ -471,6 +471,33 @@ async fn instance_metric(port: u16, name: &str, instance: &str) -> Option<i64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The sessions holding the workers' lease (PostgreSQL's advisory lock).
+async fn lease_holders(pg: &sqlx::PgPool) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+         AND ((classid::bigint << 32) | objid::bigint) = $1",
+    )
+    .bind(assistd::store::worker_lease::WORKER_LEASE_KEY)
+    .fetch_all(pg)
+    .await
+    .unwrap()
+}
+
+/// Sends `per` messages in each of `conversations` conversations (`{prefix}{c}`) to `port`.
+async fn deliver_conversations(port: u16, prefix: &str, conversations: usize, per: u32) {
+    let http = reqwest::Client::new();
+    for c in 0..conversations {
+        for n in 0..per {
+            deliver(
+                &http,
+                port,
+                &message(&format!("{prefix}{c}"), n, "question"),
+            )
+            .await;
+        }
+    }
 }
 
 /// Waits until `name{instance}` on `port` is `want`.
@@ -530,17 +557,8 @@ async fn the_workers_lease_passes_to_the_standby_when_its_holder_dies() {
     wait_metric(port_b, LEASE, "lease-b", 0).await;
 
     // Webhooks at the standby: the holder answers them.
-    let http = reqwest::Client::new();
-    for c in 0..3 {
-        for n in 0..2 {
-            deliver(&http, port_b, &message(&format!("lease{c}"), n, "question")).await;
-        }
-    }
-    let deadline = Instant::now() + WAIT;
-    while rig.calls.lock().unwrap().len() < 3 {
-        assert!(Instant::now() < deadline, "the holder never took the tasks");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    deliver_conversations(port_b, "lease", 3, 2).await;
+    rig.wait_calls(3, "the holder never took the tasks").await;
     assert_eq!(
         instance_metric(port_b, CLAIMS, "lease-b").await,
         None,
@@ -577,14 +595,7 @@ async fn the_workers_lease_passes_to_the_standby_when_its_holder_dies() {
     let a = RealServer::start_on(port_a, &rig.env("lease-a", &exclusive), rig.workdir.path()).await;
     wait_metric(port_a, LEASE, "lease-a", 0).await;
     let pg = sqlx::PgPool::connect(&rig.db.url).await.unwrap();
-    let cut: Vec<i32> = sqlx::query_scalar(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
-         AND ((classid::bigint << 32) | objid::bigint) = $1",
-    )
-    .bind(assistd::store::worker_lease::WORKER_LEASE_KEY)
-    .fetch_all(&pg)
-    .await
-    .unwrap();
+    let cut = lease_holders(&pg).await;
     assert_eq!(cut.len(), 1, "one session holds the lease: {cut:?}");
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(cut[0])
@@ -598,14 +609,7 @@ async fn the_workers_lease_passes_to_the_standby_when_its_holder_dies() {
             instance_metric(port_a, LEASE, "lease-a").await,
             instance_metric(port_b, LEASE, "lease-b").await,
         );
-        let holders: Vec<i32> = sqlx::query_scalar(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
-             AND ((classid::bigint << 32) | objid::bigint) = $1",
-        )
-        .bind(assistd::store::worker_lease::WORKER_LEASE_KEY)
-        .fetch_all(&pg)
-        .await
-        .unwrap();
+        let holders = lease_holders(&pg).await;
         // The cut session is gone, the instance that had it noticed, and one holds it anew.
         if holders.len() == 1
             && holders[0] != cut[0]
@@ -619,7 +623,12 @@ async fn the_workers_lease_passes_to_the_standby_when_its_holder_dies() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    deliver(&http, port_a, &message("lease-after-cut", 0, "question")).await;
+    deliver(
+        &reqwest::Client::new(),
+        port_a,
+        &message("lease-after-cut", 0, "question"),
+    )
+    .await;
     rig.wait_all_replied(7, WAIT).await;
     pg.close().await;
     let b_log = std::fs::read_to_string(b_dir.path().join("assistd.log")).unwrap();
