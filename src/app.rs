@@ -133,7 +133,8 @@ impl App {
         let channels = channels_of(&config)?;
         let journal = Arc::new(
             Journal::start(store.clone(), &config.worker)
-                .with_inline_max(config.journal.inline_max_bytes),
+                .with_inline_max(config.journal.inline_max_bytes)
+                .with_handoff(wake.clone(), config.outbox.lease_secs),
         );
         let jobs = Arc::new(Jobs {
             config: config.clone(),

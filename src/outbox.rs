@@ -35,8 +35,10 @@ pub struct Sender {
 /// send holds up only its own slot; claims stay batched: after a wake-up (a task finished)
 /// the next claim comes when nothing is in flight, when a delivery has finished since the
 /// last claim, or on the poll timer; while more replies are due than there were free slots,
-/// when half of the slots are free again. On shutdown the deliveries in flight are finished
-/// (each is bounded by `outbox.timeout_secs`).
+/// when half of the slots are free again. Replies this instance's tasks committed already
+/// leased to it (PostgreSQL, `Journal::finish_task`) are sent as soon as a slot is free,
+/// without a claim. On shutdown the deliveries in flight are finished (each is bounded by
+/// `outbox.timeout_secs`).
 pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     let cfg = &svc.config.outbox;
     let poll = Duration::from_millis(cfg.poll_interval_ms);
@@ -50,6 +52,8 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     // A delivery finished since the last claim.
     let mut finished = false;
     let mut timer = false;
+    let timeout_ms = (cfg.timeout_secs as i64).saturating_mul(1000);
+    svc.wake.outbox_started();
     loop {
         if shutdown.is_cancelled() {
             break;
@@ -58,6 +62,15 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             // A reply that went (or was given up) may let its conversation's next one go.
             pending |= note_deferral(&mut deferred, done);
             finished = true;
+        }
+        // First the replies this instance's tasks committed leased to it: no claim needed.
+        let free = cfg.batch.saturating_sub(sends.len());
+        let (handed, lapsing) = svc.wake.take_handed(free, now_ms() + timeout_ms);
+        if lapsing > 0 {
+            tracing::debug!(replies = lapsing, "handed replies left to a claim once their lease lapses");
+        }
+        for reply in handed {
+            spawn_delivery(&mut sends, &svc, reply);
         }
         let free = cfg.batch.saturating_sub(sends.len());
         let ready = sends.is_empty() || timer || (finished && (!backlog || free * 2 >= cfg.batch));
@@ -88,11 +101,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             pending = backlog;
             finished = false;
             for reply in due {
-                let svc = svc.clone();
-                sends.spawn(async move {
-                    let span = delivery_span(&svc, &reply).await;
-                    deliver(&svc, reply).instrument(span).await
-                });
+                spawn_delivery(&mut sends, &svc, reply);
             }
         }
         timer = false;
@@ -105,6 +114,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
                 finished = true;
             }
             _ = svc.wake.replies.notified() => pending = true,
+            _ = svc.wake.handed_ready.notified() => {}
             _ = tokio::time::sleep(wait) => {
                 pending = true;
                 timer = true;
@@ -112,7 +122,17 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => break,
         }
     }
+    // Replies handed from now on wait for their lease to be released or to lapse.
+    svc.wake.outbox_stopped();
     while sends.join_next().await.is_some() {}
+}
+
+fn spawn_delivery(sends: &mut JoinSet<Option<i64>>, svc: &Arc<Sender>, reply: ReplyRow) {
+    let svc = svc.clone();
+    sends.spawn(async move {
+        let span = delivery_span(&svc, &reply).await;
+        deliver(&svc, reply).instrument(span).await
+    });
 }
 
 /// Keeps the earliest time a delivery was deferred to by its chat's pace; `true` when the

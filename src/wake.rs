@@ -2,9 +2,11 @@
 //! `Arc<Wake>` that `app.rs` made; a signal only shortens a wait (every waiter also polls),
 //! so a missed one delays work and never loses it.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::{Notify, Semaphore};
+
+use crate::domain::ReplyRow;
 
 #[derive(Default)]
 pub struct Wake {
@@ -17,6 +19,12 @@ pub struct Wake {
     pub replies: Notify,
     /// Rung after a knowledge ingest job is committed.
     pub knowledge: Notify,
+    /// Replies this instance's finishing tasks committed already leased to it, for its own
+    /// outbox to send without claiming them (`Journal::finish_task`), each with its lease's
+    /// end; `None` while the outbox is not running.
+    handed: Mutex<Option<Vec<(ReplyRow, i64)>>>,
+    /// Rung after a reply is handed over.
+    pub handed_ready: Notify,
 }
 
 impl Wake {
@@ -46,5 +54,55 @@ impl Wake {
     /// no claims per message (issue 35).
     pub fn others_needed(&self, tasks: usize) -> bool {
         self.room() < tasks
+    }
+
+    /// The outbox takes handed replies from now on ([`Wake::hand_reply`]).
+    pub fn outbox_started(&self) {
+        *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+    }
+
+    /// The outbox stopped: replies are not handed to it, and those handed and not taken are
+    /// dropped. Their leases are released with the rest of this instance's
+    /// (`Store::release_leases_of`) or lapse, after which any instance's outbox claims them.
+    pub fn outbox_stopped(&self) {
+        *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Whether the outbox takes handed replies.
+    pub fn outbox_running(&self) -> bool {
+        self.handed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// Hands `reply`, leased to this instance until `lease_until`, to the outbox; `false`
+    /// when the outbox is not running (the reply then waits for its lease to be released
+    /// or to lapse).
+    pub fn hand_reply(&self, reply: ReplyRow, lease_until: i64) -> bool {
+        let handed = {
+            let mut handed = self.handed.lock().unwrap_or_else(|p| p.into_inner());
+            handed.as_mut().map(|q| q.push((reply, lease_until))).is_some()
+        };
+        if handed {
+            self.handed_ready.notify_one();
+        }
+        handed
+    }
+
+    /// Up to `max` handed replies, oldest first, whose lease lasts beyond `min_until` (a
+    /// delivery started now ends before its lease does). The others are dropped: their
+    /// lease lapses and a claim takes them, so they are never sent under a lease that may
+    /// have passed to another instance. Also returns how many were dropped.
+    pub fn take_handed(&self, max: usize, min_until: i64) -> (Vec<ReplyRow>, usize) {
+        let mut guard = self.handed.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(queue) = guard.as_mut() else {
+            return (Vec::new(), 0);
+        };
+        let before = queue.len();
+        queue.retain(|(_, until)| *until > min_until);
+        let dropped = before - queue.len();
+        let n = max.min(queue.len());
+        (queue.drain(..n).map(|(r, _)| r).collect(), dropped)
     }
 }

@@ -141,8 +141,8 @@ async fn finish(
     if let Some(step) = &outcome.step {
         exec.count_tokens(step);
     }
+    // The journal rang the outbox (or handed it the reply).
     tracing::info!(status = %outcome.status, "task finished");
-    svc.wake.replies.notify_one();
     Ok(())
 }
 

@@ -14,6 +14,7 @@ use crate::store::group::GroupCommit;
 use crate::store::workflow::NewPendingAction;
 use crate::store::writes::{WriteOp, WriteOut};
 use crate::store::{Dialect, Store, StoreResult};
+use crate::wake::Wake;
 
 pub struct Journal {
     store: Store,
@@ -21,6 +22,15 @@ pub struct Journal {
     grouped: Option<GroupCommit<WriteOp, WriteOut>>,
     /// Step outputs longer than this go to `step_blob` (`journal.inline_max_bytes`).
     inline_max: usize,
+    /// Where a finished task's reply goes: rung on `replies` for a claim, or, on PostgreSQL
+    /// while this instance's outbox runs, committed leased to this instance for
+    /// `lease_ms` and handed to that outbox (`Wake::hand_reply`).
+    handoff: Option<Handoff>,
+}
+
+struct Handoff {
+    wake: Arc<Wake>,
+    lease_ms: i64,
 }
 
 impl Journal {
@@ -31,6 +41,7 @@ impl Journal {
                 store,
                 grouped: None,
                 inline_max: usize::MAX,
+                handoff: None,
             };
         }
         let writer = store.clone();
@@ -57,12 +68,23 @@ impl Journal {
             store,
             grouped: Some(grouped),
             inline_max: usize::MAX,
+            handoff: None,
         }
     }
 
     /// Keeps step outputs over `bytes` by reference (`step_blob`).
     pub fn with_inline_max(mut self, bytes: usize) -> Journal {
         self.inline_max = bytes;
+        self
+    }
+
+    /// Rings `wake` after a task finished, and on PostgreSQL hands its reply to this
+    /// instance's outbox under a delivery lease of `lease_secs` (`outbox.lease_secs`).
+    pub fn with_handoff(mut self, wake: Arc<Wake>, lease_secs: u64) -> Journal {
+        self.handoff = Some(Handoff {
+            wake,
+            lease_ms: (lease_secs as i64).saturating_mul(1000),
+        });
         self
     }
 
@@ -199,16 +221,42 @@ impl Journal {
         Ok(self.write(op).await?.done())
     }
 
-    /// Ends a task (status, last step, reply, audit); `false` when ownership was lost.
+    /// Ends a task (status, last step, reply, audit); `false` when ownership was lost. The
+    /// reply goes to the outbox: handed to this instance's (see [`Journal::with_handoff`]),
+    /// or left for a claim, with the outbox rung.
     pub async fn finish_task(&self, fence: &Fence, outcome: &TaskOutcome) -> StoreResult<bool> {
         let mut outcome = outcome.clone();
         if let Some(step) = &outcome.step {
             outcome.step = Some(self.by_reference(fence.task_id, step).await?);
         }
+        let hand_until = self
+            .handoff
+            .as_ref()
+            .filter(|h| self.store.dialect() == Dialect::Postgres && h.wake.outbox_running())
+            .map(|h| now_ms().saturating_add(h.lease_ms));
         let op = WriteOp::FinishTask {
             fence: fence.clone(),
             outcome: Box::new(outcome),
+            hand_until,
         };
-        Ok(self.write(op).await?.done())
+        let out = self.write(op).await?;
+        let Some(handoff) = &self.handoff else {
+            return Ok(out.done());
+        };
+        match (out, hand_until) {
+            (WriteOut::Handed(reply), Some(until)) => {
+                if !handoff.wake.hand_reply(*reply, until) {
+                    tracing::debug!("the outbox stopped; the handed reply waits for its lease");
+                }
+                Ok(true)
+            }
+            (out, _) => {
+                let done = out.done();
+                if done {
+                    handoff.wake.replies.notify_one();
+                }
+                Ok(done)
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@ use super::{Dialect, Store, StoreResult, on_pool, write_tx};
 use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, ReplyRow, ReplyStatus};
 
-const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
+pub(super) const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, conversation_id, in_reply_to, \
      reply_type, content, status, platform_message_id, attempts, next_attempt_at, last_error, \
      created_at, sent_at, (placeholder = 1) AS placeholder, (edit = 1) AS edit, send_key, \
      parts_sent, streamed_parts";

@@ -311,6 +311,8 @@ impl BatchSql {
             ("in_reply_to", "text"),
             ("reply_type", "text"),
             ("content", "text"),
+            ("owner", "text"),
+            ("hand_until", "bigint"),
         ]);
         let insert_reply_rows = format!(
             "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
@@ -329,10 +331,7 @@ impl BatchSql {
                      AND outbound_reply.idempotency_key = v.idempotency_key \
                      AND outbound_reply.placeholder = 1"
                 )),
-                format!(
-                    "{insert_reply_rows}NOT EXISTS (SELECT 1 FROM outbound_reply o \
-                     WHERE o.task_id = v.task_id AND o.idempotency_key = v.idempotency_key)"
-                ),
+                handed_replies(&reply_rows),
             )
         };
         // A placeholder that went out after the answer took its row (`reply_upsert!`) is
@@ -386,6 +385,36 @@ impl BatchSql {
             insert_audits,
         }
     }
+}
+
+/// PostgreSQL's insert of finished tasks' replies (`$1` the rows, `$2` the time, `$3`
+/// PENDING) where no row is under their key, by `NOT EXISTS`: a plain insert spares
+/// PostgreSQL the speculative insertion's extra WAL record. A row with `hand_until` (its
+/// instance's outbox is running) is inserted already leased to its `owner` until then, its
+/// first attempt counted, when the delivery claim would take it now: no older reply of its
+/// conversation is PENDING (`reply_pick_sql`'s order; the statement does not see its own
+/// rows, and a conversation has one task finishing at a time). Those rows are returned,
+/// for that outbox to send without a claim: the claim's row lock and second row version
+/// were about a sixth of a reply's WAL (issue 35 part 2). The others wait for a claim as
+/// before.
+fn handed_replies(reply_rows: &str) -> String {
+    format!(
+        "WITH ins AS (INSERT INTO outbound_reply (task_id, idempotency_key, channel, \
+         conversation_id, in_reply_to, reply_type, content, status, attempts, next_attempt_at, \
+         created_at, locked_by, locked_until) \
+         SELECT v.task_id, v.idempotency_key, v.channel, v.conversation_id, v.in_reply_to, \
+         v.reply_type, v.content, $3, h.handed::int, $2, $2, \
+         CASE WHEN h.handed THEN v.owner END, CASE WHEN h.handed THEN v.hand_until END \
+         FROM {reply_rows} CROSS JOIN LATERAL (SELECT v.hand_until IS NOT NULL \
+             AND NOT EXISTS (SELECT 1 FROM outbound_reply o WHERE o.status = 'PENDING' \
+             AND o.channel = v.channel AND o.conversation_id = v.conversation_id \
+             AND o.task_id <= v.task_id) AS handed) h \
+         WHERE NOT EXISTS (SELECT 1 FROM outbound_reply o \
+             WHERE o.task_id = v.task_id AND o.idempotency_key = v.idempotency_key) \
+         RETURNING *) \
+         SELECT {} FROM ins WHERE locked_by IS NOT NULL",
+        super::outbox::REPLY_COLUMNS
+    )
 }
 
 /// A table `v` of the objects in the JSON array bound as `$1`, with columns `cols` (name,

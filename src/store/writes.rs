@@ -49,6 +49,10 @@ pub enum WriteOp {
     FinishTask {
         fence: Fence,
         outcome: Box<TaskOutcome>,
+        /// The end of a delivery lease to take on the reply at once, for this instance's
+        /// running outbox (PostgreSQL; see `sql::handed_replies`); `None` to leave the reply
+        /// to a claim.
+        hand_until: Option<i64>,
     },
     /// Extends the lease of a task its worker still owns.
     RenewLease { fence: Fence, lease_until: i64 },
@@ -82,13 +86,16 @@ pub enum WriteOut {
     Step(Option<Box<StepRow>>),
     /// `CompleteStep`, `FinishTask`: `false` (and nothing written) when ownership was lost.
     Done(bool),
+    /// `FinishTask` that committed its reply leased to its instance (`hand_until`): the
+    /// reply as its claim would have returned it.
+    Handed(Box<ReplyRow>),
 }
 
 impl WriteOut {
     pub fn step(self) -> Option<StepRow> {
         match self {
             WriteOut::Step(row) => row.map(|r| *r),
-            WriteOut::Done(_) => None,
+            WriteOut::Done(_) | WriteOut::Handed(_) => None,
         }
     }
 
@@ -96,6 +103,7 @@ impl WriteOut {
         match self {
             WriteOut::Done(done) => done,
             WriteOut::Step(row) => row.is_some(),
+            WriteOut::Handed(_) => true,
         }
     }
 }
@@ -167,7 +175,7 @@ impl Store {
             Some((step.step_id, fenced_row(fence, row)))
         });
         let finishes = rounds(ops, |op| match op {
-            WriteOp::FinishTask { fence, outcome } => {
+            WriteOp::FinishTask { fence, outcome, .. } => {
                 let mut row = json!({
                     "status": outcome.status.as_str(),
                     "result": outcome.result,
@@ -268,7 +276,12 @@ impl Store {
                 let owned = landed_ids!(&mut *tx, &sql.finish, rows, now);
                 let mut replies: Vec<Value> = Vec::new();
                 for &i in &round.ops {
-                    let WriteOp::FinishTask { fence, outcome } = &ops[i] else {
+                    let WriteOp::FinishTask {
+                        fence,
+                        outcome,
+                        hand_until,
+                    } = &ops[i]
+                    else {
                         continue;
                     };
                     let done = owned.contains(&fence.task_id);
@@ -285,6 +298,8 @@ impl Store {
                         "in_reply_to": reply.in_reply_to,
                         "reply_type": reply.reply_type.as_str(),
                         "content": reply.content,
+                        "owner": fence.owner,
+                        "hand_until": hand_until,
                     }));
                     let event = match outcome.status {
                         TaskStatus::Succeeded => AuditEvent::TaskSucceeded,
@@ -308,12 +323,19 @@ impl Store {
                             .execute(&mut *tx)
                             .await?;
                     }
-                    sqlx::query(&sql.insert_replies)
+                    // PostgreSQL returns the replies it leased to their instance at once.
+                    let handed: Vec<ReplyRow> = sqlx::query_as(&sql.insert_replies)
                         .bind(replies.as_str())
                         .bind(now)
                         .bind(ReplyStatus::Pending)
-                        .execute(&mut *tx)
+                        .fetch_all(&mut *tx)
                         .await?;
+                    for reply in handed {
+                        let task = reply.task_id;
+                        if let Some(&i) = round.ops.iter().find(|&&i| ops[i].task_id() == task) {
+                            answers[i] = Some(WriteOut::Handed(Box::new(reply)));
+                        }
+                    }
                 }
             }
             for round in &marks {
@@ -392,6 +414,7 @@ impl Store {
         let op = WriteOp::FinishTask {
             fence: fence.clone(),
             outcome: Box::new(outcome.clone()),
+            hand_until: None,
         };
         Ok(self.apply_one(op, now).await?.done())
     }
@@ -422,7 +445,9 @@ impl WriteOp {
     fn step_result(&self) -> Option<(&Fence, &StepResult)> {
         match self {
             WriteOp::CompleteStep { fence, step } => Some((fence, step)),
-            WriteOp::FinishTask { fence, outcome } => outcome.step.as_ref().map(|s| (fence, s)),
+            WriteOp::FinishTask { fence, outcome, .. } => {
+                outcome.step.as_ref().map(|s| (fence, s))
+            }
             _ => None,
         }
     }

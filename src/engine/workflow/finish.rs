@@ -157,8 +157,8 @@ impl Runner<'_> {
         if !self.svc.journal.finish_task(self.fence, &outcome).await? {
             return Err(RunError::LostLease);
         }
+        // The journal rang the outbox (or handed it the reply).
         tracing::info!(status = %outcome.status, steps = self.step_no, "workflow task finished");
-        self.svc.wake.replies.notify_one();
         Ok(())
     }
 }
