@@ -62,6 +62,14 @@ struct ClaimLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    instance: String,
+    /// `handed` when the reply came leased from this instance's finishing task, `claimed`
+    /// when the outbox claimed it.
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {
     instance: String,
 }
@@ -87,6 +95,8 @@ struct Counters {
     /// `worker.exclusive` on PostgreSQL: 1 while the instance holds the workers' lease, 0
     /// while it stands by.
     worker_lease: Family<InstanceLabels, Gauge>,
+    /// Reply deliveries the outbox started, by instance and where the reply came from.
+    deliveries: Family<DeliveryLabels, Counter>,
     /// Times the instance took the workers' lease.
     worker_lease_taken: Family<InstanceLabels, Counter>,
     /// Tokens of recorded model calls by (agent, model): (prompt, completion). Kept as plain
@@ -125,6 +135,21 @@ pub fn count_claim(instance: &str, tasks: usize) {
             result,
         })
         .inc();
+}
+
+/// Counts `n` reply deliveries `instance`'s outbox started with replies from `source`
+/// (`handed` or `claimed`).
+pub fn count_deliveries(instance: &str, source: &'static str, n: usize) {
+    if n == 0 {
+        return;
+    }
+    COUNTERS
+        .deliveries
+        .get_or_create(&DeliveryLabels {
+            instance: instance.to_string(),
+            source,
+        })
+        .inc_by(n as u64);
 }
 
 /// Records whether `instance` holds the workers' lease now; `taken` counts a new holding.
@@ -240,6 +265,12 @@ fn register_local(registry: &mut Registry, llm: &crate::config::LlmConfig) {
         "Claims of the task queue by instance, and whether they found tasks (empty claims are \
          wake-ups that came to nothing)",
         c.claims.clone(),
+    );
+    registry.register(
+        "assistd_reply_deliveries",
+        "Reply deliveries started by instance, by where the reply came from: handed (leased \
+         by the instance's own finishing task, PostgreSQL) or claimed from the outbox",
+        c.deliveries.clone(),
     );
     registry.register(
         "assistd_worker_lease",

@@ -67,8 +67,12 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
         let free = cfg.batch.saturating_sub(sends.len());
         let (handed, lapsing) = svc.wake.take_handed(free, now_ms() + timeout_ms);
         if lapsing > 0 {
-            tracing::debug!(replies = lapsing, "handed replies left to a claim once their lease lapses");
+            tracing::debug!(
+                replies = lapsing,
+                "handed replies left to a claim once their lease lapses"
+            );
         }
+        crate::metrics::count_deliveries(&svc.instance_id, "handed", handed.len());
         for reply in handed {
             spawn_delivery(&mut sends, &svc, reply);
         }
@@ -100,6 +104,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             backlog = due.len() == free;
             pending = backlog;
             finished = false;
+            crate::metrics::count_deliveries(&svc.instance_id, "claimed", due.len());
             for reply in due {
                 spawn_delivery(&mut sends, &svc, reply);
             }

@@ -82,7 +82,10 @@ impl Wake {
     pub fn hand_reply(&self, reply: ReplyRow, lease_until: i64) -> bool {
         let handed = {
             let mut handed = self.handed.lock().unwrap_or_else(|p| p.into_inner());
-            handed.as_mut().map(|q| q.push((reply, lease_until))).is_some()
+            handed
+                .as_mut()
+                .map(|q| q.push((reply, lease_until)))
+                .is_some()
         };
         if handed {
             self.handed_ready.notify_one();
@@ -104,5 +107,68 @@ impl Wake {
         let dropped = before - queue.len();
         let n = max.min(queue.len());
         (queue.drain(..n).map(|(r, _)| r).collect(), dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(id: i64) -> ReplyRow {
+        ReplyRow {
+            id,
+            task_id: id,
+            idempotency_key: format!("agent-task-{id}"),
+            channel: "generic".into(),
+            conversation_id: "c".into(),
+            in_reply_to: "m".into(),
+            reply_type: crate::domain::ReplyType::Text,
+            content: "{}".into(),
+            status: crate::domain::ReplyStatus::Pending,
+            platform_message_id: None,
+            attempts: 1,
+            next_attempt_at: 0,
+            last_error: None,
+            created_at: 0,
+            sent_at: None,
+            placeholder: false,
+            edit: false,
+            send_key: None,
+            parts_sent: 0,
+            streamed_parts: None,
+            reply_context: None,
+        }
+    }
+
+    #[test]
+    fn replies_are_handed_only_while_the_outbox_runs() {
+        let wake = Wake::default();
+        assert!(!wake.hand_reply(reply(1), 10_000), "no outbox yet");
+        wake.outbox_started();
+        assert!(wake.hand_reply(reply(2), 10_000));
+        wake.outbox_stopped();
+        assert!(!wake.outbox_running());
+        wake.outbox_started();
+        let (taken, dropped) = wake.take_handed(10, 0);
+        assert!(
+            taken.is_empty() && dropped == 0,
+            "stopping dropped the queue"
+        );
+    }
+
+    #[test]
+    fn handed_replies_go_oldest_first_and_those_near_their_lease_end_are_dropped() {
+        let wake = Wake::default();
+        wake.outbox_started();
+        for (id, until) in [(1, 5_000), (2, 20_000), (3, 30_000), (4, 40_000)] {
+            assert!(wake.hand_reply(reply(id), until));
+        }
+        // A delivery started now may last until 10,000: reply 1's lease ends before that.
+        let (taken, dropped) = wake.take_handed(2, 10_000);
+        assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(dropped, 1);
+        let (taken, dropped) = wake.take_handed(5, 10_000);
+        assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [4]);
+        assert_eq!(dropped, 0);
     }
 }

@@ -445,9 +445,7 @@ impl WriteOp {
     fn step_result(&self) -> Option<(&Fence, &StepResult)> {
         match self {
             WriteOp::CompleteStep { fence, step } => Some((fence, step)),
-            WriteOp::FinishTask { fence, outcome, .. } => {
-                outcome.step.as_ref().map(|s| (fence, s))
-            }
+            WriteOp::FinishTask { fence, outcome, .. } => outcome.step.as_ref().map(|s| (fence, s)),
             _ => None,
         }
     }

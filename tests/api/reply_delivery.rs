@@ -314,3 +314,117 @@ async fn the_receiver_double_refuses_replies_not_signed_by_the_contract() {
         .unwrap();
     assert_eq!(unsigned.status(), 401);
 }
+
+/// `instance`'s reply deliveries started with replies from `source` (`handed`, `claimed`),
+/// from its `/metrics` (the counters are per process, labelled by instance).
+async fn deliveries(app: &TestApp, instance: &str, source: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", app.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix =
+        format!("assistd_reply_deliveries_total{{instance=\"{instance}\",source=\"{source}\"}}");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Issue 35 part 2: on PostgreSQL a finishing task's reply is committed already leased to
+/// its instance and handed to that instance's outbox, which sends it without claiming it
+/// (no row lock, no second row version). The outbox's poll is far away, so a claim could
+/// only come from a wake-up. On SQLite every reply is claimed as before. Each reply arrives
+/// once, its first attempt counted. Fails with `hand_until` always `None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
+    let instance = "handoff-1";
+    let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
+        c.worker.instance_id = instance.into();
+        c.outbox.poll_interval_ms = 120_000;
+    })
+    .await;
+    let mut ids = Vec::new();
+    for n in 1..=3 {
+        let conversation = format!("c-handoff-{n}");
+        ids.push(task_id_of(app.post_message(&message(&conversation, 1, "hi")).await).await);
+    }
+    for &id in &ids {
+        let task = app.wait_replied(id, WAIT).await;
+        assert_eq!(task["reply"]["attempts"], 1, "{task}");
+    }
+    let (handed, claimed) = (
+        deliveries(&app, instance, "handed").await,
+        deliveries(&app, instance, "claimed").await,
+    );
+    if app.db.is_postgres() {
+        assert_eq!(
+            (handed, claimed),
+            (3, 0),
+            "every reply handed, none claimed"
+        );
+    } else {
+        assert_eq!((handed, claimed), (0, 3), "SQLite claims every reply");
+    }
+    let keys: std::collections::BTreeSet<String> = app
+        .replies()
+        .await
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    let expected: std::collections::BTreeSet<String> =
+        ids.iter().map(|id| format!("agent-task-{id}")).collect();
+    assert_eq!(keys, expected);
+    assert_eq!(app.replies().await.len(), 3, "each reply once");
+    app.stop().await;
+}
+
+/// A handed reply waits in memory while the outbox's slots are busy. Should its lease come
+/// within `outbox.timeout_secs` of its end first, it is not sent under that lease (which may
+/// pass to another instance): it is dropped from the queue and claimed once the lease lapsed.
+/// One slot, a receiver answering after 2.5 s, leases of 4 s: the first reply goes at once,
+/// the other two wait past their leases' last safe start and are claimed later. Every reply
+/// arrives exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_reply_whose_lease_would_lapse_in_the_queue_is_left_to_a_claim() {
+    let instance = "handoff-lapse";
+    let receiver =
+        receiver_answering(ResponseTemplate::new(200).set_delay(Duration::from_millis(2500))).await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
+        c.worker.instance_id = instance.into();
+        c.outbox.batch = 1;
+        c.outbox.timeout_secs = 3;
+        c.outbox.lease_secs = 4;
+    })
+    .await;
+    let mut ids = Vec::new();
+    for n in 1..=3 {
+        let conversation = format!("c-lapse-{n}");
+        ids.push(task_id_of(app.post_message(&message(&conversation, 1, "hi")).await).await);
+    }
+    for &id in &ids {
+        app.wait_replied(id, Duration::from_secs(60)).await;
+    }
+    let (handed, claimed) = (
+        deliveries(&app, instance, "handed").await,
+        deliveries(&app, instance, "claimed").await,
+    );
+    if app.db.is_postgres() {
+        assert!(handed >= 1, "the first reply was handed ({handed})");
+        assert!(
+            claimed >= 1,
+            "a reply whose lease ran short was claimed ({claimed})"
+        );
+        assert_eq!(handed + claimed, 3, "one delivery each");
+    } else {
+        assert_eq!((handed, claimed), (0, 3));
+    }
+    let replies = app.replies().await;
+    let mut keys: Vec<String> = replies.into_iter().map(|(key, _)| key).collect();
+    keys.sort();
+    let mut expected: Vec<String> = ids.iter().map(|id| format!("agent-task-{id}")).collect();
+    expected.sort();
+    assert_eq!(keys, expected, "each reply exactly once");
+    app.stop().await;
+}

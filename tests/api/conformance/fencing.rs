@@ -3,6 +3,7 @@
 use assistd::domain::{Fence, NewStep, StepResult};
 use assistd::domain::{StepStatus, StepType, TaskStatus, now_ms};
 
+use assistd::store::Dialect;
 use assistd::store::writes::WriteOp;
 
 use super::*;
@@ -436,17 +437,30 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
         WriteOp::FinishTask {
             fence: stale.clone(),
             outcome: Box::new(outcome(b)),
+            hand_until: Some(now + 60_000),
         },
+        // Handed to its instance's outbox (PostgreSQL): leased at insert.
         WriteOp::FinishTask {
             fence: fence(a),
             outcome: Box::new(outcome(a)),
+            hand_until: Some(now + 60_000),
         },
     ];
     let out = store.apply_writes(&ops, now).await.unwrap();
     assert!(matches!(&out[0], WriteOut::Step(Some(row)) if row.task_id == a));
     assert!(matches!(out[1], WriteOut::Step(None)));
     assert!(matches!(out[2], WriteOut::Done(false)));
-    assert!(matches!(out[3], WriteOut::Done(true)));
+    // PostgreSQL inserts the reply leased to the finishing instance and returns it; SQLite
+    // leaves it to a claim.
+    if store.dialect() == Dialect::Postgres {
+        assert!(
+            matches!(&out[3], WriteOut::Handed(r) if r.task_id == a && r.attempts == 1),
+            "{:?}",
+            out[3]
+        );
+    } else {
+        assert!(matches!(out[3], WriteOut::Done(true)));
+    }
     assert!(store.task_reply(a).await.unwrap().is_some());
     assert!(
         store.task_reply(b).await.unwrap().is_none(),
@@ -604,6 +618,7 @@ async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
         WriteOp::FinishTask {
             fence: fence(b),
             outcome: Box::new(outcome(b)),
+            hand_until: None,
         },
     ];
     // Queued in this order: each submission is given a moment to enter the queue.
