@@ -53,7 +53,9 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     let mut finished = false;
     let mut timer = false;
     let timeout_ms = (cfg.timeout_secs as i64).saturating_mul(1000);
-    svc.wake.outbox_started();
+    // A slot per delivery at once, claimed or handed (`Wake::reserve_slot`).
+    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.batch));
+    svc.wake.outbox_started(slots.clone());
     loop {
         if shutdown.is_cancelled() {
             break;
@@ -63,20 +65,15 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             pending |= note_deferral(&mut deferred, done);
             finished = true;
         }
-        // First the replies this instance's tasks committed leased to it: no claim needed.
-        let free = cfg.batch.saturating_sub(sends.len());
-        let (handed, lapsing) = svc.wake.take_handed(free, now_ms() + timeout_ms);
-        if lapsing > 0 {
-            tracing::debug!(
-                replies = lapsing,
-                "handed replies left to a claim once their lease lapses"
-            );
-        }
+        // First the replies this instance's tasks committed leased to it, each with its
+        // slot: no claim needed.
+        let (handed, lapsing) = svc.wake.take_handed(now_ms() + timeout_ms);
+        put_back(&svc, lapsing).await;
         crate::metrics::count_deliveries(&svc.instance_id, "handed", handed.len());
-        for reply in handed {
-            spawn_delivery(&mut sends, &svc, reply);
+        for (reply, _, slot) in handed {
+            spawn_delivery(&mut sends, &svc, reply, slot);
         }
-        let free = cfg.batch.saturating_sub(sends.len());
+        let free = slots.available_permits();
         let ready = sends.is_empty() || timer || (finished && (!backlog || free * 2 >= cfg.batch));
         if pending && free > 0 && ready {
             let now = now_ms();
@@ -84,29 +81,39 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             // This claim picks up whatever is due by now; a reply deferred to later is not,
             // so its time is kept for the wait below.
             deferred = deferred.filter(|&at| at > now);
-            let due = match svc
-                .store
-                .claim_due_replies(
-                    &svc.instance_id,
-                    free,
-                    lease_until,
-                    now,
-                    (cfg.order_wait_secs as i64).saturating_mul(1000),
-                )
-                .await
-            {
-                Ok(due) => due,
-                Err(e) => {
-                    tracing::warn!(error = %e, "picking due replies failed; will retry");
-                    Vec::new()
+            // The slots first: a reply is claimed only with a slot to send it in.
+            let mut taken: Vec<_> = (0..free)
+                .map_while(|_| slots.clone().try_acquire_owned().ok())
+                .collect();
+            let free = taken.len();
+            // Every free slot was reserved by a handed reply meanwhile: claim later.
+            let due = if free == 0 {
+                Vec::new()
+            } else {
+                match svc
+                    .store
+                    .claim_due_replies(
+                        &svc.instance_id,
+                        free,
+                        lease_until,
+                        now,
+                        (cfg.order_wait_secs as i64).saturating_mul(1000),
+                    )
+                    .await
+                {
+                    Ok(due) => due,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "picking due replies failed; will retry");
+                        Vec::new()
+                    }
                 }
             };
             backlog = due.len() == free;
             pending = backlog;
             finished = false;
             crate::metrics::count_deliveries(&svc.instance_id, "claimed", due.len());
-            for reply in due {
-                spawn_delivery(&mut sends, &svc, reply);
+            for (reply, slot) in due.into_iter().zip(taken.drain(..)) {
+                spawn_delivery(&mut sends, &svc, reply, slot);
             }
         }
         timer = false;
@@ -127,16 +134,40 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => break,
         }
     }
-    // Replies handed from now on wait for their lease to be released or to lapse.
-    svc.wake.outbox_stopped();
+    // No reply is handed from now on; those handed and not started go back unsent.
+    put_back(&svc, svc.wake.outbox_stopped()).await;
     while sends.join_next().await.is_some() {}
 }
 
-fn spawn_delivery(sends: &mut JoinSet<Option<i64>>, svc: &Arc<Sender>, reply: ReplyRow) {
+/// Puts handed replies that were never started back, due now, their attempt not counted
+/// (`Store::defer_reply`): any instance's claim takes them, and none reads them as a send
+/// in doubt.
+async fn put_back(svc: &Sender, unsent: Vec<ReplyRow>) {
+    for reply in unsent {
+        tracing::debug!(task_id = reply.task_id, key = %reply.idempotency_key, "handed reply put back unsent");
+        if let Err(e) = svc
+            .store
+            .defer_reply(&reply, &svc.instance_id, now_ms())
+            .await
+        {
+            tracing::warn!(task_id = reply.task_id, error = %e, "putting back an unsent reply failed; it waits for its lease to lapse");
+        }
+    }
+}
+
+/// Starts the delivery of `reply` in its `slot`, freed when the delivery ends.
+fn spawn_delivery(
+    sends: &mut JoinSet<Option<i64>>,
+    svc: &Arc<Sender>,
+    reply: ReplyRow,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
     let svc = svc.clone();
     sends.spawn(async move {
         let span = delivery_span(&svc, &reply).await;
-        deliver(&svc, reply).instrument(span).await
+        let deferred = deliver(&svc, reply).instrument(span).await;
+        drop(slot);
+        deferred
     });
 }
 

@@ -4,9 +4,17 @@
 
 use std::sync::{Arc, Mutex, RwLock};
 
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::domain::ReplyRow;
+
+/// A reply handed to the outbox: its row, its lease's end, its delivery slot.
+pub type Handed = (ReplyRow, i64, OwnedSemaphorePermit);
+
+struct Handoff {
+    slots: Arc<Semaphore>,
+    queue: Vec<Handed>,
+}
 
 #[derive(Default)]
 pub struct Wake {
@@ -19,10 +27,10 @@ pub struct Wake {
     pub replies: Notify,
     /// Rung after a knowledge ingest job is committed.
     pub knowledge: Notify,
-    /// Replies this instance's finishing tasks committed already leased to it, for its own
-    /// outbox to send without claiming them (`Journal::finish_task`), each with its lease's
-    /// end; `None` while the outbox is not running.
-    handed: Mutex<Option<Vec<(ReplyRow, i64)>>>,
+    /// The outbox's delivery slots and the replies this instance's finishing tasks committed
+    /// already leased to it, each with its lease's end and the slot reserved for it
+    /// (`Journal::finish_task`); `None` while the outbox is not running.
+    handoff: Mutex<Option<Handoff>>,
     /// Rung after a reply is handed over.
     pub handed_ready: Notify,
 }
@@ -56,57 +64,69 @@ impl Wake {
         self.room() < tasks
     }
 
-    /// The outbox takes handed replies from now on ([`Wake::hand_reply`]).
-    pub fn outbox_started(&self) {
-        *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+    /// The outbox runs with `slots` (its deliveries at once): replies may be handed to it
+    /// from now on ([`Wake::reserve_slot`], [`Wake::hand_reply`]).
+    pub fn outbox_started(&self, slots: Arc<Semaphore>) {
+        *self.handoff.lock().unwrap_or_else(|p| p.into_inner()) = Some(Handoff {
+            slots,
+            queue: Vec::new(),
+        });
     }
 
-    /// The outbox stopped: replies are not handed to it, and those handed and not taken are
-    /// dropped. Their leases are released with the rest of this instance's
-    /// (`Store::release_leases_of`) or lapse, after which any instance's outbox claims them.
-    pub fn outbox_stopped(&self) {
-        *self.handed.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// Whether the outbox takes handed replies.
-    pub fn outbox_running(&self) -> bool {
-        self.handed
+    /// The outbox stopped: no more replies are handed to it. Returns those handed and not
+    /// taken, for the outbox to put back (never started, see `Store::put_back_unsent`).
+    pub fn outbox_stopped(&self) -> Vec<ReplyRow> {
+        let handoff = self
+            .handoff
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+            .take();
+        handoff.map_or_else(Vec::new, |h| h.queue.into_iter().map(|(r, ..)| r).collect())
     }
 
-    /// Hands `reply`, leased to this instance until `lease_until`, to the outbox; `false`
-    /// when the outbox is not running (the reply then waits for its lease to be released
-    /// or to lapse).
-    pub fn hand_reply(&self, reply: ReplyRow, lease_until: i64) -> bool {
-        let handed = {
-            let mut handed = self.handed.lock().unwrap_or_else(|p| p.into_inner());
-            handed
-                .as_mut()
-                .map(|q| q.push((reply, lease_until)))
-                .is_some()
-        };
-        if handed {
-            self.handed_ready.notify_one();
+    /// A free delivery slot of the running outbox, reserved for a reply about to be handed
+    /// (dropping it frees it); `None` when the outbox is not running or every slot is busy.
+    /// A reply is only committed leased to this instance with its first attempt counted
+    /// when its send can start at once: a counted attempt that left no result reads as a
+    /// send in doubt (`outbox::attempt`).
+    pub fn reserve_slot(&self) -> Option<OwnedSemaphorePermit> {
+        let handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+        handoff.as_ref()?.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// Hands `reply`, leased to this instance until `lease_until`, with its reserved `slot`
+    /// to the outbox; gives the reply back when the outbox stopped meanwhile.
+    pub fn hand_reply(
+        &self,
+        reply: ReplyRow,
+        lease_until: i64,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<(), Box<ReplyRow>> {
+        {
+            let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(h) = handoff.as_mut() else {
+                return Err(Box::new(reply));
+            };
+            h.queue.push((reply, lease_until, slot));
         }
-        handed
+        self.handed_ready.notify_one();
+        Ok(())
     }
 
-    /// Up to `max` handed replies, oldest first, whose lease lasts beyond `min_until` (a
-    /// delivery started now ends before its lease does). The others are dropped: their
-    /// lease lapses and a claim takes them, so they are never sent under a lease that may
-    /// have passed to another instance. Also returns how many were dropped.
-    pub fn take_handed(&self, max: usize, min_until: i64) -> (Vec<ReplyRow>, usize) {
-        let mut guard = self.handed.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(queue) = guard.as_mut() else {
-            return (Vec::new(), 0);
+    /// The handed replies, oldest first, whose lease lasts beyond `min_until` (a delivery
+    /// started now ends before its lease does), and apart those whose lease does not: they
+    /// must not be sent under a lease that may pass to another instance before the send
+    /// ends, and go back to the outbox unsent.
+    pub fn take_handed(&self, min_until: i64) -> (Vec<Handed>, Vec<ReplyRow>) {
+        let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(h) = handoff.as_mut() else {
+            return (Vec::new(), Vec::new());
         };
-        let before = queue.len();
-        queue.retain(|(_, until)| *until > min_until);
-        let dropped = before - queue.len();
-        let n = max.min(queue.len());
-        (queue.drain(..n).map(|(r, _)| r).collect(), dropped)
+        let (ready, lapsing): (Vec<Handed>, Vec<Handed>) = h
+            .queue
+            .drain(..)
+            .partition(|(_, until, _)| *until > min_until);
+        (ready, lapsing.into_iter().map(|(r, ..)| r).collect())
     }
 }
 
@@ -141,34 +161,42 @@ mod tests {
     }
 
     #[test]
-    fn replies_are_handed_only_while_the_outbox_runs() {
+    fn replies_are_handed_only_while_the_outbox_runs_and_a_slot_is_free() {
         let wake = Wake::default();
-        assert!(!wake.hand_reply(reply(1), 10_000), "no outbox yet");
-        wake.outbox_started();
-        assert!(wake.hand_reply(reply(2), 10_000));
-        wake.outbox_stopped();
-        assert!(!wake.outbox_running());
-        wake.outbox_started();
-        let (taken, dropped) = wake.take_handed(10, 0);
-        assert!(
-            taken.is_empty() && dropped == 0,
-            "stopping dropped the queue"
+        assert!(wake.reserve_slot().is_none(), "no outbox yet");
+        let slots = Arc::new(Semaphore::new(2));
+        wake.outbox_started(slots.clone());
+        let (a, b) = (wake.reserve_slot().unwrap(), wake.reserve_slot().unwrap());
+        assert!(wake.reserve_slot().is_none(), "both slots reserved");
+        drop(b);
+        assert_eq!(slots.available_permits(), 1, "a slot not used is freed");
+        assert!(wake.hand_reply(reply(1), 10_000, a).is_ok());
+        assert_eq!(
+            slots.available_permits(),
+            1,
+            "the handed reply keeps its slot"
         );
+        let slot = wake.reserve_slot().unwrap();
+        let unsent = wake.outbox_stopped();
+        assert_eq!(unsent.iter().map(|r| r.id).collect::<Vec<_>>(), [1]);
+        assert!(wake.hand_reply(reply(2), 10_000, slot).is_err(), "stopped");
+        assert!(wake.reserve_slot().is_none());
+        assert_eq!(slots.available_permits(), 2, "every slot freed");
     }
 
     #[test]
-    fn handed_replies_go_oldest_first_and_those_near_their_lease_end_are_dropped() {
+    fn handed_replies_go_oldest_first_and_those_near_their_lease_end_go_back() {
         let wake = Wake::default();
-        wake.outbox_started();
-        for (id, until) in [(1, 5_000), (2, 20_000), (3, 30_000), (4, 40_000)] {
-            assert!(wake.hand_reply(reply(id), until));
+        wake.outbox_started(Arc::new(Semaphore::new(8)));
+        for (id, until) in [(1, 5_000), (2, 20_000), (3, 30_000)] {
+            let slot = wake.reserve_slot().unwrap();
+            assert!(wake.hand_reply(reply(id), until, slot).is_ok());
         }
         // A delivery started now may last until 10,000: reply 1's lease ends before that.
-        let (taken, dropped) = wake.take_handed(2, 10_000);
-        assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [2, 3]);
-        assert_eq!(dropped, 1);
-        let (taken, dropped) = wake.take_handed(5, 10_000);
-        assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [4]);
-        assert_eq!(dropped, 0);
+        let (ready, lapsing) = wake.take_handed(10_000);
+        assert_eq!(ready.iter().map(|(r, ..)| r.id).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(lapsing.iter().map(|r| r.id).collect::<Vec<_>>(), [1]);
+        let (ready, lapsing) = wake.take_handed(10_000);
+        assert!(ready.is_empty() && lapsing.is_empty());
     }
 }

@@ -229,10 +229,16 @@ impl Journal {
         if let Some(step) = &outcome.step {
             outcome.step = Some(self.by_reference(fence.task_id, step).await?);
         }
-        let hand_until = self
+        // A slot of this instance's outbox, reserved so the send starts as soon as the
+        // reply is committed with its attempt counted (`Wake::reserve_slot`).
+        let slot = self
             .handoff
             .as_ref()
-            .filter(|h| self.store.dialect() == Dialect::Postgres && h.wake.outbox_running())
+            .filter(|_| self.store.dialect() == Dialect::Postgres)
+            .and_then(|h| h.wake.reserve_slot());
+        let hand_until = slot
+            .as_ref()
+            .and(self.handoff.as_ref())
             .map(|h| now_ms().saturating_add(h.lease_ms));
         let op = WriteOp::FinishTask {
             fence: fence.clone(),
@@ -243,14 +249,17 @@ impl Journal {
         let Some(handoff) = &self.handoff else {
             return Ok(out.done());
         };
-        match (out, hand_until) {
-            (WriteOut::Handed(reply), Some(until)) => {
-                if !handoff.wake.hand_reply(*reply, until) {
-                    tracing::debug!("the outbox stopped; the handed reply waits for its lease");
+        match (out, hand_until, slot) {
+            (WriteOut::Handed(reply), Some(until), Some(slot)) => {
+                if let Err(reply) = handoff.wake.hand_reply(*reply, until, slot) {
+                    // The outbox stopped meanwhile: the reply goes back unsent, due now.
+                    self.store
+                        .defer_reply(&reply, &fence.owner, now_ms())
+                        .await?;
                 }
                 Ok(true)
             }
-            (out, _) => {
+            (out, ..) => {
                 let done = out.done();
                 if done {
                     handoff.wake.replies.notify_one();

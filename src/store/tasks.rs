@@ -90,6 +90,11 @@ impl ProviderFilter {
         match self {
             ProviderFilter::Any => String::new(),
             ProviderFilter::Except(names) if names.is_empty() => String::new(),
+            // `agent_task_pending_provider` holds named providers' tasks only (migration
+            // 0031): the literal lets every plan use it.
+            ProviderFilter::Only(name) if !name.is_empty() => {
+                " AND t.provider = $5 AND t.provider <> ''".into()
+            }
             ProviderFilter::Only(_) => " AND t.provider = $5".into(),
             ProviderFilter::Except(names) => format!(
                 " AND t.provider NOT IN ({})",
@@ -118,8 +123,9 @@ pub fn claim_pick_sql(dialect: Dialect) -> String {
     claim_pick_sql_for(dialect, &ProviderFilter::Any)
 }
 
-/// [`claim_pick_sql`] of the tasks `providers` allows (one provider's: its pending tasks
-/// through `agent_task_pending_provider`).
+/// [`claim_pick_sql`] of the tasks `providers` allows (one named provider's: its pending
+/// tasks through `agent_task_pending_provider`; the default provider's, `""`, through
+/// `agent_task_pending`, as most pending tasks are theirs).
 pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> String {
     let only = providers.condition();
     // The oldest active task of its conversation, and nothing else of the conversation

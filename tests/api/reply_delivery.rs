@@ -380,14 +380,16 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
     app.stop().await;
 }
 
-/// A handed reply waits in memory while the outbox's slots are busy. Should its lease come
-/// within `outbox.timeout_secs` of its end first, it is not sent under that lease (which may
-/// pass to another instance): it is dropped from the queue and claimed once the lease lapsed.
-/// One slot, a receiver answering after 2.5 s, leases of 4 s: the first reply goes at once,
-/// the other two wait past their leases' last safe start and are claimed later. Every reply
-/// arrives exactly once.
+/// A reply is handed only with a free delivery slot of its outbox reserved, so its counted
+/// first attempt starts at once (a counted attempt with no result reads as a send in doubt,
+/// which platforms that cannot deduplicate do not repeat). One slot and a receiver that
+/// answers after 2.5 s: the first reply is handed; the two finished while it is being sent
+/// find no free slot and wait uncounted for a claim. Every reply arrives exactly once, each
+/// after a single attempt. (A handed reply whose lease would lapse before its send could
+/// end is put back unsent: `platforms::telegram::a_telegram_reply_left_mid_send_by_another_instance_is_not_resent`
+/// runs with a lease shorter than the send timeout.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handed_reply_whose_lease_would_lapse_in_the_queue_is_left_to_a_claim() {
+async fn a_reply_finished_while_every_delivery_slot_is_busy_is_claimed_not_handed() {
     let instance = "handoff-lapse";
     let receiver =
         receiver_answering(ResponseTemplate::new(200).set_delay(Duration::from_millis(2500))).await;
@@ -404,7 +406,8 @@ async fn a_handed_reply_whose_lease_would_lapse_in_the_queue_is_left_to_a_claim(
         ids.push(task_id_of(app.post_message(&message(&conversation, 1, "hi")).await).await);
     }
     for &id in &ids {
-        app.wait_replied(id, Duration::from_secs(60)).await;
+        let task = app.wait_replied(id, Duration::from_secs(60)).await;
+        assert_eq!(task["reply"]["attempts"], 1, "{task}");
     }
     let (handed, claimed) = (
         deliveries(&app, instance, "handed").await,

@@ -4,6 +4,7 @@ use crate::helpers::*;
 use assistd::domain::NewStep;
 use assistd::domain::{StepType, now_ms};
 use assistd::store::Store;
+use assistd::store::tasks::{ProviderFilter, claim_pick_sql_for};
 
 use super::*;
 
@@ -68,6 +69,16 @@ async fn hot_statements_use_indexes_on_sqlite() {
             .all(|step| !step.starts_with("SCAN") || step.contains("USING")),
         "no full table scan: {plan}"
     );
+    // A claim limited to a named provider reads that provider's pending tasks; one limited
+    // to the default provider (not in that index, migration 0029) reads the pending ones.
+    let only = |name: &str| ProviderFilter::Only(name.into());
+    let named = claim_pick_sql_for(store.dialect(), &only("local"));
+    let plan = store.explain(&named).await.unwrap().join(" | ");
+    assert!(plan.contains("INDEX agent_task_pending_provider"), "{plan}");
+    let default = claim_pick_sql_for(store.dialect(), &only(""));
+    let plan = store.explain(&default).await.unwrap().join(" | ");
+    assert!(plan.contains("INDEX agent_task_pending "), "{plan}");
+    assert!(!plan.contains("agent_task_pending_provider"), "{plan}");
     let pick = assistd::store::outbox::reply_pick_sql(store.dialect());
     let plan = store.explain(&pick).await.unwrap().join(" | ");
     assert!(plan.contains("outbound_reply_due"), "{plan}");
@@ -136,6 +147,67 @@ async fn the_claim_reads_no_finished_history_on_postgres() {
         "{plan}"
     );
     assert!(!plan.contains("agent_task_pkey"), "{plan}");
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// Issue 35 part 2 (migration 0031): the default provider's pending tasks have no entry in
+/// `agent_task_pending_provider`, and a claim limited to a named provider still finds that
+/// provider's pending tasks through it on PostgreSQL, past a long history and the default
+/// provider's backlog.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_providers_claim_reads_its_index_on_postgres() {
+    let (db, store) = store_on(TestDb::postgres().await).await;
+    seed_history(&store, &db.url, 32_000, 30_000, 5_000).await;
+    let Store::Postgres(pool) = &store else {
+        panic!("a PostgreSQL store");
+    };
+    for sql in [
+        "UPDATE agent_task SET provider = 'local' WHERE id > 31990",
+        "ANALYZE agent_task",
+    ] {
+        sqlx::query(sql).execute(pool).await.unwrap();
+    }
+    let pick = |name: &str| {
+        claim_pick_sql_for(store.dialect(), &ProviderFilter::Only(name.into()))
+            .replace("$3", "10")
+            .replace("$4", "64")
+            .replace("$5", &format!("'{name}'"))
+    };
+    let plan = store.explain(&pick("local")).await.unwrap().join("\n");
+    let due = plan.split("CTE expired").next().unwrap_or("");
+    let first_scan = due.lines().find(|l| l.contains("Scan")).unwrap_or("");
+    assert!(
+        first_scan.contains("using agent_task_pending_provider"),
+        "{plan}"
+    );
+    assert!(!plan.contains("agent_task_pkey"), "{plan}");
+    // Both claims find exactly their provider's tasks.
+    let local: Vec<i64> = sqlx::query_scalar(&pick("local"))
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert!(
+        !local.is_empty() && local.iter().all(|&id| id > 31_990),
+        "{local:?}"
+    );
+    let default: Vec<i64> = sqlx::query_scalar(&pick("")).fetch_all(pool).await.unwrap();
+    assert!(
+        !default.is_empty() && default.iter().all(|&id| id <= 31_990),
+        "{default:?}"
+    );
+    // The default provider's pending tasks have no entry in the index.
+    let definition: String = sqlx::query_scalar(
+        "SELECT pg_get_indexdef('agent_task_pending_provider'::regclass)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(definition.contains("provider <> ''::text"), "{definition}");
     store.close().await;
     db.drop_db().await;
 }
