@@ -201,12 +201,11 @@ async fn a_named_providers_claim_reads_its_index_on_postgres() {
         "{default:?}"
     );
     // The default provider's pending tasks have no entry in the index.
-    let definition: String = sqlx::query_scalar(
-        "SELECT pg_get_indexdef('agent_task_pending_provider'::regclass)",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let definition: String =
+        sqlx::query_scalar("SELECT pg_get_indexdef('agent_task_pending_provider'::regclass)")
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert!(definition.contains("provider <> ''::text"), "{definition}");
     store.close().await;
     db.drop_db().await;
