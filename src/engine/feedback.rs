@@ -597,22 +597,19 @@ impl Typing {
         })
     }
 
-    /// Stops renewing and clears the indicator (where the platform can), in the background.
-    pub fn stop(self) {
+    /// Stops renewing and clears the indicator (where the platform can), bounded by
+    /// `outbox.timeout_secs`.
+    pub async fn end(self) {
         self.shown.abort();
-        let Typing {
-            svc,
-            channel,
-            conversation_id,
-            ..
-        } = self;
-        tokio::spawn(
-            async move {
-                if let Err(e) = svc.channels.typing(&channel, &conversation_id, false).await {
-                    tracing::debug!(error = %e, "typing indicator not cleared");
-                }
-            }
-            .in_current_span(),
-        );
+        let limit = Duration::from_secs(self.svc.config.outbox.timeout_secs.max(1));
+        let clear = self
+            .svc
+            .channels
+            .typing(&self.channel, &self.conversation_id, false);
+        match tokio::time::timeout(limit, clear).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "typing indicator not cleared"),
+            Err(_) => tracing::debug!("clearing the typing indicator timed out"),
+        }
     }
 }

@@ -205,7 +205,10 @@ async fn run_claimed(
     // grace period; only a lost lease stops it early.
     let lost = CancellationToken::new();
     svc.running.track(task.id, Some(lost.clone()));
-    let typing = Typing::start(&svc, &task);
+    if let Some(typing) = Typing::start(&svc, &task) {
+        svc.running
+            .show_typing(task.id, Box::new(move || Box::pin(typing.end())));
+    }
     let guard = RunGuard {
         heartbeat: tokio::spawn(heartbeat(svc.clone(), fence.clone(), lost.clone())),
         forget: Some(Box::new({
@@ -231,9 +234,8 @@ async fn run_claimed(
         };
     }
     drop(guard);
-    if let Some(typing) = typing {
-        typing.stop();
-    }
+    // Ended already when the run finished (before its reply was committed).
+    svc.running.end_typing(fence.task_id).await;
     match result {
         Ok(()) => {}
         Err(RunError::Parked) => tracing::info!("waiting for a human decision"),

@@ -135,6 +135,8 @@ async fn finish(
     if let Some(feedback) = &ctx.feedback {
         feedback.settle().await;
     }
+    // The chat sees the typing indicator end before the answer, which may go at once.
+    svc.running.end_typing(fence.task_id).await;
     if !svc.journal.finish_task(fence, &outcome).await? {
         return Err(RunError::LostLease);
     }

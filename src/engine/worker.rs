@@ -34,9 +34,17 @@ pub struct Worker {
     pub knowledge: Arc<crate::knowledge::Knowledge>,
 }
 
-/// Tasks this instance is running, with the token that stops each (cancel, lost lease).
+/// Tasks this instance is running, with the token that stops each (cancel, lost lease), and
+/// the typing indicator shown for each.
 #[derive(Default)]
-pub struct RunningTasks(Mutex<HashMap<i64, CancellationToken>>);
+pub struct RunningTasks(
+    Mutex<HashMap<i64, CancellationToken>>,
+    Mutex<HashMap<i64, EndTyping>>,
+);
+
+/// Ends a typing indicator: stops renewing it and sends its clearing (`feedback::Typing`).
+pub type EndTyping =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
 
 impl RunningTasks {
     /// Records (`Some`) or forgets (`None`) the stop token of a task running here.
@@ -50,6 +58,27 @@ impl RunningTasks {
             None => {
                 running.remove(&task_id);
             }
+        }
+    }
+
+    /// Keeps the typing indicator shown for a task's run, until [`RunningTasks::end_typing`].
+    pub fn show_typing(&self, task_id: i64, end: EndTyping) {
+        let mut shown = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        shown.insert(task_id, end);
+    }
+
+    /// Stops the typing indicator of a task's run and waits for its clearing to be sent: a
+    /// finishing run calls this before it commits its reply, which its instance's outbox
+    /// may send at once (`Journal::finish_task`), so the chat sees the indicator end before
+    /// the answer (README, generic progress).
+    pub async fn end_typing(&self, task_id: i64) {
+        let typing = self
+            .1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&task_id);
+        if let Some(end) = typing {
+            end().await;
         }
     }
 

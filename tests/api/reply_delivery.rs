@@ -343,8 +343,18 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
     let app = TestApp::spawn_with(echo_model().await, accepting_receiver().await, |c| {
         c.worker.instance_id = instance.into();
         c.outbox.poll_interval_ms = 120_000;
+        // No placeholder (a slow run's, under a loaded test run): it would be claimed.
+        c.replies.placeholder = String::new();
     })
     .await;
+    // A first reply, so the outbox surely runs (a task finishing before it started leaves
+    // its reply to a claim).
+    let first = task_id_of(app.post_message(&message("c-handoff-0", 1, "hi")).await).await;
+    app.wait_replied(first, WAIT).await;
+    let before = (
+        deliveries(&app, instance, "handed").await,
+        deliveries(&app, instance, "claimed").await,
+    );
     let mut ids = Vec::new();
     for n in 1..=3 {
         let conversation = format!("c-handoff-{n}");
@@ -355,8 +365,8 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
         assert_eq!(task["reply"]["attempts"], 1, "{task}");
     }
     let (handed, claimed) = (
-        deliveries(&app, instance, "handed").await,
-        deliveries(&app, instance, "claimed").await,
+        deliveries(&app, instance, "handed").await - before.0,
+        deliveries(&app, instance, "claimed").await - before.1,
     );
     if app.db.is_postgres() {
         assert_eq!(
@@ -373,10 +383,13 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
         .into_iter()
         .map(|(key, _)| key)
         .collect();
-    let expected: std::collections::BTreeSet<String> =
-        ids.iter().map(|id| format!("agent-task-{id}")).collect();
+    let expected: std::collections::BTreeSet<String> = ids
+        .iter()
+        .chain([&first])
+        .map(|id| format!("agent-task-{id}"))
+        .collect();
     assert_eq!(keys, expected);
-    assert_eq!(app.replies().await.len(), 3, "each reply once");
+    assert_eq!(app.replies().await.len(), 4, "each reply once");
     app.stop().await;
 }
 

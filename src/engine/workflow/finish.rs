@@ -154,6 +154,8 @@ impl Runner<'_> {
         if let Some(feedback) = &self.ctx.feedback {
             feedback.settle().await;
         }
+        // The chat sees the typing indicator end before the answer, which may go at once.
+        self.svc.running.end_typing(self.fence.task_id).await;
         if !self.svc.journal.finish_task(self.fence, &outcome).await? {
             return Err(RunError::LostLease);
         }
