@@ -81,39 +81,44 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             // This claim picks up whatever is due by now; a reply deferred to later is not,
             // so its time is kept for the wait below.
             deferred = deferred.filter(|&at| at > now);
-            // The slots first: a reply is claimed only with a slot to send it in.
-            let mut taken: Vec<_> = (0..free)
-                .map_while(|_| slots.clone().try_acquire_owned().ok())
-                .collect();
-            let free = taken.len();
-            // Every free slot was reserved by a handed reply meanwhile: claim later.
-            let due = if free == 0 {
-                Vec::new()
-            } else {
-                match svc
-                    .store
-                    .claim_due_replies(
-                        &svc.instance_id,
-                        free,
-                        lease_until,
-                        now,
-                        (cfg.order_wait_secs as i64).saturating_mul(1000),
-                    )
-                    .await
-                {
-                    Ok(due) => due,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "picking due replies failed; will retry");
-                        Vec::new()
-                    }
+            let due = match svc
+                .store
+                .claim_due_replies(
+                    &svc.instance_id,
+                    free,
+                    lease_until,
+                    now,
+                    (cfg.order_wait_secs as i64).saturating_mul(1000),
+                )
+                .await
+            {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(error = %e, "picking due replies failed; will retry");
+                    Vec::new()
                 }
             };
             backlog = due.len() == free;
             pending = backlog;
             finished = false;
-            crate::metrics::count_deliveries(&svc.instance_id, "claimed", due.len());
-            for (reply, slot) in due.into_iter().zip(taken.drain(..)) {
-                spawn_delivery(&mut sends, &svc, reply, slot);
+            // A slot for each: the claim does not hold the free slots while it runs, so a
+            // finishing task may reserve one meanwhile (`Wake::reserve_slot`); a reply left
+            // without one goes back unsent, to be claimed again.
+            let mut unsent = Vec::new();
+            let mut started = 0;
+            for reply in due {
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        spawn_delivery(&mut sends, &svc, reply, slot);
+                        started += 1;
+                    }
+                    Err(_) => unsent.push(reply),
+                }
+            }
+            crate::metrics::count_deliveries(&svc.instance_id, "claimed", started);
+            if !unsent.is_empty() {
+                pending = true;
+                put_back(&svc, unsent).await;
             }
         }
         timer = false;
