@@ -101,24 +101,8 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             backlog = due.len() == free;
             pending = backlog;
             finished = false;
-            // A slot for each: the claim does not hold the free slots while it runs, so a
-            // finishing task may reserve one meanwhile (`Wake::reserve_slot`); a reply left
-            // without one goes back unsent, to be claimed again.
-            let mut unsent = Vec::new();
-            let mut started = 0;
-            for reply in due {
-                match slots.clone().try_acquire_owned() {
-                    Ok(slot) => {
-                        spawn_delivery(&mut sends, &svc, reply, slot);
-                        started += 1;
-                    }
-                    Err(_) => unsent.push(reply),
-                }
-            }
-            crate::metrics::count_deliveries(&svc.instance_id, "claimed", started);
-            if !unsent.is_empty() {
+            if !start_claimed(&mut sends, &svc, &slots, due).await {
                 pending = true;
-                put_back(&svc, unsent).await;
             }
         }
         timer = false;
@@ -142,6 +126,33 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     // No reply is handed from now on; those handed and not started go back unsent.
     put_back(&svc, svc.wake.outbox_stopped()).await;
     while sends.join_next().await.is_some() {}
+}
+
+/// Starts the delivery of each claimed reply in a slot of its own. The claim does not hold
+/// the free slots while it runs, so a finishing task may reserve one meanwhile
+/// (`Wake::reserve_slot`); a reply left without one goes back unsent, to be claimed again
+/// (then `false`).
+async fn start_claimed(
+    sends: &mut JoinSet<Option<i64>>,
+    svc: &Arc<Sender>,
+    slots: &Arc<tokio::sync::Semaphore>,
+    due: Vec<ReplyRow>,
+) -> bool {
+    let mut unsent = Vec::new();
+    let mut started = 0;
+    for reply in due {
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                spawn_delivery(sends, svc, reply, slot);
+                started += 1;
+            }
+            Err(_) => unsent.push(reply),
+        }
+    }
+    crate::metrics::count_deliveries(&svc.instance_id, "claimed", started);
+    let all = unsent.is_empty();
+    put_back(svc, unsent).await;
+    all
 }
 
 /// Puts handed replies that were never started back, due now, their attempt not counted
