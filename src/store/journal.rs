@@ -236,10 +236,10 @@ impl Journal {
             .as_ref()
             .filter(|_| self.store.dialect() == Dialect::Postgres)
             .and_then(|h| h.wake.reserve_slot());
-        let hand_until = slot
-            .as_ref()
-            .and(self.handoff.as_ref())
-            .map(|h| now_ms().saturating_add(h.lease_ms));
+        let hand_until = match (&slot, &self.handoff) {
+            (Some(_), Some(h)) => Some(now_ms().saturating_add(h.lease_ms)),
+            _ => None,
+        };
         let op = WriteOp::FinishTask {
             fence: fence.clone(),
             outcome: Box::new(outcome),
@@ -252,10 +252,13 @@ impl Journal {
         match (out, hand_until, slot) {
             (WriteOut::Handed(reply), Some(until), Some(slot)) => {
                 if let Err(reply) = handoff.wake.hand_reply(*reply, until, slot) {
-                    // The outbox stopped meanwhile: the reply goes back unsent, due now.
-                    self.store
-                        .defer_reply(&reply, &fence.owner, now_ms())
-                        .await?;
+                    // The outbox stopped meanwhile: the reply goes back unsent, due now. The
+                    // task finished all the same; should this write fail, the reply waits
+                    // for its lease to lapse (or to be released at shutdown).
+                    let put_back = self.store.defer_reply(&reply, &fence.owner, now_ms());
+                    if let Err(e) = put_back.await {
+                        tracing::warn!(task_id = fence.task_id, error = %e, "putting back an unsent reply failed; it waits for its lease");
+                    }
                 }
                 Ok(true)
             }

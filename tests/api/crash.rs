@@ -458,19 +458,10 @@ async fn another_instance_takes_over_after_the_lease_expires() {
 
 /// `name{instance="…"}`'s value in the `/metrics` of the server on `port`, if present.
 async fn instance_metric(port: u16, name: &str, instance: &str) -> Option<i64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?
-        .text()
+    let text = metrics_text(&format!("http://127.0.0.1:{port}"))
         .await
         .ok()?;
-    let prefix = format!("{name}{{instance=\"{instance}\"");
-    let values: Vec<i64> = text
-        .lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+    metric_sum(&text, &format!("{name}{{instance=\"{instance}\""))
 }
 
 /// The sessions holding the workers' lease (PostgreSQL's advisory lock).

@@ -635,3 +635,19 @@ pub fn python_json(script: &str, input: &str) -> Result<Value, String> {
         Err(stderr.into_owned())
     }
 }
+
+/// The `/metrics` text of the server at `addr` (`http://host:port`).
+pub async fn metrics_text(addr: &str) -> reqwest::Result<String> {
+    reqwest::get(format!("{addr}/metrics")).await?.text().await
+}
+
+/// The sum of the samples in `/metrics` `text` whose line starts with `prefix` (a family's
+/// sample name and the start of its labels); `None` when there is none.
+pub fn metric_sum(text: &str, prefix: &str) -> Option<i64> {
+    let values: Vec<i64> = text
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}

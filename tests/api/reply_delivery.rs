@@ -318,18 +318,10 @@ async fn the_receiver_double_refuses_replies_not_signed_by_the_contract() {
 /// `instance`'s reply deliveries started with replies from `source` (`handed`, `claimed`),
 /// from its `/metrics` (the counters are per process, labelled by instance).
 async fn deliveries(app: &TestApp, instance: &str, source: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", app.addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&app.addr).await.unwrap();
     let prefix =
         format!("assistd_reply_deliveries_total{{instance=\"{instance}\",source=\"{source}\"}}");
-    text.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    metric_sum(&text, &prefix).unwrap_or(0) as u64
 }
 
 /// Issue 35 part 2: on PostgreSQL a finishing task's reply is committed already leased to

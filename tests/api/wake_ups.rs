@@ -14,17 +14,9 @@ use crate::strict_model::{ModelReply, last_content, model_mock};
 
 /// `instance`'s claims so far, from any app's `/metrics` (the counters are per process).
 async fn claims(addr: &str, instance: &str) -> u64 {
-    let text = reqwest::get(format!("{addr}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(addr).await.unwrap();
     let prefix = format!("assistd_task_claims_total{{instance=\"{instance}\",");
-    text.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    metric_sum(&text, &prefix).unwrap_or(0) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
