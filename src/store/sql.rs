@@ -227,7 +227,8 @@ impl BatchSql {
             "UPDATE agent_step SET status = v.status, output = v.output, error = v.error, \
              tokens_in = v.tokens_in, tokens_out = v.tokens_out, duration_ms = v.duration_ms, \
              finished_at = $2, attempt = v.attempts FROM {} \
-             WHERE agent_step.id = v.step_id AND {owned}{} RETURNING agent_step.id",
+             WHERE agent_step.id = v.step_id AND agent_step.task_id = v.task_id AND {owned}{} \
+             RETURNING agent_step.id",
             fenced_rows(&[
                 ("step_id", "bigint"),
                 ("status", "text"),
@@ -238,7 +239,7 @@ impl BatchSql {
                 ("duration_ms", "bigint"),
                 ("attempts", "bigint"),
             ]),
-            keyed_by(sqlite, "agent_step.id", "step_id")
+            keyed_by(sqlite, "agent_step.task_id", "task_id")
         );
         let finish_cols = [
             ("status", "text"),
@@ -292,7 +293,7 @@ impl BatchSql {
                 fence("agent_task"),
                 keyed_by(sqlite, "agent_task.id", "task_id"),
                 fenced_rows(&all),
-                keyed_by(sqlite, "agent_step.id", "step_id")
+                keyed_by(sqlite, "agent_step.task_id", "task_id")
             )
         };
         // One reply per task and key: a second insert under the same key is a no-op, and a
@@ -385,6 +386,15 @@ impl BatchSql {
             insert_audits,
         }
     }
+}
+
+/// The batched statements that write step rows (`begin`, `complete`, `finish` with its
+/// task's last step), for the tests of their plans: each finds its steps through their
+/// task (on PostgreSQL the unique `(task_id, step_no)` index; the surrogate `id` has no
+/// index of its own since migration 0032).
+pub fn step_write_sql(dialect: Dialect) -> [&'static str; 3] {
+    let sql = BatchSql::get(dialect);
+    [&sql.begin, &sql.complete, &sql.finish]
 }
 
 /// PostgreSQL's insert of finished tasks' replies (`$1` the rows, `$2` the time, `$3`

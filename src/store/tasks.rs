@@ -353,9 +353,9 @@ impl Store {
     ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
             sqlx::query(
-                "UPDATE agent_step SET attempt = $1 WHERE id = $2 AND EXISTS (SELECT 1 FROM \
-                 agent_task t WHERE t.id = $3 AND t.owner = $4 AND t.version = $5 \
-                 AND t.status = 'RUNNING')",
+                "UPDATE agent_step SET attempt = $1 WHERE id = $2 AND task_id = $3 \
+                 AND EXISTS (SELECT 1 FROM agent_task t WHERE t.id = $3 AND t.owner = $4 \
+                 AND t.version = $5 AND t.status = 'RUNNING')",
             )
             .bind(attempt)
             .bind(step_id)

@@ -270,9 +270,10 @@ impl Store {
             if n != 1 {
                 return Ok(false);
             }
-            sqlx::query("UPDATE agent_step SET status = $1 WHERE id = $2")
+            sqlx::query("UPDATE agent_step SET status = $1 WHERE id = $2 AND task_id = $3")
                 .bind(StepStatus::Unknown)
                 .bind(step_id)
+                .bind(fence.task_id)
                 .execute(&mut *tx)
                 .await?;
             let _: Option<(i64,)> =

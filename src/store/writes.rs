@@ -9,6 +9,7 @@ use std::hash::Hash;
 
 use serde_json::{Value, json};
 
+pub use super::sql::step_write_sql;
 use super::sql::{BatchSql, audit_row};
 use super::{Store, StoreResult, write_tx};
 use crate::domain::AuditTarget;

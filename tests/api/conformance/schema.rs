@@ -211,6 +211,63 @@ async fn a_named_providers_claim_reads_its_index_on_postgres() {
     db.drop_db().await;
 }
 
+/// Issue 35 part 2 (migration 0032): `agent_step` has no index over its surrogate `id` on
+/// PostgreSQL, and the batched step writes (begin, completion, a finish with its last step)
+/// find their rows through the task's `(task_id, step_no)` index, never by a scan of every
+/// step ever journalled; ids stay unique (the sequence).
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_writes_find_their_rows_through_the_task_on_postgres() {
+    use assistd::store::writes::step_write_sql;
+    let (db, store, pool) = postgres_store().await;
+    seed_history(&store, &db.url, 20_000, 20_000, 20_000).await;
+    for sql in [
+        "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
+         input, status, attempt, created_at) SELECT t, k, 'llm', '', 'k' || t || '-' || k, \
+         'in', 'SUCCEEDED', 1, 1 FROM generate_series(1, 20000) t, generate_series(1, 3) k",
+        "ANALYZE agent_step",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexname FROM pg_indexes WHERE tablename = 'agent_step'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(indexes, ["agent_step_task_id_step_no_key"]);
+    let distinct: i64 = sqlx::query_scalar("SELECT COUNT(DISTINCT id) FROM agent_step")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(distinct, 60_000);
+    // One row of every field the three statements read, for a task deep in the history.
+    let row = r#"'[{"task_id": 12345, "owner": "w", "version": 1, "step_id": 37034,
+        "step_no": 4, "step_type": "llm", "tool_name": "", "idempotency_key": "k",
+        "input": "in", "status": "SUCCEEDED", "output": "out", "error": null,
+        "step_status": "SUCCEEDED", "step_error": null, "tokens_in": 1, "tokens_out": 1,
+        "duration_ms": 1, "attempts": 1, "result": "r", "failure_type": null,
+        "retries": 0, "trace": null}]'"#;
+    for sql in step_write_sql(store.dialect()) {
+        let sql = sql
+            .replace("$1", row)
+            .replace("$2", "2")
+            .replace("$3", "'PENDING'");
+        let plan = store.explain(&sql).await.unwrap().join("\n");
+        assert!(!plan.contains("Seq Scan on agent_step"), "{sql}\n{plan}");
+        if sql.contains("UPDATE agent_step") || sql.contains("FROM agent_step") {
+            assert!(
+                plan.contains("agent_step_task_id_step_no_key"),
+                "{sql}\n{plan}"
+            );
+        }
+    }
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// Issue 35 (migration 0029): on PostgreSQL a task's audit rows are found through the BRIN
 /// summaries of `audit_log_task` (no B-tree entry per row), risky ones through the partial
 /// `audit_log_risky`; both reads return exactly the rows they did, with rows of old tasks
