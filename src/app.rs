@@ -266,6 +266,7 @@ impl App {
             ingester,
             wake,
         };
+        let exclusive = matches!(store, Store::Postgres(_)) && config.worker.exclusive;
         let background = match (&store, role.runs_workers()) {
             (_, false) => None,
             (Store::Postgres(pool), true) if config.worker.exclusive => Some(tokio::spawn(
@@ -281,8 +282,11 @@ impl App {
         crate::http::serve(listener, router, &config.server, shutdown.clone()).await;
         if let Some(background) = background {
             let _ = background.await;
-            // Whatever is left unfinished is handed over now, not after its lease runs out.
-            work.release().await;
+            // Whatever is left unfinished is handed over now, not after its lease runs out
+            // (`run_exclusive` did so itself, before it gave the workers' lease up).
+            if !exclusive {
+                work.release().await;
+            }
         }
         store.close().await;
         tracing::info!("assistd stopped");

@@ -32,7 +32,6 @@ impl Store {
         out.pop().unwrap_or(Err(StoreError::NotFound))
     }
 
-    // long: one transaction of four statements for both dialects; split, the statements lose their order.
     /// Commits a batch of messages, each with its PENDING task and TASK_CREATED audit row,
     /// in one transaction of a few statements whatever the batch size (group commit: the per-statement
     /// round trips, not SQL, are what intake costs). Per message, in order: its task
@@ -51,6 +50,36 @@ impl Store {
             return Ok(Vec::new());
         }
         let notify = wake_others && matches!(self, Store::Postgres(_));
+        let sql = IntakeSql::get(self.dialect());
+        // PostgreSQL: a plain insert of messages whose keys are not stored yet, when no two
+        // messages of the batch share a key, spares each message the speculative insertion's
+        // confirmation record (issue 35 part 2). A message committed by another transaction
+        // after this one began reading (the same event delivered twice at once) makes that
+        // insert fail on the unique key, and nothing of the batch is written: the batch then
+        // goes again the way that skips stored keys (`ON CONFLICT DO NOTHING`), as does a
+        // batch that holds a key twice.
+        match &sql.messages_unseen {
+            Some(unseen) if !repeats_a_key(batch) => {
+                match self.ingest_with(batch, now, notify, unseen).await {
+                    Err(StoreError::UniqueViolation(_)) => {
+                        self.ingest_with(batch, now, notify, &sql.messages).await
+                    }
+                    other => other,
+                }
+            }
+            _ => self.ingest_with(batch, now, notify, &sql.messages).await,
+        }
+    }
+
+    // long: one transaction of four statements for both dialects; split, the statements lose their order.
+    /// [`ingest_batch`](Self::ingest_batch) with `messages_sql` inserting the messages.
+    async fn ingest_with(
+        &self,
+        batch: &[(&NewMessage, &str)],
+        now: i64,
+        notify: bool,
+        messages_sql: &str,
+    ) -> StoreResult<Vec<StoreResult<Ingested>>> {
         let mut agent_names: Vec<&str> = batch.iter().map(|(_, a)| *a).collect();
         agent_names.sort_unstable();
         agent_names.dedup();
@@ -107,7 +136,7 @@ impl Store {
                     })
                     .collect();
                 for (id, channel, event, task_id) in
-                    sqlx::query_as::<_, (i64, String, String, i64)>(&sql.messages)
+                    sqlx::query_as::<_, (i64, String, String, i64)>(messages_sql)
                         .bind(super::text::storable_rows(rows))
                         .bind(now)
                         .fetch_all(&mut *tx)
@@ -327,12 +356,27 @@ impl Store {
     }
 }
 
+/// Whether two messages of `batch` share an event id or a message id on their channel (a
+/// platform's retry arriving with its original, or one message under two events).
+fn repeats_a_key(batch: &[(&NewMessage, &str)]) -> bool {
+    let mut events = std::collections::HashSet::new();
+    let mut messages = std::collections::HashSet::new();
+    batch.iter().any(|(m, _)| {
+        !events.insert((&m.channel, &m.event_id)) || !messages.insert((&m.channel, &m.message_id))
+    })
+}
+
 /// The intake's batched inserts, per dialect: the rows come as one JSON array (`$1`, see
 /// `sql::json_rows`), so the statement text stays the same for any batch size. `$2` is
 /// the time.
 struct IntakeSql {
     /// Messages; a row whose event or message id is stored already is skipped.
     messages: String,
+    /// PostgreSQL: messages, by a plain insert of those whose keys no committed row holds
+    /// (`NOT EXISTS`), for a batch without a key twice; a key committed meanwhile by another
+    /// transaction fails it on the unique index. `None` on SQLite, whose single writer sees
+    /// every committed key (and whose `ON CONFLICT` writes nothing extra).
+    messages_unseen: Option<String>,
     /// Their PENDING tasks, with the ids their messages name (`$3` task type, `$4` status).
     tasks: String,
 }
@@ -353,13 +397,12 @@ impl IntakeSql {
         } else {
             "nextval('agent_task_id_seq')"
         };
-        let messages = format!(
+        let insert = format!(
             "INSERT INTO im_message (channel, external_event_id, external_message_id, \
              conversation_id, sender_id, sender_name, text, received_at, reply_context, \
              trace_context, task_id) SELECT v.channel, v.event_id, v.message_id, \
              v.conversation_id, v.sender_id, v.sender_name, v.text, $2, v.reply_context, \
-             v.trace_context, {task_id} FROM {} ORDER BY v.ord \
-             ON CONFLICT DO NOTHING RETURNING id, channel, external_event_id, task_id",
+             v.trace_context, {task_id} FROM {}",
             json_rows(
                 sqlite,
                 &[
@@ -376,6 +419,17 @@ impl IntakeSql {
                 ],
             )
         );
+        let returning = "RETURNING id, channel, external_event_id, task_id";
+        let messages = format!("{insert} ORDER BY v.ord ON CONFLICT DO NOTHING {returning}");
+        let messages_unseen = (!sqlite).then(|| {
+            format!(
+                "{insert} WHERE NOT EXISTS (SELECT 1 FROM im_message m \
+                 WHERE m.channel = v.channel AND m.external_event_id = v.event_id) \
+                 AND NOT EXISTS (SELECT 1 FROM im_message m \
+                 WHERE m.channel = v.channel AND m.external_message_id = v.message_id) \
+                 ORDER BY v.ord {returning}"
+            )
+        });
         let tasks = format!(
             "INSERT INTO agent_task (id, agent_id, agent_version_id, provider, task_type, \
              channel, conversation_id, message_id, trigger_user, status, run_after, \
@@ -397,6 +451,10 @@ impl IntakeSql {
                 ],
             )
         );
-        IntakeSql { messages, tasks }
+        IntakeSql {
+            messages,
+            messages_unseen,
+            tasks,
+        }
     }
 }

@@ -79,36 +79,29 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
         );
     }
     let db = BenchDb::new(args.db).await?;
-    let mocks = start_mocks(Duration::ZERO).await?;
-    let mut children = Vec::new();
-    let mut addrs: Vec<SocketAddr> = Vec::new();
-    for i in 0..count {
-        let port = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await?
-            .local_addr()?
-            .port();
-        let instance = format!("bench-{}", i + 1);
-        let extra: Vec<(&str, String)> = match &later_role {
-            Some(role) if i > 0 => vec![("ASSISTD_SERVER__ROLE", role.clone())],
-            _ => Vec::new(),
-        };
-        children.push(spawn_child(
-            &db.url, &mocks, port, 0, 256, None, &instance, &extra,
-        )?);
-        // ASSISTD_BENCH_PIN=1: each child on its own core (child i on core i mod the
-        // cores), for checking the capacity model's separate machines as far as one allows.
-        if std::env::var_os("ASSISTD_BENCH_PIN").is_some() {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let pid = children.last().map_or(0, |c| c.id());
-            let pinned = std::process::Command::new("taskset")
-                .args(["-pc", &(i % cores).to_string(), &pid.to_string()])
-                .stdout(std::process::Stdio::null())
-                .status()?;
-            anyhow::ensure!(pinned.success(), "taskset could not pin the child");
+    let mocks = match start_mocks(Duration::ZERO).await {
+        Ok(mocks) => mocks,
+        Err(e) => {
+            db.drop_db().await;
+            return Err(e);
         }
-        wait_ready(port).await?;
-        addrs.push(format!("127.0.0.1:{port}").parse()?);
-    }
+    };
+    let mut children = Vec::new();
+    // A child that fails to start (or to be pinned, or to become ready) ends the round, and
+    // what it had started (children, mocks, the database) goes with it.
+    let started = start_children(count, &db, &mocks, later_role.as_deref(), &mut children).await;
+    let addrs = match started {
+        Ok(addrs) => addrs,
+        Err(e) => {
+            for mut child in children {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            mocks.stop.cancel();
+            db.drop_db().await;
+            return Err(e);
+        }
+    };
     let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
     let cpu_before = cpu_now(&pids);
     let started = Instant::now();
@@ -136,6 +129,46 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
         answered,
         repeated: mocks.repeated_replies.load(Ordering::Relaxed),
     })
+}
+
+/// Starts `count` instances on `db` against `mocks` (pushed to `children` as they start, so
+/// the caller stops them whatever happens) and waits for each to be ready; their addresses.
+async fn start_children(
+    count: usize,
+    db: &BenchDb,
+    mocks: &Mocks,
+    later_role: Option<&str>,
+    children: &mut Vec<std::process::Child>,
+) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for i in 0..count {
+        let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await?
+            .local_addr()?
+            .port();
+        let instance = format!("bench-{}", i + 1);
+        let extra: Vec<(&str, String)> = match later_role {
+            Some(role) if i > 0 => vec![("ASSISTD_SERVER__ROLE", role.to_string())],
+            _ => Vec::new(),
+        };
+        children.push(spawn_child(
+            &db.url, mocks, port, 0, 256, None, &instance, &extra,
+        )?);
+        // ASSISTD_BENCH_PIN=1: each child on its own core (child i on core i mod the
+        // cores), for checking the capacity model's separate machines as far as one allows.
+        if std::env::var_os("ASSISTD_BENCH_PIN").is_some() {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let pid = children.last().map_or(0, |c| c.id());
+            let pinned = std::process::Command::new("taskset")
+                .args(["-pc", &(i % cores).to_string(), &pid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .status()?;
+            anyhow::ensure!(pinned.success(), "taskset could not pin the child");
+        }
+        wait_ready(port).await?;
+        addrs.push(format!("127.0.0.1:{port}").parse()?);
+    }
+    Ok(addrs)
 }
 
 /// CPU milliseconds used so far by `children`, by this process, and by the processes named

@@ -134,3 +134,68 @@ async fn concurrent_ingest_of_one_message_makes_one_task() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// Issue 35 part 2: on PostgreSQL a batch whose keys are new is inserted plainly (`NOT
+/// EXISTS`, no speculative insertion). The same message committed by another transaction
+/// while that insert runs fails it on the unique key; the batch then goes again the way that
+/// skips stored keys, and the message is the other one's duplicate, written once.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_committed_meanwhile_by_another_intake_is_a_duplicate_on_postgres() {
+    let (db, store, pool) = postgres_store().await;
+    let now = now_ms();
+    // The other intake: the same message, inserted and not yet committed.
+    let mut other = pool.begin().await.unwrap();
+    let (theirs,): (i64,) = sqlx::query_as(
+        "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+         conversation_id, sender_id, text, received_at, task_id) \
+         VALUES ('generic', 'e-c-1', 'm-c-1', 'c', 'u', 'text 1', 1, \
+         nextval('agent_task_id_seq')) RETURNING task_id",
+    )
+    .fetch_one(&mut *other)
+    .await
+    .unwrap();
+    let ingesting = {
+        let store = store.clone();
+        tokio::spawn(async move { store.ingest_message(&msg("c", 1), "default", now).await })
+    };
+    let mut waited = 0;
+    loop {
+        let waiting: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM pg_locks WHERE NOT granted")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        waited += 1;
+        assert!(waited < 500, "the intake never waited for the other's key");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    other.commit().await.unwrap();
+    let ours = ingesting.await.unwrap().unwrap();
+    assert!(ours.duplicate, "{ours:?}");
+    assert_eq!(ours.task_id, theirs);
+    let (messages, tasks): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM im_message), (SELECT COUNT(*) FROM agent_task)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (messages, tasks),
+        (1, 0),
+        "nothing of the failed insert stayed"
+    );
+    // A new message after it goes the plain way, and lands.
+    let next = store
+        .ingest_message(&msg("c", 2), "default", now)
+        .await
+        .unwrap();
+    assert!(!next.duplicate);
+    store.close().await;
+    db.drop_db().await;
+}

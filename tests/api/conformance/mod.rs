@@ -1,5 +1,5 @@
 //! Store conformance: the same invariants hold on SQLite and on PostgreSQL, one file per
-//! promise (intake, claims, fencing, schema); this file holds their shared setup.
+//! promise (intake, claims, fencing, handed replies, schema); this file holds their shared setup.
 
 use assistd::domain::NewMessage;
 use assistd::domain::{Fence, NewReply, TaskOutcome};
@@ -10,6 +10,7 @@ use crate::helpers::*;
 
 mod claims;
 mod fencing;
+mod handoff;
 mod intake;
 mod schema;
 
