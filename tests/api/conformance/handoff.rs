@@ -90,19 +90,7 @@ async fn a_reply_handed_as_the_outbox_stops_goes_back_uncounted_on_postgres() {
         let (journal, fence, outcome) = (journal.clone(), fence(b), reply_in(b, "cb"));
         tokio::spawn(async move { journal.finish_task(&fence, &outcome).await })
     };
-    let mut waited = 0;
-    loop {
-        let waiting: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM pg_locks WHERE NOT granted")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        waited += 1;
-        assert!(waited < 500, "the finish never waited for the row");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_for_a_lock_wait(&pool, "the finish never waited for the row").await;
     assert_eq!(slots.available_permits(), 3, "the finish reserved a slot");
     assert!(wake.outbox_stopped().is_empty());
     holder.rollback().await.unwrap();

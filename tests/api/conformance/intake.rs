@@ -162,19 +162,7 @@ async fn a_message_committed_meanwhile_by_another_intake_is_a_duplicate_on_postg
         let store = store.clone();
         tokio::spawn(async move { store.ingest_message(&msg("c", 1), "default", now).await })
     };
-    let mut waited = 0;
-    loop {
-        let waiting: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM pg_locks WHERE NOT granted")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        waited += 1;
-        assert!(waited < 500, "the intake never waited for the other's key");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_for_a_lock_wait(&pool, "the intake never waited for the other's key").await;
     other.commit().await.unwrap();
     let ours = ingesting.await.unwrap().unwrap();
     assert!(ours.duplicate, "{ours:?}");

@@ -127,3 +127,20 @@ pub(crate) fn outcome(task_id: i64) -> TaskOutcome {
 }
 
 pub(crate) const LEASE: i64 = 30_000;
+
+/// Waits (up to 5 s, else panics with `what`) until some session of `pool`'s database waits
+/// for a lock another holds: the moment a test that holds a row or key open has the code
+/// under test blocked on it.
+pub(crate) async fn wait_for_a_lock_wait(pool: &sqlx::PgPool, what: &str) {
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM pg_locks WHERE NOT granted")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{what}");
+}

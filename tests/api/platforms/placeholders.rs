@@ -76,7 +76,13 @@ async fn slack_question(app: &TestApp, event: &str, ts: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slack_streams_the_answer_into_one_placeholder_message() {
     let api = platform_api().await;
-    let (app, model) = streaming_app(&api, Duration::from_millis(250), |_| {}).await;
+    // The placeholder at once, so an edit of the text so far (`stream_edit_ms` apart) fits
+    // in the ~2.3 s stream before the answer, even on a loaded machine: after the default
+    // second's wait, a placeholder sent late left room for the answer's edit alone.
+    let (app, model) = streaming_app(&api, Duration::from_millis(250), |c| {
+        c.replies.placeholder_after_ms = 0;
+    })
+    .await;
     let id = slack_question(&app, "EvS1", "1800.1").await;
     let task = app.wait_replied(id, WAIT).await;
     let posts = calls_to(&api, "/chat.postMessage").await;
