@@ -266,10 +266,11 @@ impl App {
             ingester,
             wake,
         };
+        // `worker.exclusive` takes effect on PostgreSQL only (SQLite has no advisory locks).
         let exclusive = matches!(store, Store::Postgres(_)) && config.worker.exclusive;
         let background = match (&store, role.runs_workers()) {
             (_, false) => None,
-            (Store::Postgres(pool), true) if config.worker.exclusive => Some(tokio::spawn(
+            (Store::Postgres(pool), true) if exclusive => Some(tokio::spawn(
                 work.clone().run_exclusive(pool.clone(), shutdown.clone()),
             )),
             (_, true) => Some(tokio::spawn(work.clone().run(shutdown.clone()))),

@@ -93,12 +93,7 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
     let addrs = match started {
         Ok(addrs) => addrs,
         Err(e) => {
-            for mut child in children {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            mocks.stop.cancel();
-            db.drop_db().await;
+            stop_round(children, &mocks, &db).await;
             return Err(e);
         }
     };
@@ -114,12 +109,7 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
     let cpu_after = cpu_now(&pids);
     // A second reply for a message would come after its first: give it time to show.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    for mut child in children {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    mocks.stop.cancel();
-    db.drop_db().await;
+    stop_round(children, &mocks, &db).await;
     waited?;
     let answered = mocks.reply_keys.lock().unwrap().len();
     let per_message = |i: usize| (cpu_after[i] - cpu_before[i]) / args.n as f64;
@@ -129,6 +119,17 @@ async fn round(args: &Args, count: usize) -> anyhow::Result<Round> {
         answered,
         repeated: mocks.repeated_replies.load(Ordering::Relaxed),
     })
+}
+
+/// Ends a round, measured or failed: its children killed and reaped, its mocks stopped,
+/// its database dropped.
+async fn stop_round(children: Vec<std::process::Child>, mocks: &Mocks, db: &BenchDb) {
+    for mut child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    mocks.stop.cancel();
+    db.drop_db().await;
 }
 
 /// Starts `count` instances on `db` against `mocks` (pushed to `children` as they start, so

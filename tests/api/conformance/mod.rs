@@ -130,13 +130,18 @@ pub(crate) const LEASE: i64 = 30_000;
 
 /// Waits (up to 5 s, else panics with `what`) until some session of `pool`'s database waits
 /// for a lock another holds: the moment a test that holds a row or key open has the code
-/// under test blocked on it.
+/// under test blocked on it. Only this test's database counts: tests run side by side on
+/// one server, and another test's lock wait must not end this wait early (the code under
+/// test would then not have met the held row or key at all).
 pub(crate) async fn wait_for_a_lock_wait(pool: &sqlx::PgPool, what: &str) {
     for _ in 0..500 {
-        let waiting: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM pg_locks WHERE NOT granted")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
         if waiting > 0 {
             return;
         }
