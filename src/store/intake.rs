@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use super::sql::{audit_row, insert_audits_sql, json_rows};
+use super::sql::{audit_row, insert_audits_sql, json_rows, per_row};
 use super::{Dialect, PerDialect, Store, StoreError, StoreResult, TASK_NOTIFY_CHANNEL, write_tx};
 use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, Ingested, NewMessage, TaskStatus, TaskType};
@@ -424,10 +424,11 @@ impl IntakeSql {
         let messages_unseen = (!sqlite).then(|| {
             format!(
                 "{insert} WHERE NOT EXISTS (SELECT 1 FROM im_message m \
-                 WHERE m.channel = v.channel AND m.external_event_id = v.event_id) \
+                 WHERE m.channel = v.channel AND m.external_event_id = v.event_id{probe}) \
                  AND NOT EXISTS (SELECT 1 FROM im_message m \
-                 WHERE m.channel = v.channel AND m.external_message_id = v.message_id) \
-                 ORDER BY v.ord {returning}"
+                 WHERE m.channel = v.channel AND m.external_message_id = v.message_id{probe}) \
+                 ORDER BY v.ord {returning}",
+                probe = per_row(sqlite)
             )
         });
         let tasks = format!(

@@ -163,10 +163,19 @@ impl BatchSql {
             let all: Vec<(&str, &str)> = FENCE.iter().chain(cols).copied().collect();
             json_rows(sqlite, &all)
         };
+        // PostgreSQL: the status is compared as `status || ''`, which no partial index's
+        // predicate matches, so the tasks are found by their ids (the primary key, through
+        // `keyed_by`). Compared plainly, it let the planner answer a batch's finish with a
+        // bitmap scan of `agent_task_one_running_per_conversation` (`WHERE status =
+        // 'RUNNING'`): that index holds an entry for every version of every task that ran
+        // since vacuum last cleaned it (no update of a task is HOT), and a bitmap scan
+        // visits each one's page: 4,380 entries and 373 pages for a batch of 14 finishing
+        // tasks in an `end-to-end` run (`auto_explain`, issue 35 part 2).
+        let running = if sqlite { "status" } else { "status || ''" };
         let fence = |task: &str| {
             format!(
                 "{task}.id = v.task_id AND {task}.owner = v.owner AND {task}.version = v.version \
-                 AND {task}.status = 'RUNNING'"
+                 AND {task}.{running} = 'RUNNING'"
             )
         };
         // PostgreSQL: the fence check locks the task row (`FOR SHARE`). Under read committed
@@ -208,7 +217,7 @@ impl BatchSql {
              input, status, attempt, created_at) \
              SELECT v.task_id, v.step_no, v.step_type, v.tool_name, v.idempotency_key, v.input, \
              $3, 0, $2 FROM {} WHERE {owned_unpaused} AND NOT EXISTS (SELECT 1 FROM agent_step s \
-             WHERE s.task_id = v.task_id AND s.idempotency_key = v.idempotency_key) \
+             WHERE s.task_id = v.task_id AND s.idempotency_key = v.idempotency_key{}) \
              RETURNING id, idempotency_key",
             fenced_rows(&[
                 ("step_no", "bigint"),
@@ -216,7 +225,8 @@ impl BatchSql {
                 ("tool_name", "text"),
                 ("idempotency_key", "text"),
                 ("input", "text"),
-            ])
+            ]),
+            per_row(sqlite)
         );
         let existing_step = format!(
             "SELECT {STEP_COLUMNS} FROM agent_step WHERE task_id = $2 AND idempotency_key = $1 \
@@ -420,9 +430,10 @@ fn handed_replies(reply_rows: &str) -> String {
              AND o.channel = v.channel AND o.conversation_id = v.conversation_id \
              AND o.task_id <= v.task_id) AS handed) h \
          WHERE NOT EXISTS (SELECT 1 FROM outbound_reply o \
-             WHERE o.task_id = v.task_id AND o.idempotency_key = v.idempotency_key) \
+             WHERE o.task_id = v.task_id AND o.idempotency_key = v.idempotency_key{}) \
          RETURNING *) \
          SELECT {} FROM ins WHERE locked_by IS NOT NULL",
+        per_row(false),
         super::outbox::REPLY_COLUMNS
     )
 }
@@ -472,6 +483,19 @@ pub(super) fn in_json_ids(dialect: Dialect, column: &str) -> String {
              FROM json_array_elements_text($1::text::json)))"
         ),
     }
+}
+
+/// PostgreSQL: ` OFFSET 0`, to end a correlated `EXISTS` subquery that probes a table by its
+/// unique key for each row of a batch. Without it the planner turns `NOT EXISTS` into an
+/// anti join and, while the table's statistics still say it is small (a table that grew
+/// since autovacuum last looked, as every table does in a burst), answers it by hashing a
+/// sequential scan of the whole table, once per batch statement: the step begin, the reply
+/// insert and the message intake each hashed every row so far (`auto_explain` of an
+/// `end-to-end` run, issue 35 part 2). With an offset the subquery cannot become a join and
+/// runs once per batch row, through the key's index, whatever the statistics say. Nothing on
+/// SQLite, which has no `OFFSET` without `LIMIT` and looks each row up by its key anyway.
+pub(super) fn per_row(sqlite: bool) -> &'static str {
+    if sqlite { "" } else { " OFFSET 0" }
 }
 
 /// PostgreSQL: ` AND <column> = ANY(<the field of every row of the JSON array $1>)`, for an
