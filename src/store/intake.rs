@@ -356,6 +356,12 @@ impl Store {
     }
 }
 
+/// PostgreSQL's insert of a batch of new messages (`NOT EXISTS` on both platform keys), for
+/// the tests of its plan; `None` on SQLite, which has only the `ON CONFLICT` form.
+pub fn unseen_messages_sql(dialect: Dialect) -> Option<&'static str> {
+    IntakeSql::get(dialect).messages_unseen.as_deref()
+}
+
 /// Whether two messages of `batch` share an event id or a message id on their channel (a
 /// platform's retry arriving with its original, or one message under two events).
 fn repeats_a_key(batch: &[(&NewMessage, &str)]) -> bool {

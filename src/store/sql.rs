@@ -407,6 +407,17 @@ pub fn step_write_sql(dialect: Dialect) -> [&'static str; 3] {
     [&sql.begin, &sql.complete, &sql.finish]
 }
 
+/// The batched statements that write a finishing batch's replies: the placeholders turned
+/// into answers (PostgreSQL only) and the answers inserted, for the tests of their plans.
+pub fn reply_write_sql(dialect: Dialect) -> Vec<&'static str> {
+    let sql = BatchSql::get(dialect);
+    sql.replace_placeholders
+        .as_deref()
+        .into_iter()
+        .chain([sql.insert_replies.as_str()])
+        .collect()
+}
+
 /// PostgreSQL's insert of finished tasks' replies (`$1` the rows, `$2` the time, `$3`
 /// PENDING) where no row is under their key, by `NOT EXISTS`: a plain insert spares
 /// PostgreSQL the speculative insertion's extra WAL record. A row with `hand_until` (its

@@ -9,8 +9,8 @@ use std::hash::Hash;
 
 use serde_json::{Value, json};
 
-pub use super::sql::step_write_sql;
 use super::sql::{BatchSql, audit_row};
+pub use super::sql::{reply_write_sql, step_write_sql};
 use super::{Store, StoreResult, write_tx};
 use crate::domain::AuditTarget;
 use crate::domain::ReplyRow;

@@ -12,6 +12,7 @@ mod claims;
 mod fencing;
 mod handoff;
 mod intake;
+mod plans;
 mod schema;
 
 pub(crate) async fn fresh_store() -> (TestDb, Store) {

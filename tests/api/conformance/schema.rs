@@ -94,7 +94,13 @@ async fn hot_statements_use_indexes_on_sqlite() {
 /// PostgreSQL (`store`, at `url`): the test agent published, then `messages` messages over
 /// `conversations` conversations, each with its task (ids 1, 2, …): the first `finished`
 /// SUCCEEDED, the rest PENDING; the tasks analysed.
-async fn seed_history(store: &Store, url: &str, messages: i64, finished: i64, conversations: i64) {
+pub(super) async fn seed_history(
+    store: &Store,
+    url: &str,
+    messages: i64,
+    finished: i64,
+    conversations: i64,
+) {
     let Store::Postgres(pool) = store else {
         panic!("a PostgreSQL store");
     };

@@ -1,0 +1,99 @@
+//! Plans under stale statistics: a table that grew since PostgreSQL last analyzed it (every
+//! table, in a burst) must not turn a batch's key lookups into scans of the whole table.
+
+use assistd::store::intake::unseen_messages_sql;
+use assistd::store::writes::{reply_write_sql, step_write_sql};
+
+use super::schema::seed_history;
+use super::*;
+
+/// Issue 35 part 2: statistics taken at 200 tasks, then 20,000 more tasks that ran and
+/// finished (each leaving a dead entry in the partial indexes over RUNNING tasks, as no task
+/// update is HOT), with a step and a delivered answer each, and no vacuum or analyze since.
+/// Every statement of a finishing batch, of a step's begin and of the message intake still
+/// finds its rows by their keys: the finish through the primary key (before: a bitmap scan
+/// of `agent_task_one_running_per_conversation`, visiting every dead entry's page), the
+/// step, reply and message keys through their unique indexes, a live placeholder through
+/// its partial index (before: a sequential scan of the table, hashed, per batch).
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_finds_its_rows_by_key_under_stale_statistics_on_postgres() {
+    let (db, store, pool) = postgres_store().await;
+    for table in ["agent_task", "agent_step", "outbound_reply", "im_message"] {
+        sqlx::query(&format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    seed_history(&store, &db.url, 200, 200, 200).await;
+    for sql in [
+        "ANALYZE",
+        "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+         conversation_id, sender_id, text, received_at) SELECT 'generic', 'e' || g, 'm' || g, \
+         'c' || g, 'u', 'hi', 1 FROM generate_series(201, 20200) g",
+        "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+         conversation_id, message_id, trigger_user, status, owner, version, run_after, \
+         created_at, updated_at, lease_expire) SELECT (SELECT id FROM agent LIMIT 1), \
+         (SELECT id FROM agent_version LIMIT 1), 'conversation_reply', 'generic', \
+         m.conversation_id, m.id, 'u', 'RUNNING', 'w', 1, 0, 1, 1, 9 FROM im_message m \
+         WHERE m.id > 200 ORDER BY m.id",
+        "UPDATE agent_task SET status = 'SUCCEEDED', version = 2, finished_at = 2 \
+         WHERE status = 'RUNNING'",
+        "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
+         input, status, attempt, created_at, tokens_in, tokens_out) SELECT id, 1, 'llm', '', \
+         'agent-task-' || id || '-step-1', '{\"model\":\"m\"}', 'SUCCEEDED', 1, 1, 1, 1 \
+         FROM agent_task WHERE id > 200",
+        "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
+         in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at, \
+         sent_at) SELECT id, 'agent-task-' || id, 'generic', conversation_id, 'm', 'text', \
+         'answer', 'SENT', 1, 1, 1, 2 FROM agent_task WHERE id > 200",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    // One row of every field the statements read, for a task deep in the history.
+    let row = r#"'[{"task_id": 12345, "owner": "w", "version": 1, "step_id": 12345,
+        "step_no": 2, "step_type": "llm", "tool_name": "", "idempotency_key": "k",
+        "input": "in", "status": "SUCCEEDED", "output": "out", "error": null,
+        "step_status": "SUCCEEDED", "step_error": null, "tokens_in": 1, "tokens_out": 1,
+        "duration_ms": 1, "attempts": 1, "result": "r", "failure_type": null,
+        "retries": 0, "trace": null, "channel": "generic", "conversation_id": "c12345",
+        "in_reply_to": "m", "reply_type": "text", "content": "a", "hand_until": 5,
+        "ord": 0, "event_id": "e-new", "message_id": "m-new", "sender_id": "u",
+        "sender_name": "u", "text": "hi", "reply_context": null, "trace_context": null}]'"#;
+    let dialect = store.dialect();
+    let mut statements: Vec<&str> = step_write_sql(dialect).to_vec();
+    statements.extend(reply_write_sql(dialect));
+    statements.extend(unseen_messages_sql(dialect));
+    assert_eq!(statements.len(), 6);
+    // The finish first: it is the statement the running indexes' dead entries cost most.
+    statements.sort_by_key(|sql| !sql.starts_with("WITH fin AS"));
+    for sql in statements {
+        let sql = sql
+            .replace("$1", row)
+            .replace("$2", "2")
+            .replace("$3", "'PENDING'");
+        let plan = store.explain(&sql).await.unwrap().join("\n");
+        for table in ["agent_task", "agent_step", "outbound_reply", "im_message"] {
+            assert!(
+                !plan.contains(&format!("Seq Scan on {table}")),
+                "{sql}\n{plan}"
+            );
+        }
+        for running in [
+            "agent_task_one_running_per_conversation",
+            "agent_task_running",
+        ] {
+            assert!(!plan.contains(running), "{sql}\n{plan}");
+        }
+        if sql.starts_with("WITH fin AS") {
+            assert!(plan.contains("agent_task_pkey"), "{sql}\n{plan}");
+        }
+    }
+    store.close().await;
+    db.drop_db().await;
+}
