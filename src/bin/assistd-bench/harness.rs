@@ -120,6 +120,13 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
     let notices = Arc::new(AtomicUsize::new(0));
     let notices_seen = notices.clone();
     let peak = max_in_flight.clone();
+    // ASSISTD_BENCH_ANSWER_CHARS: answers of about that many characters (prose-like words,
+    // so PostgreSQL compresses them about as it would a real answer), for the cost of a
+    // long answer along the path; unset: the short "answer to: …".
+    let answer_chars: usize = std::env::var("ASSISTD_BENCH_ANSWER_CHARS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let epoch = Instant::now();
     let last_call_ms = Arc::new(AtomicU64::new(0));
     let first_reply_ms = Arc::new(AtomicU64::new(u64::MAX));
@@ -147,7 +154,7 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
                     "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_700_000_000u32,
                     "model": body["model"],
                     "choices": [{"index": 0, "logprobs": null, "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": format!("answer to: {last}")}}],
+                        "message": {"role": "assistant", "content": long_answer(&last, answer_chars)}}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}))
             }),
         )
@@ -523,4 +530,39 @@ pub(crate) async fn tool_chain_server_with(
     config.channels.generic.agent = "steps".into();
     config.scheduler.enabled = false;
     Ok((start_server(config).await?, dir))
+}
+
+/// "answer to: `question`", then words drawn from a small vocabulary by a generator seeded
+/// with the question, up to about `chars` characters.
+fn long_answer(question: &str, chars: usize) -> String {
+    const WORDS: [&str; 16] = [
+        "the",
+        "request",
+        "was",
+        "approved",
+        "by",
+        "finance",
+        "and",
+        "the",
+        "report",
+        "shows",
+        "quarterly",
+        "revenue",
+        "growth",
+        "across",
+        "regions",
+        "today",
+    ];
+    let mut answer = format!("answer to: {question}");
+    let mut seed = question.bytes().fold(0x9e37_79b9_7f4a_7c15_u64, |h, b| {
+        h.rotate_left(5) ^ u64::from(b)
+    });
+    while answer.len() < chars {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        answer.push(' ');
+        answer.push_str(WORDS[(seed >> 60) as usize]);
+    }
+    answer
 }
