@@ -83,3 +83,32 @@ fn the_compare_peers_script_parses_and_checks_its_arguments() {
         "{no_url:?}"
     );
 }
+
+/// `ASSISTD_BENCH_ANSWER_CHARS`: end to end with 10,000-character answers (TOASTed on
+/// PostgreSQL, through the rollup triggers), every message answered.
+#[test]
+fn end_to_end_runs_with_long_answers() {
+    let db = if std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_assistd-bench"))
+        .args(["end-to-end", "--db", db, "--n", "40", "--concurrency", "4"])
+        .env("ASSISTD_BENCH_ANSWER_CHARS", "10000")
+        .output()
+        .expect("run assistd-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shortest: usize = stdout
+        .split("shortest_reply_bytes=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no shortest_reply_bytes: {stdout}"));
+    assert!(shortest >= 10_000, "{stdout}");
+}

@@ -89,6 +89,8 @@ pub(crate) struct Mocks {
     /// answered messages, so `wait_replies` fails on any (a mock the client no longer
     /// reads, a broken path).
     pub(crate) notices: Arc<AtomicUsize>,
+    /// The shortest reply body received, in bytes (`usize::MAX` before the first).
+    pub(crate) shortest_reply: Arc<AtomicUsize>,
     pub(crate) replied: Arc<Notify>,
     /// When the mocks started; the marks below are milliseconds since then.
     pub(crate) epoch: Instant,
@@ -119,6 +121,8 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
     let (keys, repeated) = (reply_keys.clone(), repeated_replies.clone());
     let notices = Arc::new(AtomicUsize::new(0));
     let notices_seen = notices.clone();
+    let shortest_reply = Arc::new(AtomicUsize::new(usize::MAX));
+    let shortest = shortest_reply.clone();
     let peak = max_in_flight.clone();
     // ASSISTD_BENCH_ANSWER_CHARS: answers of about that many characters (prose-like words,
     // so PostgreSQL compresses them about as it would a real answer), for the cost of a
@@ -162,6 +166,7 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
         .route(
             "/reply",
             post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
+                shortest.fetch_min(body.len(), Ordering::Relaxed);
                 if String::from_utf8_lossy(&body).contains(FAILURE_NOTICE_MARK) {
                     notices_seen.fetch_add(1, Ordering::Relaxed);
                 }
@@ -195,6 +200,7 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
         reply_keys,
         repeated_replies,
         notices,
+        shortest_reply,
         replied,
         epoch,
         last_call_ms,

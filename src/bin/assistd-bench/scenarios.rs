@@ -43,12 +43,14 @@ pub(crate) async fn end_to_end(args: &Args) -> anyhow::Result<()> {
     wait_replies(&mocks, args.n, Duration::from_secs(600)).await?;
     let elapsed = started.elapsed();
     println!(
-        "scenario=end-to-end db={} n={} concurrency={} rate={:.0}/s wall={:.2}s",
+        "scenario=end-to-end db={} n={} concurrency={} rate={:.0}/s wall={:.2}s \
+         shortest_reply_bytes={}",
         db_name(args.db),
         args.n,
         args.concurrency,
         args.n as f64 / elapsed.as_secs_f64(),
-        elapsed.as_secs_f64()
+        elapsed.as_secs_f64(),
+        mocks.shortest_reply.load(Ordering::Relaxed)
     );
     server.stop().await;
     mocks.stop.cancel();
