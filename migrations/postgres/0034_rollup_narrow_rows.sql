@@ -45,7 +45,13 @@ BEGIN
     DO UPDATE SET answers = latency_rollup.answers + excluded.answers;
 END $$;
 
--- As in 0033: the three task rollups, each task's answer and llm steps looked up per task.
+-- As in 0030: the three task rollups. Each task's answer and llm steps are looked up per
+-- task (issue 35 part 2, with migration 0033): as joins, PostgreSQL planned both lookups by
+-- the table's statistics, and while those still said the table was small (any table that
+-- grew since autovacuum last looked) it hashed a sequential scan of every reply and every
+-- step so far, once per finishing batch (`auto_explain` of an `end-to-end` run). As
+-- `LATERAL` subqueries that `OFFSET 0` keeps from being flattened into joins, each runs per
+-- task through `outbound_reply_task_key` and `agent_step_task_id_step_no_key`.
 CREATE FUNCTION task_rollup_rows(tasks rollup_task[], signs BIGINT[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -3,13 +3,18 @@
 
 use std::process::Command;
 
-#[test]
-fn every_benchmark_scenario_runs_at_small_n() {
-    let db = if std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
+/// The test database's dialect, as the bench's `--db` names it.
+fn test_db() -> &'static str {
+    if std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
         "postgres"
     } else {
         "sqlite"
-    };
+    }
+}
+
+#[test]
+fn every_benchmark_scenario_runs_at_small_n() {
+    let db = test_db();
     let out = Command::new(env!("CARGO_BIN_EXE_assistd-bench"))
         .args([
             "all",
@@ -88,11 +93,7 @@ fn the_compare_peers_script_parses_and_checks_its_arguments() {
 /// PostgreSQL, through the rollup triggers), every message answered.
 #[test]
 fn end_to_end_runs_with_long_answers() {
-    let db = if std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
-        "postgres"
-    } else {
-        "sqlite"
-    };
+    let db = test_db();
     let out = Command::new(env!("CARGO_BIN_EXE_assistd-bench"))
         .args(["end-to-end", "--db", db, "--n", "40", "--concurrency", "4"])
         .env("ASSISTD_BENCH_ANSWER_CHARS", "10000")
