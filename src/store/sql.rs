@@ -164,8 +164,9 @@ impl BatchSql {
             json_rows(sqlite, &all)
         };
         // PostgreSQL: the status is compared as `status || ''`, which no partial index's
-        // predicate matches, so the tasks are found by their ids (the primary key, through
-        // `keyed_by`). Compared plainly, it let the planner answer a batch's finish with a
+        // predicate matches, so the tasks are found by their ids through the primary key
+        // (`keyed_by` in the batched updates, `t.id = v.task_id` in the fence probes).
+        // Compared plainly, it let the planner answer a batch's finish with a
         // bitmap scan of `agent_task_one_running_per_conversation` (`WHERE status =
         // 'RUNNING'`): that index holds an entry for every version of every task that ran
         // since vacuum last cleaned it (no update of a task is HOT), and a bitmap scan
