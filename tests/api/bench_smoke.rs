@@ -3,6 +3,23 @@
 
 use std::process::Command;
 
+/// Runs `assistd-bench` with `args` and `envs`; its standard output, once it exited with
+/// success.
+fn run_bench(args: &[&str], envs: &[(&str, &str)]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_assistd-bench"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run assistd-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The test database's dialect, as the bench's `--db` names it.
 fn test_db() -> &'static str {
     if std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
@@ -15,8 +32,8 @@ fn test_db() -> &'static str {
 #[test]
 fn every_benchmark_scenario_runs_at_small_n() {
     let db = test_db();
-    let out = Command::new(env!("CARGO_BIN_EXE_assistd-bench"))
-        .args([
+    let stdout = run_bench(
+        &[
             "all",
             "--db",
             db,
@@ -28,14 +45,8 @@ fn every_benchmark_scenario_runs_at_small_n() {
             "100",
             "--stream-ms",
             "1500",
-        ])
-        .output()
-        .expect("run assistd-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[],
     );
     println!("{stdout}");
     for scenario in [
@@ -94,16 +105,9 @@ fn the_compare_peers_script_parses_and_checks_its_arguments() {
 #[test]
 fn end_to_end_runs_with_long_answers() {
     let db = test_db();
-    let out = Command::new(env!("CARGO_BIN_EXE_assistd-bench"))
-        .args(["end-to-end", "--db", db, "--n", "40", "--concurrency", "4"])
-        .env("ASSISTD_BENCH_ANSWER_CHARS", "10000")
-        .output()
-        .expect("run assistd-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = run_bench(
+        &["end-to-end", "--db", db, "--n", "40", "--concurrency", "4"],
+        &[("ASSISTD_BENCH_ANSWER_CHARS", "10000")],
     );
     let shortest: usize = stdout
         .split("shortest_reply_bytes=")
