@@ -97,3 +97,75 @@ async fn a_batch_finds_its_rows_by_key_under_stale_statistics_on_postgres() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// Issue 35 part 3: a young database, never analyzed (a new deployment, or any burst before
+/// autovacuum looks), with the connection's plans generic (as PostgreSQL caches a prepared
+/// statement's after five runs). Each key probe of a batch must still go by the index of
+/// its whole key. Before migration 0035 the intake's probes of a message's platform keys
+/// (`channel` and the event or message id) tied, on those estimates, with
+/// `im_message_conversation` (`channel, conversation_id, id`), and PostgreSQL took that
+/// index by its first column: every message of the channel was read for each message
+/// taken in, until the table was analyzed (in `assistd-bench instances`, the intake's
+/// insert grew to 10 ms a batch, most of the database's CPU).
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postgres() {
+    let (db, store, pool) = postgres_store().await;
+    let row = r#"[{"task_id": 1, "owner": "w", "version": 1, "step_id": 1, "step_no": 2,
+        "step_type": "llm", "tool_name": "", "idempotency_key": "k", "input": "in",
+        "status": "SUCCEEDED", "output": "out", "error": null, "step_status": "SUCCEEDED",
+        "step_error": null, "tokens_in": 1, "tokens_out": 1, "duration_ms": 1, "attempts": 1,
+        "result": "r", "failure_type": null, "retries": 0, "trace": null,
+        "channel": "generic", "conversation_id": "c1", "in_reply_to": "m",
+        "reply_type": "text", "content": "a", "hand_until": 5, "ord": 0, "event_id": "e1",
+        "message_id": "m1", "sender_id": "u", "sender_name": "u", "text": "hi",
+        "reply_context": null, "trace_context": null}]"#;
+    let dialect = store.dialect();
+    let mut statements: Vec<&str> = step_write_sql(dialect).to_vec();
+    statements.extend(reply_write_sql(dialect));
+    statements.extend(unseen_messages_sql(dialect));
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut probed = 0;
+    for (i, sql) in statements.iter().enumerate() {
+        sqlx::query(&format!("PREPARE p{i} AS {sql}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let args = ["$1", "$2", "$3"]
+            .iter()
+            .filter(|p| sql.contains(**p))
+            .map(|p| match *p {
+                "$1" => format!("'{row}'"),
+                "$2" => "2".to_string(),
+                _ => "'PENDING'".to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN EXECUTE p{i}({args})"))
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let plan: Vec<String> = rows.into_iter().map(|r| r.0).collect();
+        let plan = plan.join("\n");
+        // A key probe filters nothing: its index condition is its whole key.
+        assert!(!plan.contains("Filter: (external_"), "{sql}\n{plan}");
+        assert!(!plan.contains("im_message_conversation"), "{sql}\n{plan}");
+        if sql.starts_with("INSERT INTO im_message") {
+            for key in ["im_message_event_key", "im_message_message_key"] {
+                assert!(plan.contains(key), "{sql}\n{plan}");
+            }
+            probed += 1;
+        }
+    }
+    assert_eq!(probed, 1);
+    drop(conn);
+    store.close().await;
+    db.drop_db().await;
+}
