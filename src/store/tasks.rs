@@ -134,20 +134,27 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
     // pending task (`agent_task_pending_conversation`) and no other running one
     // (`agent_task_one_running_per_conversation`); one index over both states got a new
     // entry at every claim (issue 35 part 2).
-    const OLDEST_IN_CONVERSATION: &str = "NOT EXISTS (SELECT 1 FROM agent_task o \
+    // PostgreSQL: each probe ends in `OFFSET 0` (`per_row`), so it stays a lookup per
+    // candidate through its index's `(channel, conversation_id)`: as anti joins, a young
+    // table's estimates (one row) had each candidate read the whole partial index (every
+    // pending task, for each one picked; `auto_explain` of `assistd-bench instances`).
+    let per_row = super::sql::per_row(dialect == Dialect::Sqlite);
+    let oldest_in_conversation = format!(
+        "NOT EXISTS (SELECT 1 FROM agent_task o \
          WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
-         AND o.status = 'PENDING' AND o.id < t.id) \
+         AND o.status = 'PENDING' AND o.id < t.id{per_row}) \
          AND NOT EXISTS (SELECT 1 FROM agent_task o \
          WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
-         AND o.status = 'RUNNING' AND o.id <> t.id)";
+         AND o.status = 'RUNNING' AND o.id <> t.id{per_row})"
+    );
     match dialect {
         Dialect::Sqlite => format!(
             "SELECT id FROM (\
              SELECT t.id FROM agent_task t WHERE t.status = 'PENDING' AND t.run_after <= $3{only} \
-                 AND {OLDEST_IN_CONVERSATION} \
+                 AND {oldest_in_conversation} \
              UNION ALL \
              SELECT t.id FROM agent_task t WHERE t.status = 'RUNNING' AND t.lease_expire < $3{only} \
-                 AND {OLDEST_IN_CONVERSATION}) \
+                 AND {oldest_in_conversation}) \
              ORDER BY id LIMIT $4"
         ),
         // One locking pick per branch, each walking its partial index in id order: under
@@ -157,10 +164,10 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
         // the CTEs; up to twice `$4` rows are locked for the length of the claim.
         Dialect::Postgres => format!(
             "WITH due AS (SELECT t.id FROM agent_task t \
-                 WHERE t.status = 'PENDING' AND t.run_after <= $3{only} AND {OLDEST_IN_CONVERSATION} \
+                 WHERE t.status = 'PENDING' AND t.run_after <= $3{only} AND {oldest_in_conversation} \
                  ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED), \
              expired AS (SELECT t.id FROM agent_task t \
-                 WHERE t.status = 'RUNNING' AND t.lease_expire < $3{only} AND {OLDEST_IN_CONVERSATION} \
+                 WHERE t.status = 'RUNNING' AND t.lease_expire < $3{only} AND {oldest_in_conversation} \
                  ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED) \
              SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM expired) picked \
              ORDER BY id LIMIT $4"
@@ -207,12 +214,19 @@ impl Store {
         providers: &ProviderFilter,
     ) -> StoreResult<Vec<TaskRow>> {
         let pick = claim_pick_sql_for(self.dialect(), providers);
+        // PostgreSQL: the picked ids as an array, so the update finds its rows through the
+        // primary key; under `IN` a young table's estimates had it hash a sequential scan of
+        // every task against the few picked.
+        let picked = match self.dialect() {
+            Dialect::Sqlite => format!("id IN ({pick})"),
+            Dialect::Postgres => format!("id = ANY(ARRAY({pick}))"),
+        };
         let sql = format!(
             "UPDATE agent_task SET status = 'RUNNING', owner = $1, lease_expire = $2, \
              version = version + 1, claim_count = claim_count + 1, \
              takeover = CASE WHEN status = 'RUNNING' OR takeover = 2 THEN 1 ELSE 0 END, \
              started_at = COALESCE(started_at, $3), updated_at = $3 \
-             WHERE id IN ({pick}) RETURNING {TASK_COLUMNS}"
+             WHERE {picked} RETURNING {TASK_COLUMNS}"
         );
         let claimed = write_tx!(self, tx => {
             // The whole row as the claim left it, so the worker need not read it again.

@@ -2,6 +2,7 @@
 //! table, in a burst) must not turn a batch's key lookups into scans of the whole table.
 
 use assistd::store::intake::unseen_messages_sql;
+use assistd::store::tasks::claim_pick_sql;
 use assistd::store::writes::{reply_write_sql, step_write_sql};
 
 use super::schema::seed_history;
@@ -165,6 +166,24 @@ async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postg
         }
     }
     assert_eq!(probed, 1);
+    // The claim's pick: each candidate's two conversation probes go by the conversation,
+    // never a walk of a whole partial index per candidate (an anti join on these estimates).
+    let pick = claim_pick_sql(dialect);
+    sqlx::query(&format!(
+        "PREPARE pick(text, bigint, bigint, bigint) AS {pick}"
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let rows: Vec<(String,)> = sqlx::query_as("EXPLAIN EXECUTE pick('w', 1, 2, 64)")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let plan = rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n");
+    assert!(!plan.contains("Anti Join"), "{pick}\n{plan}");
+    let by_conversation =
+        "Index Cond: ((channel = t.channel) AND (conversation_id = t.conversation_id)";
+    assert!(plan.matches(by_conversation).count() >= 2, "{pick}\n{plan}");
     drop(conn);
     store.close().await;
     db.drop_db().await;
