@@ -11,12 +11,6 @@
 
 use clap::{Parser, ValueEnum};
 
-/// mimalloc in place of the C library's malloc: the server allocates and frees many small
-/// buffers per message (JSON, SQL rows, HTTP bodies), and glibc's malloc and free were
-/// ~13 % of the bench process's CPU (`perf`, issue 35).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod connections;
 mod feedback;
 mod harness;
