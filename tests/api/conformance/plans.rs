@@ -102,12 +102,13 @@ async fn a_batch_finds_its_rows_by_key_under_stale_statistics_on_postgres() {
 /// Issue 35 part 3: a young database, never analyzed (a new deployment, or any burst before
 /// autovacuum looks), with the connection's plans generic (as PostgreSQL caches a prepared
 /// statement's after five runs). Each key probe of a batch must still go by the index of
-/// its whole key. Before migration 0035 the intake's probes of a message's platform keys
-/// (`channel` and the event or message id) tied, on those estimates, with
-/// `im_message_conversation` (`channel, conversation_id, id`), and PostgreSQL took that
-/// index by its first column: every message of the channel was read for each message
-/// taken in, until the table was analyzed (in `assistd-bench instances`, the intake's
-/// insert grew to 10 ms a batch, most of the database's CPU).
+/// its whole key. Before migration 0035 every index of a message began with `channel`, so
+/// on those estimates the intake's probes of a message's platform keys tied with each
+/// other index: PostgreSQL took `im_message_conversation` (`channel, conversation_id, id`)
+/// for the event-id probe, and the event-id key for the message-id probe, each by its first
+/// column alone. Every message of the channel was read for each message taken in, until the
+/// table was analyzed (in `assistd-bench instances`, the intake's insert grew to 10 ms a
+/// batch, most of the database's CPU).
 #[cfg_attr(
     not(assistd_has_postgres_server),
     ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
@@ -135,10 +136,6 @@ async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postg
         .unwrap();
     let mut probed = 0;
     for (i, sql) in statements.iter().enumerate() {
-        sqlx::query(&format!("PREPARE p{i} AS {sql}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
         let args = ["$1", "$2", "$3"]
             .iter()
             .filter(|p| sql.contains(**p))
@@ -149,12 +146,7 @@ async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postg
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN EXECUTE p{i}({args})"))
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-        let plan: Vec<String> = rows.into_iter().map(|r| r.0).collect();
-        let plan = plan.join("\n");
+        let plan = generic_plan(&mut conn, &format!("p{i}"), sql, &args).await;
         // A key probe filters nothing: its index condition is its whole key.
         assert!(!plan.contains("Filter: (external_"), "{sql}\n{plan}");
         assert!(!plan.contains("im_message_conversation"), "{sql}\n{plan}");
@@ -169,17 +161,13 @@ async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postg
     // The claim's pick: each candidate's two conversation probes go by the conversation,
     // never a walk of a whole partial index per candidate (an anti join on these estimates).
     let pick = claim_pick_sql(dialect);
-    sqlx::query(&format!(
-        "PREPARE pick(text, bigint, bigint, bigint) AS {pick}"
-    ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    let rows: Vec<(String,)> = sqlx::query_as("EXPLAIN EXECUTE pick('w', 1, 2, 64)")
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap();
-    let plan = rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n");
+    let plan = generic_plan(
+        &mut conn,
+        "pick(text, bigint, bigint, bigint)",
+        &pick,
+        "'w', 1, 2, 64",
+    )
+    .await;
     assert!(!plan.contains("Anti Join"), "{pick}\n{plan}");
     let by_conversation =
         "Index Cond: ((channel = t.channel) AND (conversation_id = t.conversation_id)";
@@ -187,4 +175,24 @@ async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postg
     drop(conn);
     store.close().await;
     db.drop_db().await;
+}
+
+/// `sql` prepared as `name` (with its parameter types if they cannot be inferred) on `conn`,
+/// and the plan of its execution with `args`: generic if the connection forces them.
+async fn generic_plan(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::Postgres>,
+    name: &str,
+    sql: &str,
+    args: &str,
+) -> String {
+    sqlx::query(&format!("PREPARE {name} AS {sql}"))
+        .execute(&mut **conn)
+        .await
+        .unwrap();
+    let name = name.split('(').next().unwrap();
+    let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN EXECUTE {name}({args})"))
+        .fetch_all(&mut **conn)
+        .await
+        .unwrap();
+    rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n")
 }
