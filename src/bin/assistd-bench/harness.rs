@@ -58,13 +58,33 @@ impl BenchDb {
 
     /// Drops the bench's PostgreSQL database, unless `ASSISTD_BENCH_KEEP_DB` is set (then it
     /// prints its name, for reading the run's WAL by relation: `scripts/wal-by-relation.sh`).
+    ///
+    /// First it merges the pending lists of the GIN indexes (the messages' trigram index):
+    /// a message's entries are written to the list at once, and moved into the index only
+    /// when the list outgrows `gin_pending_list_limit` or vacuum runs, which a short run
+    /// never reaches. Merged here, the WAL a run is measured by (`compare-builds.sh`,
+    /// `compare-peers.sh`, `wal-by-relation.sh`) includes that deferred work: ~64 bytes
+    /// per message at N = 5,000 (issue 35 part 2).
     pub(crate) async fn drop_db(&self) {
         if let Some((admin, name)) = &self.admin {
+            use sqlx::Connection;
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&self.url).await {
+                let merged = sqlx::query(
+                    "SELECT gin_clean_pending_list(c.oid) FROM pg_class c \
+                     JOIN pg_am am ON am.oid = c.relam \
+                     WHERE am.amname = 'gin' AND c.relnamespace = 'public'::regnamespace",
+                )
+                .fetch_all(&mut conn)
+                .await;
+                if let Err(e) = merged {
+                    eprintln!("merging the GIN pending lists failed: {e}");
+                }
+                let _ = conn.close().await;
+            }
             if std::env::var_os("ASSISTD_BENCH_KEEP_DB").is_some() {
                 println!("kept_database={name}");
                 return;
             }
-            use sqlx::Connection;
             if let Ok(mut conn) = sqlx::PgConnection::connect(admin).await {
                 let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                     .execute(&mut conn)
