@@ -165,7 +165,6 @@ async fn a_postgres_run_merges_its_gin_pending_lists_before_it_ends() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    assert_eq!(messages, 40);
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pgstattuple")
         .execute(&mut conn)
         .await
@@ -183,6 +182,7 @@ async fn a_postgres_run_merges_its_gin_pending_lists_before_it_ends() {
         .await
         .unwrap();
     admin.close().await.unwrap();
+    assert_eq!(messages, 40, "{stdout}");
     assert_eq!((pages, tuples), (0, 0), "{stdout}");
     db.drop_db().await;
 }
