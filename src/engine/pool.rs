@@ -12,9 +12,10 @@ use tracing::Instrument;
 
 use crate::definition::AgentMode;
 use crate::domain::{Fence, MessageRow, TaskRow, now_ms};
+use crate::store::intake::HistoryWant;
 
 use super::feedback::{Feedback, Typing};
-use super::task::{RunError, context_of};
+use super::task::{Prefetched, RunError, agent_of, context_of};
 use super::worker::Worker;
 use super::{aborts, single_turn, workflow};
 
@@ -23,9 +24,9 @@ async fn run_task(
     fence: &Fence,
     lost: &CancellationToken,
     task: TaskRow,
-    message: Option<MessageRow>,
+    prefetched: Prefetched,
 ) -> Result<(), RunError> {
-    let mut ctx = context_of(svc, task, message).await?;
+    let mut ctx = context_of(svc, task, prefetched).await?;
     tracing::Span::current().record("conversation", ctx.task.conversation_id.as_str());
     ctx.feedback = Feedback::start(
         svc,
@@ -126,6 +127,7 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
                 Err(e) => tracing::warn!(error = %e, "reading the claimed tasks' messages failed"),
             }
         }
+        let mut prefetched = prefetch(&svc, &claimed, messages).await;
         // Reap finished runs so the set only holds what is in flight.
         while running.try_join_next().is_some() {}
         for task in claimed {
@@ -136,7 +138,8 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
                 .expect("permit reserved by claim size");
             let svc = svc.clone();
             let shutdown = shutdown.clone();
-            let message = messages.remove(&task.message_id);
+            let prefetched = prefetched.remove(&task.id).unwrap_or_default();
+            let message = prefetched.message.as_ref();
             let provider_slot = provider_slot(&svc, &task);
             // One span per claim of the task, in the trace its message's intake began.
             let span = tracing::info_span!(
@@ -146,11 +149,11 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
             );
             crate::telemetry::continue_trace(
                 &span,
-                message.as_ref().and_then(|m| m.trace_context.as_deref()),
+                message.and_then(|m| m.trace_context.as_deref()),
             );
             running.spawn(
                 async move {
-                    run_claimed(svc.clone(), task, message, shutdown).await;
+                    run_claimed(svc.clone(), task, prefetched, shutdown).await;
                     drop(provider_slot);
                     drop(permit);
                     // A finished task may unblock the next message of its conversation.
@@ -174,6 +177,55 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
     tracing::info!("workers stopped");
 }
 
+/// What each of the `claimed` tasks' runs would read first, read for all of them at once:
+/// its message (from `messages`), its agent snapshot parsed, and, for a single-turn agent,
+/// its conversation's recent turns. A read that fails leaves each run to read its own.
+async fn prefetch(
+    svc: &Worker,
+    claimed: &[TaskRow],
+    mut messages: HashMap<i64, MessageRow>,
+) -> HashMap<i64, Prefetched> {
+    let mut prefetched: HashMap<i64, Prefetched> = claimed
+        .iter()
+        .map(|task| {
+            let agent = agent_of(task).ok();
+            let message = messages.remove(&task.message_id);
+            (
+                task.id,
+                Prefetched {
+                    message,
+                    agent,
+                    history: None,
+                },
+            )
+        })
+        .collect();
+    let wants: Vec<HistoryWant<'_>> = claimed
+        .iter()
+        .filter_map(|task| {
+            let agent = prefetched.get(&task.id)?.agent.as_ref()?;
+            (agent.mode == AgentMode::SingleTurn).then(|| HistoryWant {
+                task_id: task.id,
+                channel: &task.channel,
+                conversation_id: &task.conversation_id,
+                up_to_message: task.message_id,
+                limit: i64::from(agent.history_messages) + 1,
+            })
+        })
+        .collect();
+    match svc.store.conversation_histories(&wants).await {
+        Ok(histories) => {
+            for (task_id, history) in histories {
+                if let Some(p) = prefetched.get_mut(&task_id) {
+                    p.history = Some(history);
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the claimed tasks' conversations failed"),
+    }
+    prefetched
+}
+
 /// Waits up to `grace` for the runs in flight, then stops the rest.
 async fn drain(mut running: tokio::task::JoinSet<()>, grace: Duration) {
     let drained = tokio::time::timeout(grace, async {
@@ -193,7 +245,7 @@ async fn drain(mut running: tokio::task::JoinSet<()>, grace: Duration) {
 async fn run_claimed(
     svc: Arc<Worker>,
     task: TaskRow,
-    message: Option<MessageRow>,
+    prefetched: Prefetched,
     shutdown: CancellationToken,
 ) {
     let fence = Fence {
@@ -216,7 +268,7 @@ async fn run_claimed(
             move || svc.running.track(task_id, None)
         })),
     };
-    let mut result = run_task(&svc, &fence, &lost, task, message).await;
+    let mut result = run_task(&svc, &fence, &lost, task, prefetched).await;
     // An outage is waited out, not counted: the run goes on under this claim as soon as the
     // database answers again (the heartbeat renews the lease then, or finds it lost). One
     // deadline for the whole claim, however often the database comes and goes.
@@ -228,7 +280,7 @@ async fn run_claimed(
     {
         tracing::warn!(error = %e, "the database is unavailable; the run goes on when it answers again");
         result = match aborts::wait_out_outage(&svc, &fence, &lost, &shutdown, outage_until).await {
-            Ok(Some(task)) => run_task(&svc, &fence, &lost, task, None).await,
+            Ok(Some(task)) => run_task(&svc, &fence, &lost, task, Prefetched::default()).await,
             Ok(None) => break,
             Err(e) => Err(e),
         };

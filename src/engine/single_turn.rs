@@ -235,15 +235,19 @@ pub(crate) async fn conversation_turns(
     ctx: &TaskContext,
 ) -> Result<Vec<ChatMessage>, RunError> {
     let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
-    let history = svc
-        .store
-        .conversation_history(
-            &task.channel,
-            &task.conversation_id,
-            message.id,
-            i64::from(agent.history_messages) + 1,
-        )
-        .await?;
+    let history = match &ctx.history {
+        Some(history) => history.clone(),
+        None => {
+            svc.store
+                .conversation_history(
+                    &task.channel,
+                    &task.conversation_id,
+                    message.id,
+                    i64::from(agent.history_messages) + 1,
+                )
+                .await?
+        }
+    };
     let mut turns = Vec::new();
     for entry in &history {
         turns.push(ChatMessage::user(entry.text.clone()));

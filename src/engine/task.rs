@@ -4,6 +4,7 @@
 use crate::definition::AgentDefinition;
 use crate::domain::{MessageRow, TaskRow};
 use crate::store::StoreError;
+use crate::store::intake::HistoryEntry;
 
 use super::worker::Worker;
 
@@ -36,6 +37,18 @@ pub struct TaskContext {
     pub recovery: Option<Recovery>,
     /// The placeholder and streamed edits of this run, where the platform can edit.
     pub feedback: Option<std::sync::Arc<super::feedback::Feedback>>,
+    /// The conversation's recent turns as read with the claim (`None`: read when needed).
+    pub history: Option<Vec<HistoryEntry>>,
+}
+
+/// What the claim read for a task with the others it claimed: its message, its agent
+/// snapshot parsed, its conversation's history. Each is read (or parsed) on its own when
+/// missing.
+#[derive(Default)]
+pub struct Prefetched {
+    pub message: Option<MessageRow>,
+    pub agent: Option<AgentDefinition>,
+    pub history: Option<Vec<HistoryEntry>>,
 }
 
 pub(crate) async fn load_context(svc: &Worker, task_id: i64) -> Result<TaskContext, RunError> {
@@ -44,17 +57,17 @@ pub(crate) async fn load_context(svc: &Worker, task_id: i64) -> Result<TaskConte
         .task(task_id)
         .await?
         .ok_or_else(|| RunError::Corrupt("claimed task vanished".into()))?;
-    context_of(svc, task, None).await
+    context_of(svc, task, Prefetched::default()).await
 }
 
-/// The run context of `task` (as its claim returned it): its message (`message` when the
-/// caller has read it already) and agent snapshot.
+/// The run context of `task` (as its claim returned it): its message and agent snapshot
+/// (each from `prefetched` when the claim read it already).
 pub(crate) async fn context_of(
     svc: &Worker,
     task: TaskRow,
-    message: Option<MessageRow>,
+    prefetched: Prefetched,
 ) -> Result<TaskContext, RunError> {
-    let message = match message {
+    let message = match prefetched.message {
         Some(message) => message,
         None => svc
             .store
@@ -62,19 +75,28 @@ pub(crate) async fn context_of(
             .await?
             .ok_or_else(|| RunError::Corrupt(format!("message {} missing", task.message_id)))?,
     };
-    let snapshot = task
-        .workflow_snapshot
-        .as_deref()
-        .ok_or_else(|| RunError::Corrupt("task has no agent snapshot".into()))?;
-    let agent: AgentDefinition = serde_json::from_str(snapshot)
-        .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))?;
+    let agent = match prefetched.agent {
+        Some(agent) => agent,
+        None => agent_of(&task)?,
+    };
     Ok(TaskContext {
         recovery: task.taken_over.then(Recovery::start),
         feedback: None,
+        history: prefetched.history,
         task,
         message,
         agent,
     })
+}
+
+/// The agent version snapshotted into `task` at its first claim.
+pub(crate) fn agent_of(task: &TaskRow) -> Result<AgentDefinition, RunError> {
+    let snapshot = task
+        .workflow_snapshot
+        .as_deref()
+        .ok_or_else(|| RunError::Corrupt("task has no agent snapshot".into()))?;
+    serde_json::from_str(snapshot)
+        .map_err(|e| RunError::Corrupt(format!("agent snapshot unreadable: {e}")))
 }
 
 /// The provider an agent's model calls go to, and the model name to send.

@@ -267,6 +267,104 @@ impl Store {
         rows.reverse();
         Ok(rows)
     }
+
+    /// [`Store::conversation_history`] of each of `wants`, by task id, on PostgreSQL in one
+    /// statement (its SQL: [`conversation_histories_sql`]): a
+    /// claim's tasks read their conversations together rather than one round trip each
+    /// (the read was most of the statements a message cost, issue 35 part 2). The same
+    /// rows a run would read later: a claimed task is the only running one of its
+    /// conversation and no older one is pending, so no earlier answer lands meanwhile.
+    pub async fn conversation_histories(
+        &self,
+        wants: &[HistoryWant<'_>],
+    ) -> StoreResult<HashMap<i64, Vec<HistoryEntry>>> {
+        if wants.is_empty() {
+            return Ok(HashMap::new());
+        }
+        // SQLite allows no outer column in a `LIMIT`, and a statement there is a call, not
+        // a round trip: each conversation is read on its own.
+        if self.dialect() == Dialect::Sqlite {
+            let mut histories = HashMap::new();
+            for w in wants {
+                let history = self
+                    .conversation_history(w.channel, w.conversation_id, w.up_to_message, w.limit)
+                    .await?;
+                histories.insert(w.task_id, history);
+            }
+            return Ok(histories);
+        }
+        let sql = conversation_histories_sql();
+        let rows: Vec<Value> = wants
+            .iter()
+            .map(|w| {
+                json!({
+                    "task_id": w.task_id,
+                    "channel": w.channel,
+                    "conversation_id": w.conversation_id,
+                    "up_to": w.up_to_message,
+                    "lim": w.limit,
+                })
+            })
+            .collect();
+        let rows = Value::from(rows).to_string();
+        let found: Vec<(i64, i64, String, Option<String>)> = super::on_pool!(self, pool => {
+            sqlx::query_as(sql).bind(rows).fetch_all(pool).await?
+        });
+        let mut histories: HashMap<i64, Vec<HistoryEntry>> =
+            wants.iter().map(|w| (w.task_id, Vec::new())).collect();
+        for (task_id, message_id, text, answer) in found {
+            if let Some(history) = histories.get_mut(&task_id) {
+                history.push(HistoryEntry {
+                    message_id,
+                    text,
+                    answer,
+                });
+            }
+        }
+        for history in histories.values_mut() {
+            history.sort_by_key(|e| e.message_id);
+        }
+        Ok(histories)
+    }
+}
+
+/// PostgreSQL's read of the conversations of a claim's tasks (`$1` a JSON array of
+/// [`HistoryWant`]s as `task_id`, `channel`, `conversation_id`, `up_to`, `lim`): each task's
+/// messages through `im_message_conversation`, newest first up to its limit, with the
+/// answer of each message's task where it succeeded.
+pub fn conversation_histories_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let wanted = json_rows(
+            false,
+            &[
+                ("task_id", "bigint"),
+                ("channel", "text"),
+                ("conversation_id", "text"),
+                ("up_to", "bigint"),
+                ("lim", "bigint"),
+            ],
+        );
+        format!(
+            "SELECT v.task_id, h.id, h.text, h.answer FROM {wanted} \
+             CROSS JOIN LATERAL (SELECT m.id, m.text, \
+             CASE WHEN t.status = 'SUCCEEDED' THEN t.result END AS answer \
+             FROM im_message m LEFT JOIN agent_task t ON t.id = m.task_id \
+             WHERE m.conversation_id = v.conversation_id AND m.channel = v.channel \
+             AND m.id <= v.up_to ORDER BY m.id DESC LIMIT v.lim) h"
+        )
+    })
+}
+
+/// What [`Store::conversation_histories`] reads for one task: its conversation's last
+/// `limit` messages up to and including `up_to_message`.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryWant<'a> {
+    pub task_id: i64,
+    pub channel: &'a str,
+    pub conversation_id: &'a str,
+    pub up_to_message: i64,
+    pub limit: i64,
 }
 
 impl Store {

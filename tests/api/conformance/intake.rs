@@ -187,3 +187,66 @@ async fn a_message_committed_meanwhile_by_another_intake_is_a_duplicate_on_postg
     store.close().await;
     db.drop_db().await;
 }
+
+/// A claim's conversations read in one statement (`conversation_histories`) are the rows
+/// each task would read alone (`conversation_history`): the same messages, oldest first,
+/// cut at the task's own message and at its limit, never another conversation's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_read_together_equal_each_read_alone() {
+    use assistd::store::intake::HistoryWant;
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let mut tasks = Vec::new();
+    for (conversation, n) in [("c", 1), ("d", 1), ("c", 2), ("c", 3), ("d", 2), ("c", 4)] {
+        let ingested = store
+            .ingest_message(&msg(conversation, n), "default", now)
+            .await
+            .unwrap();
+        tasks.push(store.task(ingested.task_id).await.unwrap().unwrap());
+    }
+    let limits = [1i64, 2, 3, 10, 2, 3];
+    let wants: Vec<HistoryWant<'_>> = tasks
+        .iter()
+        .zip(limits)
+        .map(|(task, limit)| HistoryWant {
+            task_id: task.id,
+            channel: &task.channel,
+            conversation_id: &task.conversation_id,
+            up_to_message: task.message_id,
+            limit,
+        })
+        .collect();
+    let together = store.conversation_histories(&wants).await.unwrap();
+    assert_eq!(together.len(), wants.len());
+    for want in &wants {
+        let alone = store
+            .conversation_history(
+                want.channel,
+                want.conversation_id,
+                want.up_to_message,
+                want.limit,
+            )
+            .await
+            .unwrap();
+        let read = |h: &[assistd::store::intake::HistoryEntry]| {
+            h.iter()
+                .map(|e| (e.message_id, e.text.clone(), e.answer.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            read(&together[&want.task_id]),
+            read(&alone),
+            "task {}",
+            want.task_id
+        );
+    }
+    // The fourth message of `c` with room for three: its conversation's last three, in order.
+    let texts: Vec<&str> = together[&tasks[5].id]
+        .iter()
+        .map(|e| e.text.as_str())
+        .collect();
+    assert_eq!(texts, ["text 2", "text 3", "text 4"]);
+    assert!(store.conversation_histories(&[]).await.unwrap().is_empty());
+    store.close().await;
+    db.drop_db().await;
+}

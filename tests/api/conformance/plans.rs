@@ -65,12 +65,14 @@ async fn a_batch_finds_its_rows_by_key_under_stale_statistics_on_postgres() {
         "retries": 0, "trace": null, "channel": "generic", "conversation_id": "c12345",
         "in_reply_to": "m", "reply_type": "text", "content": "a", "hand_until": 5,
         "ord": 0, "event_id": "e-new", "message_id": "m-new", "sender_id": "u",
-        "sender_name": "u", "text": "hi", "reply_context": null, "trace_context": null}]'"#;
+        "sender_name": "u", "text": "hi", "reply_context": null, "trace_context": null,
+        "up_to": 12345, "lim": 11}]'"#;
     let dialect = store.dialect();
     let mut statements: Vec<&str> = step_write_sql(dialect).to_vec();
     statements.extend(reply_write_sql(dialect));
     statements.extend(unseen_messages_sql(dialect));
-    assert_eq!(statements.len(), 6);
+    statements.push(assistd::store::intake::conversation_histories_sql());
+    assert_eq!(statements.len(), 7);
     // The finish first: it is the statement the running indexes' dead entries cost most.
     statements.sort_by_key(|sql| !sql.starts_with("WITH fin AS"));
     for sql in statements {
@@ -93,6 +95,9 @@ async fn a_batch_finds_its_rows_by_key_under_stale_statistics_on_postgres() {
         }
         if sql.starts_with("WITH fin AS") {
             assert!(plan.contains("agent_task_pkey"), "{sql}\n{plan}");
+        }
+        if sql.starts_with("SELECT v.task_id, h.id") {
+            assert!(plan.contains("im_message_conversation"), "{sql}\n{plan}");
         }
     }
     store.close().await;
