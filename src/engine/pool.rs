@@ -117,17 +117,7 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
         };
         let got = claimed.len();
         crate::metrics::count_claim(&svc.instance_id, got);
-        // The claimed tasks' messages in one read; a task whose message is not among them
-        // (the read failed) reads its own.
-        let mut messages: HashMap<i64, MessageRow> = HashMap::new();
-        if got > 0 {
-            let ids: Vec<i64> = claimed.iter().map(|t| t.message_id).collect();
-            match svc.store.messages(&ids).await {
-                Ok(rows) => messages.extend(rows.into_iter().map(|m| (m.id, m))),
-                Err(e) => tracing::warn!(error = %e, "reading the claimed tasks' messages failed"),
-            }
-        }
-        let mut prefetched = prefetch(&svc, &claimed, messages).await;
+        let mut prefetched = prefetch(&svc, &claimed).await;
         // Reap finished runs so the set only holds what is in flight.
         while running.try_join_next().is_some() {}
         for task in claimed {
@@ -178,13 +168,20 @@ pub async fn run_workers(svc: Arc<Worker>, shutdown: CancellationToken) {
 }
 
 /// What each of the `claimed` tasks' runs would read first, read for all of them at once:
-/// its message (from `messages`), its agent snapshot parsed, and, for a single-turn agent,
-/// its conversation's recent turns. A read that fails leaves each run to read its own.
-async fn prefetch(
-    svc: &Worker,
-    claimed: &[TaskRow],
-    mut messages: HashMap<i64, MessageRow>,
-) -> HashMap<i64, Prefetched> {
+/// its message, its agent snapshot parsed, and, for a single-turn agent, its conversation's
+/// recent turns. A read that fails leaves each run to read its own.
+async fn prefetch(svc: &Worker, claimed: &[TaskRow]) -> HashMap<i64, Prefetched> {
+    if claimed.is_empty() {
+        return HashMap::new();
+    }
+    let ids: Vec<i64> = claimed.iter().map(|t| t.message_id).collect();
+    let mut messages: HashMap<i64, MessageRow> = match svc.store.messages(&ids).await {
+        Ok(rows) => rows.into_iter().map(|m| (m.id, m)).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the claimed tasks' messages failed");
+            HashMap::new()
+        }
+    };
     let mut prefetched: HashMap<i64, Prefetched> = claimed
         .iter()
         .map(|task| {

@@ -235,21 +235,24 @@ pub(crate) async fn conversation_turns(
     ctx: &TaskContext,
 ) -> Result<Vec<ChatMessage>, RunError> {
     let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
+    let read;
     let history = match &ctx.history {
-        Some(history) => history.clone(),
+        Some(history) => history,
         None => {
-            svc.store
+            read = svc
+                .store
                 .conversation_history(
                     &task.channel,
                     &task.conversation_id,
                     message.id,
                     i64::from(agent.history_messages) + 1,
                 )
-                .await?
+                .await?;
+            &read
         }
     };
     let mut turns = Vec::new();
-    for entry in &history {
+    for entry in history {
         turns.push(ChatMessage::user(entry.text.clone()));
         if entry.message_id == message.id {
             break;

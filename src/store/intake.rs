@@ -10,6 +10,13 @@ use super::{Dialect, PerDialect, Store, StoreError, StoreResult, TASK_NOTIFY_CHA
 use crate::domain::AuditTarget;
 use crate::domain::{AuditEvent, Ingested, NewMessage, TaskStatus, TaskType};
 
+/// A history row's answer (`t` its message's task): the task's result, where it succeeded.
+macro_rules! history_answer {
+    () => {
+        "CASE WHEN t.status = 'SUCCEEDED' THEN t.result END"
+    };
+}
+
 /// One earlier exchange of a conversation: the user's text and, when answered, the answer.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct HistoryEntry {
@@ -250,13 +257,13 @@ impl Store {
         limit: i64,
     ) -> StoreResult<Vec<HistoryEntry>> {
         let mut rows: Vec<HistoryEntry> = super::on_pool!(self, pool => {
-            sqlx::query_as(
-                "SELECT m.id AS message_id, m.text, \
-                 CASE WHEN t.status = 'SUCCEEDED' THEN t.result END AS answer \
-                 FROM im_message m LEFT JOIN agent_task t ON t.id = m.task_id \
+            sqlx::query_as(concat!(
+                "SELECT m.id AS message_id, m.text, ",
+                history_answer!(),
+                " AS answer FROM im_message m LEFT JOIN agent_task t ON t.id = m.task_id \
                  WHERE m.channel = $1 AND m.conversation_id = $2 AND m.id <= $3 \
                  ORDER BY m.id DESC LIMIT $4",
-            )
+            ))
             .bind(channel)
             .bind(conversation_id)
             .bind(up_to_message)
@@ -347,11 +354,11 @@ pub fn conversation_histories_sql() -> &'static str {
         );
         format!(
             "SELECT v.task_id, h.id, h.text, h.answer FROM {wanted} \
-             CROSS JOIN LATERAL (SELECT m.id, m.text, \
-             CASE WHEN t.status = 'SUCCEEDED' THEN t.result END AS answer \
+             CROSS JOIN LATERAL (SELECT m.id, m.text, {} AS answer \
              FROM im_message m LEFT JOIN agent_task t ON t.id = m.task_id \
              WHERE m.conversation_id = v.conversation_id AND m.channel = v.channel \
-             AND m.id <= v.up_to ORDER BY m.id DESC LIMIT v.lim) h"
+             AND m.id <= v.up_to ORDER BY m.id DESC LIMIT v.lim) h",
+            history_answer!()
         )
     })
 }
