@@ -97,6 +97,8 @@ struct Counters {
     worker_lease: Family<InstanceLabels, Gauge>,
     /// Reply deliveries the outbox started, by instance and where the reply came from.
     deliveries: Family<DeliveryLabels, Counter>,
+    /// Claims of due replies by instance's outbox and whether they found replies.
+    reply_claims: Family<ClaimLabels, Counter>,
     /// Times the instance took the workers' lease.
     worker_lease_taken: Family<InstanceLabels, Counter>,
     /// Tokens of recorded model calls by (agent, model): (prompt, completion). Kept as plain
@@ -130,6 +132,18 @@ pub fn count_claim(instance: &str, tasks: usize) {
     let result = if tasks == 0 { "empty" } else { "claimed" };
     COUNTERS
         .claims
+        .get_or_create(&ClaimLabels {
+            instance: instance.to_string(),
+            result,
+        })
+        .inc();
+}
+
+/// Counts one claim of due replies by `instance`'s outbox that took `replies` replies.
+pub fn count_reply_claim(instance: &str, replies: usize) {
+    let result = if replies == 0 { "empty" } else { "claimed" };
+    COUNTERS
+        .reply_claims
         .get_or_create(&ClaimLabels {
             instance: instance.to_string(),
             result,
@@ -271,6 +285,12 @@ fn register_local(registry: &mut Registry, llm: &crate::config::LlmConfig) {
         "Reply deliveries started by instance, by where the reply came from: handed (leased \
          by the instance's own finishing task, PostgreSQL) or claimed from the outbox",
         c.deliveries.clone(),
+    );
+    registry.register(
+        "assistd_reply_claims",
+        "Claims of due replies by instance's outbox, and whether they found replies (an empty \
+         one is a wake-up, a poll or a finished delivery that came to nothing)",
+        c.reply_claims.clone(),
     );
     registry.register(
         "assistd_worker_lease",

@@ -35,14 +35,15 @@ pub struct Sender {
 /// send holds up only its own slot; claims stay batched: after a wake-up (a task finished)
 /// the next claim comes when nothing is in flight, when a delivery has finished since the
 /// last claim, or on the poll timer; while more replies are due than there were free slots,
-/// when half of the slots are free again. Replies this instance's tasks committed already
+/// when half of the slots are free again. A delivery's end calls for a claim only when it
+/// may have made a reply due (`note_ended`). Replies this instance's tasks committed already
 /// leased to it (PostgreSQL, `Journal::finish_task`) are sent as soon as a slot is free,
 /// without a claim. On shutdown the deliveries in flight are finished (each is bounded by
 /// `outbox.timeout_secs`).
 pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     let cfg = &svc.config.outbox;
     let poll = Duration::from_millis(cfg.poll_interval_ms);
-    let mut sends: JoinSet<Option<i64>> = JoinSet::new();
+    let mut sends: JoinSet<Ended> = JoinSet::new();
     // The earliest time a reply held back by its chat's pace may go.
     let mut deferred: Option<i64> = None;
     // Replies may be due that no claim has picked up yet.
@@ -62,7 +63,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
         }
         while let Some(done) = sends.try_join_next() {
             // A reply that went (or was given up) may let its conversation's next one go.
-            pending |= note_deferral(&mut deferred, done);
+            pending |= note_ended(&mut deferred, done);
             finished = true;
         }
         // First the replies this instance's tasks committed leased to it, each with its
@@ -92,7 +93,10 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
                 )
                 .await
             {
-                Ok(due) => due,
+                Ok(due) => {
+                    crate::metrics::count_reply_claim(&svc.instance_id, due.len());
+                    due
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "picking due replies failed; will retry");
                     Vec::new()
@@ -111,7 +115,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
         });
         tokio::select! {
             Some(done) = sends.join_next(), if !sends.is_empty() => {
-                pending |= note_deferral(&mut deferred, done);
+                pending |= note_ended(&mut deferred, done);
                 finished = true;
             }
             _ = svc.wake.replies.notified() => pending = true,
@@ -133,7 +137,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
 /// (`Wake::reserve_slot`); a reply left without one goes back unsent, to be claimed again
 /// (then `false`).
 async fn start_claimed(
-    sends: &mut JoinSet<Option<i64>>,
+    sends: &mut JoinSet<Ended>,
     svc: &Arc<Sender>,
     slots: &Arc<tokio::sync::Semaphore>,
     due: Vec<ReplyRow>,
@@ -173,7 +177,7 @@ async fn put_back(svc: &Sender, unsent: Vec<ReplyRow>) {
 
 /// Starts the delivery of `reply` in its `slot`, freed when the delivery ends.
 fn spawn_delivery(
-    sends: &mut JoinSet<Option<i64>>,
+    sends: &mut JoinSet<Ended>,
     svc: &Arc<Sender>,
     reply: ReplyRow,
     slot: tokio::sync::OwnedSemaphorePermit,
@@ -181,24 +185,35 @@ fn spawn_delivery(
     let svc = svc.clone();
     sends.spawn(async move {
         let span = delivery_span(&svc, &reply).await;
-        let deferred = deliver(&svc, reply).instrument(span).await;
+        let ended = deliver(&svc, reply).instrument(span).await;
         drop(slot);
-        deferred
+        ended
     });
 }
 
-/// Keeps the earliest time a delivery was deferred to by its chat's pace; `true` when the
-/// delivery was not deferred (it went, failed, or was given up).
-fn note_deferral(
-    deferred: &mut Option<i64>,
-    done: Result<Option<i64>, tokio::task::JoinError>,
-) -> bool {
+/// How one delivery try ended, for the outbox's loop.
+enum Ended {
+    /// Held back by its chat's pace until then (the attempt not counted).
+    Paced(i64),
+    /// Its outcome recorded. `more_due`: a reply may be due now that was not before (one
+    /// of its conversation that waited for it, or this one again), so a claim is worth a
+    /// statement.
+    Recorded { more_due: bool },
+}
+
+/// Keeps the earliest time a delivery was deferred to by its chat's pace; `true` when a
+/// claim may find a reply the delivery's end made due. A delivered reply whose
+/// conversation has no other PENDING reply makes none (issue 35 part 2: such claims found
+/// nothing, 356 in an `end-to-end` run of 5,000); a failure, a retry, a reply given up or
+/// a lost lease are counted as making one, as is a delivery that panicked.
+fn note_ended(deferred: &mut Option<i64>, done: Result<Ended, tokio::task::JoinError>) -> bool {
     match done {
-        Ok(Some(at)) => {
+        Ok(Ended::Paced(at)) => {
             *deferred = Some(deferred.map_or(at, |d| d.min(at)));
             false
         }
-        _ => true,
+        Ok(Ended::Recorded { more_due }) => more_due,
+        Err(_) => true,
     }
 }
 
@@ -225,21 +240,21 @@ async fn delivery_span(svc: &Sender, reply: &ReplyRow) -> tracing::Span {
     span
 }
 
-/// Sends one claimed reply and records the outcome; returns the time it was deferred to
-/// when its chat's send pace did not allow it yet (the attempt is not counted).
-async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
+/// Sends one claimed reply and records the outcome, or defers it to the time its chat's
+/// send pace allows (the attempt is not counted).
+async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Ended {
     let at = match admit(svc, &reply) {
         Err(at) => at,
         Ok(()) => match attempt(svc, &mut reply).await {
             // The next part of a long reply waits for the chat's pace.
             Ok(Outcome::Paused(at)) => at,
             Ok(Outcome::Delivered(delivered)) => {
-                record(svc, &reply, Ok(delivered)).await;
-                return None;
+                let more_due = record(svc, &reply, Ok(delivered)).await;
+                return Ended::Recorded { more_due };
             }
             Err(e) => {
-                record(svc, &reply, Err(e)).await;
-                return None;
+                let more_due = record(svc, &reply, Err(e)).await;
+                return Ended::Recorded { more_due };
             }
         },
     };
@@ -247,7 +262,7 @@ async fn deliver(svc: &Sender, mut reply: ReplyRow) -> Option<i64> {
     if let Err(e) = svc.store.defer_reply(&reply, &svc.instance_id, at).await {
         tracing::error!(error = %e, "deferring a paced reply failed");
     }
-    Some(at)
+    Ended::Paced(at)
 }
 
 /// A send slot in the reply's chat now (`Ok`), or the time the chat's pace allows one.
@@ -256,18 +271,11 @@ fn admit(svc: &Sender, reply: &ReplyRow) -> Result<(), i64> {
         .admit(&reply.channel, &reply.conversation_id, now_ms())
 }
 
-/// Records the outcome of a try: SENT, a new message in place of a gone placeholder, given
-/// up (UNKNOWN or FAILED), or another try after a backoff.
-async fn record(svc: &Sender, reply: &ReplyRow, result: Result<Delivered, DeliveryError>) {
-    let cfg = &svc.config.outbox;
+/// Records the outcome of a try: SENT, or a failure (`record_failure`). `true` unless it
+/// is known that no reply became due by it (`Ended::Recorded`).
+async fn record(svc: &Sender, reply: &ReplyRow, result: Result<Delivered, DeliveryError>) -> bool {
     let owner = &svc.instance_id;
-    // What is stored and logged of a failure is redacted (platform error bodies may echo
-    // tokens; transport errors are already free of their URLs).
-    let result = result.map_err(|mut e| {
-        e.message = crate::redaction::redact(&e.message);
-        e
-    });
-    let now = now_ms();
+    // `Some(more_due)` when recorded, `None` when the lease was lost meanwhile.
     let written = match result {
         Ok(delivered) => {
             tracing::info!(key = %reply.idempotency_key, attempts = reply.attempts, "reply delivered");
@@ -275,55 +283,78 @@ async fn record(svc: &Sender, reply: &ReplyRow, result: Result<Delivered, Delive
                 .mark_reply_sent(reply, owner, delivered.platform_message_id.as_deref())
                 .await
         }
-        Err(err) if reply.edit && svc.channels.edit_target_gone(&reply.channel, &err) => {
-            tracing::warn!(key = %reply.idempotency_key, error = %err, "the placeholder is gone; sending the reply as a new message");
-            svc.store
-                .reply_as_new_message(reply, owner, &err.message, now)
-                .await
-        }
-        Err(err) if err.unknown => {
-            tracing::error!(key = %reply.idempotency_key, error = %err, "reply outcome unknown; not re-sent");
-            svc.store
-                .give_up_reply(reply, owner, ReplyStatus::Unknown, &err.message, now)
-                .await
-        }
-        Err(err) if err.permanent => {
-            tracing::error!(key = %reply.idempotency_key, error = %err, "reply refused for good by the platform; not retried");
-            svc.store
-                .give_up_reply(reply, owner, ReplyStatus::Failed, &err.message, now)
-                .await
-        }
-        Err(err) if cfg.max_attempts > 0 && reply.attempts >= i64::from(cfg.max_attempts) => {
-            tracing::error!(key = %reply.idempotency_key, error = %err, "reply given up");
-            svc.store
-                .give_up_reply(reply, owner, ReplyStatus::Failed, &err.message, now)
-                .await
-        }
-        Err(err) => {
-            let wait = backoff::delay(
-                reply.attempts.clamp(1, 64) as u32,
-                cfg.backoff_base_ms,
-                cfg.backoff_max_ms,
-                err.retry_after,
-                Duration::from_millis(cfg.backoff_max_ms),
-            );
-            tracing::warn!(
-                key = %reply.idempotency_key,
-                attempts = reply.attempts,
-                wait_ms = wait.as_millis() as u64,
-                error = %err,
-                "reply delivery failed; will retry with the same key"
-            );
-            svc.store
-                .reschedule_reply(reply, owner, now + wait.as_millis() as i64, &err.message)
-                .await
-        }
+        Err(err) => record_failure(svc, reply, err)
+            .await
+            .map(|held| held.then_some(true)),
     };
     match written {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!("reply lease was lost before its result was recorded"),
-        Err(e) => tracing::error!(error = %e, "recording the delivery result failed"),
+        Ok(Some(more_due)) => more_due,
+        Ok(None) => {
+            tracing::warn!("reply lease was lost before its result was recorded");
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "recording the delivery result failed");
+            true
+        }
     }
+}
+
+/// Records a failed try: a new message in place of a gone placeholder, given up (UNKNOWN
+/// or FAILED), or another try after a backoff; `false` when the lease was lost meanwhile.
+async fn record_failure(
+    svc: &Sender,
+    reply: &ReplyRow,
+    mut err: DeliveryError,
+) -> crate::store::StoreResult<bool> {
+    let cfg = &svc.config.outbox;
+    let owner = &svc.instance_id;
+    // What is stored and logged of a failure is redacted (platform error bodies may echo
+    // tokens; transport errors are already free of their URLs).
+    err.message = crate::redaction::redact(&err.message);
+    let now = now_ms();
+    if reply.edit && svc.channels.edit_target_gone(&reply.channel, &err) {
+        tracing::warn!(key = %reply.idempotency_key, error = %err, "the placeholder is gone; sending the reply as a new message");
+        return svc
+            .store
+            .reply_as_new_message(reply, owner, &err.message, now)
+            .await;
+    }
+    let give_up = if err.unknown {
+        tracing::error!(key = %reply.idempotency_key, error = %err, "reply outcome unknown; not re-sent");
+        Some(ReplyStatus::Unknown)
+    } else if err.permanent {
+        tracing::error!(key = %reply.idempotency_key, error = %err, "reply refused for good by the platform; not retried");
+        Some(ReplyStatus::Failed)
+    } else if cfg.max_attempts > 0 && reply.attempts >= i64::from(cfg.max_attempts) {
+        tracing::error!(key = %reply.idempotency_key, error = %err, "reply given up");
+        Some(ReplyStatus::Failed)
+    } else {
+        None
+    };
+    if let Some(status) = give_up {
+        return svc
+            .store
+            .give_up_reply(reply, owner, status, &err.message, now)
+            .await;
+    }
+    let wait = backoff::delay(
+        reply.attempts.clamp(1, 64) as u32,
+        cfg.backoff_base_ms,
+        cfg.backoff_max_ms,
+        err.retry_after,
+        Duration::from_millis(cfg.backoff_max_ms),
+    );
+    tracing::warn!(
+        key = %reply.idempotency_key,
+        attempts = reply.attempts,
+        wait_ms = wait.as_millis() as u64,
+        error = %err,
+        "reply delivery failed; will retry with the same key"
+    );
+    svc.store
+        .reschedule_reply(reply, owner, now + wait.as_millis() as i64, &err.message)
+        .await
 }
 
 /// How a try of a reply ended when it did not fail.

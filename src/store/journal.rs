@@ -210,15 +210,19 @@ impl Journal {
         Ok(self.write(op).await?.done())
     }
 
-    /// Marks a reply delivered; `false` when another instance holds its lease now.
+    /// Marks a reply delivered: `Some(more_due)`, whether a reply of its conversation may be
+    /// due now (see [`WriteOut::Sent`]); `None` when another instance holds its lease now.
     pub async fn mark_reply_sent(
         &self,
         reply: &ReplyRow,
         owner: &str,
         platform_message_id: Option<&str>,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<Option<bool>> {
         let op = WriteOp::mark_reply_sent(reply, owner, platform_message_id);
-        Ok(self.write(op).await?.done())
+        Ok(match self.write(op).await? {
+            WriteOut::Sent { more_due } => Some(more_due),
+            _ => None,
+        })
     }
 
     /// Ends a task (status, last step, reply, audit); `false` when ownership was lost. The

@@ -90,13 +90,17 @@ pub enum WriteOut {
     /// `FinishTask` that committed its reply leased to its instance (`hand_until`): the
     /// reply as its claim would have returned it.
     Handed(Box<ReplyRow>),
+    /// `MarkReplySent` that landed. `more_due`: a reply of its conversation is still
+    /// PENDING (it may have waited for this one), or this one is again (a placeholder the
+    /// answer took over, to be edited into it); either way a claim may find a reply due.
+    Sent { more_due: bool },
 }
 
 impl WriteOut {
     pub fn step(self) -> Option<StepRow> {
         match self {
             WriteOut::Step(row) => row.map(|r| *r),
-            WriteOut::Done(_) | WriteOut::Handed(_) => None,
+            WriteOut::Done(_) | WriteOut::Handed(_) | WriteOut::Sent { .. } => None,
         }
     }
 
@@ -104,7 +108,7 @@ impl WriteOut {
         match self {
             WriteOut::Done(done) => done,
             WriteOut::Step(row) => row.is_some(),
-            WriteOut::Handed(_) => true,
+            WriteOut::Handed(_) | WriteOut::Sent { .. } => true,
         }
     }
 }
@@ -317,13 +321,6 @@ impl Store {
                 }
                 if !replies.is_empty() {
                     let replies = super::text::storable_rows(replies);
-                    if let Some(replace) = &sql.replace_placeholders {
-                        sqlx::query(replace)
-                            .bind(replies.as_str())
-                            .bind(now)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
                     // PostgreSQL returns the replies it leased to their instance at once.
                     let handed: Vec<ReplyRow> = sqlx::query_as(&sql.insert_replies)
                         .bind(replies.as_str())
@@ -341,7 +338,14 @@ impl Store {
             }
             for round in &marks {
                 let rows = round.rows.as_str();
-                let held = landed_ids!(&mut *tx, &sql.mark_sent, rows, now, ReplyStatus::Sent);
+                let held: HashMap<i64, bool> = sqlx::query_as(&sql.mark_sent)
+                    .bind(rows)
+                    .bind(now)
+                    .bind(ReplyStatus::Sent)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .collect();
                 for &i in &round.ops {
                     let WriteOp::MarkReplySent {
                         reply_id,
@@ -355,9 +359,12 @@ impl Store {
                     else {
                         continue;
                     };
-                    let done = held.contains(reply_id);
-                    answers[i] = Some(WriteOut::Done(done));
-                    if done {
+                    let landed = held.get(reply_id).copied();
+                    answers[i] = Some(match landed {
+                        Some(more_due) => WriteOut::Sent { more_due },
+                        None => WriteOut::Done(false),
+                    });
+                    if landed.is_some() {
                         let summary = format!(
                             "{} {idempotency_key} {} after {attempts} attempt(s)",
                             if *kind == SentKind::Placeholder { "placeholder" } else { "reply" },

@@ -324,11 +324,22 @@ async fn deliveries(app: &TestApp, instance: &str, source: &str) -> u64 {
     metric_sum(&text, &prefix).unwrap_or(0) as u64
 }
 
+/// `instance`'s claims of due replies that found some (`claimed`) or none (`empty`).
+async fn reply_claims(app: &TestApp, instance: &str, result: &str) -> u64 {
+    let text = metrics_text(&app.addr).await.unwrap();
+    let prefix =
+        format!("assistd_reply_claims_total{{instance=\"{instance}\",result=\"{result}\"}}");
+    metric_sum(&text, &prefix).unwrap_or(0) as u64
+}
+
 /// Issue 35 part 2: on PostgreSQL a finishing task's reply is committed already leased to
 /// its instance and handed to that instance's outbox, which sends it without claiming it
 /// (no row lock, no second row version). The outbox's poll is far away, so a claim could
 /// only come from a wake-up. On SQLite every reply is claimed as before. Each reply arrives
-/// once, its first attempt counted. Fails with `hand_until` always `None`.
+/// once, its first attempt counted. Fails with `hand_until` always `None`. And on
+/// PostgreSQL the outbox makes no claim at all meanwhile: a delivered reply with nothing
+/// else pending in its conversation is not followed by a claim that would find nothing
+/// (fails with `WriteOut::Sent`'s `more_due` always true).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
     let instance = "handoff-1";
@@ -343,10 +354,14 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
     // its reply to a claim).
     let first = task_id_of(app.post_message(&message("c-handoff-0", 1, "hi")).await).await;
     app.wait_replied(first, WAIT).await;
+    // Whatever the first delivery's end led to has happened.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let before = (
         deliveries(&app, instance, "handed").await,
         deliveries(&app, instance, "claimed").await,
     );
+    let claims_before =
+        reply_claims(&app, instance, "claimed").await + reply_claims(&app, instance, "empty").await;
     let mut ids = Vec::new();
     for n in 1..=3 {
         let conversation = format!("c-handoff-{n}");
@@ -366,6 +381,14 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
             (3, 0),
             "every reply handed, none claimed"
         );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let claims = reply_claims(&app, instance, "claimed").await
+            + reply_claims(&app, instance, "empty").await;
+        assert_eq!(
+            claims - claims_before,
+            0,
+            "no claim after deliveries that left nothing pending"
+        );
     } else {
         assert_eq!((handed, claimed), (0, 3), "SQLite claims every reply");
     }
@@ -382,6 +405,72 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
         .collect();
     assert_eq!(keys, expected);
     assert_eq!(app.replies().await.len(), 4, "each reply once");
+    app.stop().await;
+}
+
+/// Issue 35 part 2: after a delivery the outbox claims only when a reply of the
+/// conversation may have waited for it, and then at once. Polls two minutes apart; the
+/// receiver answers replies of conversation `c-behind` after 4 s, others at once.
+/// 1. The first answer of `c-behind` is being sent.
+/// 2. The second is committed meanwhile: it waits behind the first (order); its wake-up
+///    calls for a claim, which comes when a delivery has ended.
+/// 3. An answer in another conversation is sent and ends: that claim runs, finds the second
+///    still waiting, and takes nothing.
+/// 4. The first ends; its mark says a reply of its conversation is pending, so a claim
+///    follows at once and the second goes, not at the poll. Fails on PostgreSQL if the
+///    mark's `more_due` were false for it (the second would wait the two minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_waiting_behind_its_conversations_previous_goes_when_that_is_sent() {
+    use wiremock::matchers::body_string_contains;
+    let instance = "waits-behind";
+    let receiver = receiver_answering(ResponseTemplate::new(200)).await;
+    Mock::given(method("POST"))
+        .and(path("/reply"))
+        .and(SignedWithTestSecret)
+        .and(body_string_contains("c-behind"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_millis(4000)))
+        .with_priority(1)
+        .mount(&receiver)
+        .await;
+    let app = TestApp::spawn_with(echo_model().await, receiver, |c| {
+        c.worker.instance_id = instance.into();
+        c.outbox.poll_interval_ms = 120_000;
+        c.replies.placeholder = String::new();
+    })
+    .await;
+    let first = task_id_of(app.post_message(&message("c-behind", 1, "one")).await).await;
+    let second = task_id_of(app.post_message(&message("c-behind", 2, "two")).await).await;
+    app.wait_task(second, WAIT, |t| t["status"] == "SUCCEEDED")
+        .await;
+    let other = task_id_of(app.post_message(&message("c-other", 1, "hi")).await).await;
+    app.wait_replied(other, WAIT).await;
+    // On SQLite no reply is handed: the other answer is claimed, by the claim that waits
+    // for a delivery to end (the first's), so step 3 comes after step 4 and the test shows
+    // order and liveness only.
+    if app.db.is_postgres() {
+        let task = app.get_task(first).await;
+        assert_ne!(task["reply"]["status"], "SENT", "still being sent: {task}");
+    }
+    // Well before the poll, two minutes away.
+    for id in [first, second] {
+        let task = app.wait_replied(id, Duration::from_secs(30)).await;
+        assert_eq!(task["reply"]["attempts"], 1, "{task}");
+    }
+    let keys: Vec<String> = app
+        .replies()
+        .await
+        .into_iter()
+        .map(|(key, _)| key)
+        .filter(|key| key != &format!("agent-task-{other}"))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            format!("agent-task-{first}"),
+            format!("agent-task-{second}")
+        ],
+        "in order, once each"
+    );
     app.stop().await;
 }
 

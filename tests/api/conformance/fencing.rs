@@ -659,3 +659,69 @@ async fn a_failing_batch_of_worker_writes_lands_each_good_write_once() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// Issue 35 part 2: marking a reply delivered says whether a claim may now find a reply of
+/// its conversation due (`WriteOut::Sent { more_due }`), so the outbox claims after a
+/// delivery only then. Two answers of one conversation: the second waits behind the first;
+/// marking the first says one is due, marking the second says none is. A mark by an
+/// instance that no longer holds the lease lands nothing and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marking_a_reply_sent_says_whether_its_conversation_has_another_due() {
+    use assistd::store::writes::WriteOut;
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let (a, b, fence) = claim_a_and_b(&store, now).await;
+    // Both answers in conversation "c" (`outcome`), a's first.
+    let finishes = [a, b].map(|id| WriteOp::FinishTask {
+        fence: fence(id),
+        outcome: Box::new(outcome(id)),
+        hand_until: None,
+    });
+    let out = store.apply_writes(&finishes, now).await.unwrap();
+    assert!(out.into_iter().all(WriteOut::done));
+    let claim = |owner: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_due_replies(owner, 10, now_ms() + LEASE, now_ms(), 0)
+                .await
+                .unwrap()
+        }
+    };
+    let first = claim("me").await;
+    assert_eq!(
+        first.iter().map(|r| r.task_id).collect::<Vec<_>>(),
+        [a],
+        "b's answer waits behind a's"
+    );
+    let mark = |reply: &assistd::domain::ReplyRow, owner: &str| {
+        WriteOp::mark_reply_sent(reply, owner, Some("platform-id"))
+    };
+    let out = store
+        .apply_writes(&[mark(&first[0], "someone-else")], now_ms())
+        .await
+        .unwrap();
+    assert!(matches!(out[0], WriteOut::Done(false)), "{:?}", out[0]);
+    let out = store
+        .apply_writes(&[mark(&first[0], "me")], now_ms())
+        .await
+        .unwrap();
+    assert!(
+        matches!(out[0], WriteOut::Sent { more_due: true }),
+        "b's answer is due now: {:?}",
+        out[0]
+    );
+    let second = claim("me").await;
+    assert_eq!(second.iter().map(|r| r.task_id).collect::<Vec<_>>(), [b]);
+    let out = store
+        .apply_writes(&[mark(&second[0], "me")], now_ms())
+        .await
+        .unwrap();
+    assert!(
+        matches!(out[0], WriteOut::Sent { more_due: false }),
+        "nothing left in the conversation: {:?}",
+        out[0]
+    );
+    store.close().await;
+    db.drop_db().await;
+}
