@@ -82,11 +82,11 @@ impl Store {
         let done = write_tx!(self, tx => {
             // PostgreSQL (SQLite has one writer): the task row before the reply row, in the
             // order a finishing batch takes them, and in share mode, so that a finish in
-            // flight (which updates the task row, then replaces a placeholder under its key
-            // or inserts its reply where none is) is waited for, after which the fence below
-            // sees the task finished; and a finish arriving meanwhile waits for this
-            // placeholder to commit, then finds and replaces it. No placeholder lands
-            // between a finish's two reply statements.
+            // flight (which updates the task row, then, in one statement, replaces a
+            // placeholder under its key or inserts its reply where none is) is waited for,
+            // after which the fence below sees the task finished; and a finish arriving
+            // meanwhile waits for this placeholder to commit, then finds and replaces it. No
+            // placeholder lands between a finish's task update and its reply statement.
             if self.dialect() == Dialect::Postgres {
                 sqlx::query("SELECT id FROM agent_task WHERE id = $1 FOR SHARE")
                     .bind(fence.task_id)

@@ -725,3 +725,61 @@ async fn marking_a_reply_sent_says_whether_its_conversation_has_another_due() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// The other way a claim may find a reply due after a delivery: a placeholder that went out
+/// after the answer took its row stays PENDING (to be edited into the answer), and its mark
+/// says so (`more_due`), though no other reply of the conversation is pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marking_a_placeholder_the_answer_took_over_says_it_is_due_again() {
+    use assistd::store::outbox::NewPlaceholder;
+    use assistd::store::writes::WriteOut;
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let fence = claimed_fences(&store, "ph-over", 1, "me", now)
+        .await
+        .remove(0);
+    let key = assistd::domain::reply_key(fence.task_id, 0);
+    let placeholder = NewPlaceholder {
+        key: &key,
+        channel: "generic",
+        conversation_id: "c",
+        in_reply_to: "m",
+        content: r#"{"text":"Thinking…"}"#,
+    };
+    assert!(
+        store
+            .queue_placeholder(&fence, &placeholder, now)
+            .await
+            .unwrap()
+    );
+    let sending = store
+        .claim_due_replies("me", 10, now_ms() + LEASE, now_ms(), 0)
+        .await
+        .unwrap();
+    assert_eq!(sending.len(), 1);
+    assert!(sending[0].placeholder);
+    // The answer lands while the placeholder is being sent: it takes the row.
+    let finish = WriteOp::FinishTask {
+        fence: fence.clone(),
+        outcome: Box::new(outcome(fence.task_id)),
+        hand_until: None,
+    };
+    let out = store.apply_writes(&[finish], now_ms()).await.unwrap();
+    assert!(matches!(out[0], WriteOut::Done(true)), "{:?}", out[0]);
+    let mark = WriteOp::mark_reply_sent(&sending[0], "me", Some("platform-id"));
+    let out = store.apply_writes(&[mark], now_ms()).await.unwrap();
+    assert!(
+        matches!(out[0], WriteOut::Sent { more_due: true }),
+        "the answer is due, to edit the placeholder: {:?}",
+        out[0]
+    );
+    let edit = store
+        .claim_due_replies("me", 10, now_ms() + LEASE, now_ms(), 0)
+        .await
+        .unwrap();
+    assert_eq!(edit.len(), 1);
+    assert!(edit[0].edit && !edit[0].placeholder, "{:?}", edit[0]);
+    assert_eq!(edit[0].content, r#"{"text":"ok"}"#);
+    store.close().await;
+    db.drop_db().await;
+}

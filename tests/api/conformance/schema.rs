@@ -435,3 +435,161 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
     store.close().await;
     db.drop_db().await;
 }
+
+/// Issue 35 part 2: an audit row about its own task stores no target (the type and id it
+/// repeated were bytes of every message); rows about something else keep theirs. Read back,
+/// every row names its target as before, and a row written the old way (`task`, its id)
+/// reads the same and is found by the task's target trail, on both databases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_own_audit_rows_store_no_target_and_read_as_about_their_task() {
+    use assistd::domain::{AuditEvent, ReplyStatus};
+    use assistd::store::writes::{WriteOp, WriteOut};
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let id = ingest(&store, "audit-target", 1, now).await;
+    let task = store
+        .claim_tasks("me", 1, now + LEASE, now)
+        .await
+        .unwrap()
+        .remove(0);
+    let fence = fence_of(&task, "me");
+    let finish = WriteOp::FinishTask {
+        fence: fence.clone(),
+        outcome: Box::new(outcome(id)),
+        hand_until: None,
+    };
+    assert!(
+        store
+            .apply_writes(&[finish], now)
+            .await
+            .unwrap()
+            .into_iter()
+            .all(WriteOut::done)
+    );
+    let reply = store
+        .claim_due_replies("me", 1, now_ms() + LEASE, now_ms(), 0)
+        .await
+        .unwrap()
+        .remove(0);
+    let mark = WriteOp::mark_reply_sent(&reply, "me", None);
+    assert!(
+        store
+            .apply_writes(&[mark], now_ms())
+            .await
+            .unwrap()
+            .into_iter()
+            .all(WriteOut::done)
+    );
+    // As stored: event, target type, target id.
+    let raw = "SELECT event, target_type, target_id FROM audit_log WHERE task_id = $1 ORDER BY id";
+    type Raw = Vec<(String, Option<String>, Option<String>)>;
+    let stored: Raw = match &store {
+        Store::Sqlite(pool, _) => sqlx::query_as(raw).bind(id).fetch_all(pool).await,
+        Store::Postgres(pool) => sqlx::query_as(raw).bind(id).fetch_all(pool).await,
+    }
+    .unwrap();
+    let reply_id = reply.id.to_string();
+    assert_eq!(
+        stored,
+        [
+            ("TASK_CREATED".into(), None, None),
+            ("TASK_RUNNING".into(), None, None),
+            ("TASK_SUCCEEDED".into(), None, None),
+            (
+                "REPLY_SENT".into(),
+                Some("reply".into()),
+                Some(reply_id.clone())
+            ),
+        ]
+    );
+    // A row written the old way, about the same task.
+    let old = "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
+               target_type, target_id) VALUES ($1, 'TASK_CANCELLED', 'old', 'old row', false, \
+               $2, 'task', $3)";
+    match &store {
+        Store::Sqlite(pool, _) => sqlx::query(old)
+            .bind(id)
+            .bind(now)
+            .bind(id.to_string())
+            .execute(pool)
+            .await
+            .map(drop),
+        Store::Postgres(pool) => sqlx::query(old)
+            .bind(id)
+            .bind(now)
+            .bind(id.to_string())
+            .execute(pool)
+            .await
+            .map(drop),
+    }
+    .unwrap();
+    let read: Vec<(AuditEvent, Option<String>, Option<String>)> = store
+        .task_audit(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.event, a.target_type, a.target_id))
+        .collect();
+    let task_target = (Some("task".to_string()), Some(id.to_string()));
+    assert_eq!(
+        read,
+        [
+            (
+                AuditEvent::TaskCreated,
+                task_target.0.clone(),
+                task_target.1.clone()
+            ),
+            (
+                AuditEvent::TaskRunning,
+                task_target.0.clone(),
+                task_target.1.clone()
+            ),
+            (
+                AuditEvent::TaskSucceeded,
+                task_target.0.clone(),
+                task_target.1.clone()
+            ),
+            (
+                AuditEvent::ReplySent,
+                Some("reply".into()),
+                Some(reply_id.clone())
+            ),
+            (
+                AuditEvent::TaskCancelled,
+                task_target.0.clone(),
+                task_target.1.clone()
+            ),
+        ]
+    );
+    // The task's own trail (newest first): the new rows and the old one, not the reply's.
+    let trail: Vec<AuditEvent> = store
+        .target_audit("task", &id.to_string(), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.event)
+        .collect();
+    assert_eq!(
+        trail,
+        [
+            AuditEvent::TaskCancelled,
+            AuditEvent::TaskSucceeded,
+            AuditEvent::TaskRunning,
+            AuditEvent::TaskCreated,
+        ]
+    );
+    let replies: Vec<AuditEvent> = store
+        .target_audit("reply", &reply_id, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.event)
+        .collect();
+    assert_eq!(replies, [AuditEvent::ReplySent]);
+    assert_eq!(
+        store.task_reply(id).await.unwrap().unwrap().status,
+        ReplyStatus::Sent
+    );
+    store.close().await;
+    db.drop_db().await;
+}
