@@ -736,22 +736,7 @@ pub enum AuditTarget {
 impl AuditTarget {
     pub const TYPES: [&'static str; 6] = ["task", "step", "reply", "approval", "job", "knowledge"];
 
-    /// `target_type` and `target_id` as stored in a row of task `task_id`: none when the
-    /// target is that task itself, which readers derive from the row's `task_id`
-    /// (`store::tasks::AUDIT_COLUMNS`). Three of the four rows an answered message writes
-    /// (created, running, finished) are about their task; the type and id they repeated
-    /// were WAL and table bytes of every message (issue 35 part 2).
-    pub fn stored(
-        task_id: Option<i64>,
-        target: Option<&AuditTarget>,
-    ) -> (Option<&'static str>, Option<String>) {
-        match target {
-            Some(AuditTarget::Task(id)) if task_id == Some(*id) => (None, None),
-            _ => Self::columns(target),
-        }
-    }
-
-    /// `target_type` and `target_id` of `target`.
+    /// `target_type` and `target_id` as stored.
     pub fn columns(target: Option<&AuditTarget>) -> (Option<&'static str>, Option<String>) {
         match target {
             None => (None, None),

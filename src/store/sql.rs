@@ -10,7 +10,7 @@ use crate::domain::{AuditEvent, AuditTarget};
 /// Appends one audit event inside the caller's transaction (`$tx`). A macro rather than a
 /// generic function: generic executors make the futures that call them not `Send`. The row's
 /// target is its task unless `target = (type, id)` names another (a step, reply, approval or
-/// job: `AuditTarget`); a row about its own task stores no target (`AuditTarget::stored`).
+/// job: `AuditTarget`).
 macro_rules! insert_audit {
     ($tx:expr, $task_id:expr, $event:expr, $actor:expr, $summary:expr, $risk:expr, $now:expr $(,)?) => {{
         let task_id: Option<i64> = $task_id;
@@ -27,15 +27,13 @@ macro_rules! insert_audit {
     }};
     ($tx:expr, $task_id:expr, $event:expr, $actor:expr, $summary:expr, $risk:expr, $now:expr,
      target = $target:expr $(,)?) => {{
-        let task_id: Option<i64> = $task_id;
         let target: Option<$crate::domain::AuditTarget> = $target;
-        let (target_type, target_id) =
-            $crate::domain::AuditTarget::stored(task_id, target.as_ref());
+        let (target_type, target_id) = $crate::domain::AuditTarget::columns(target.as_ref());
         sqlx::query(
             "INSERT INTO audit_log (task_id, event, actor, summary, risk_flag, created_at, \
              target_type, target_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
-        .bind(task_id)
+        .bind($task_id)
         .bind($event)
         .bind($actor)
         .bind(
@@ -545,7 +543,7 @@ pub(super) fn audit_row(
     summary: &str,
     target: &AuditTarget,
 ) -> Value {
-    let (target_type, target_id) = AuditTarget::stored(Some(task_id), Some(target));
+    let (target_type, target_id) = AuditTarget::columns(Some(target));
     json!({
         "task_id": task_id,
         "event": event.as_str(),

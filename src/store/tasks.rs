@@ -70,11 +70,8 @@ pub struct AuditRow {
     pub target_id: Option<String>,
 }
 
-/// A row with a task and no stored target is about its task (`AuditTarget::stored`); rows
-/// written before that stored `task` and the id, and read the same.
-const AUDIT_COLUMNS: &str = "id, task_id, event, actor, summary, risk_flag, created_at, \
-     COALESCE(target_type, CASE WHEN task_id IS NOT NULL THEN 'task' END) AS target_type, \
-     COALESCE(target_id, CAST(task_id AS TEXT)) AS target_id";
+const AUDIT_COLUMNS: &str =
+    "id, task_id, event, actor, summary, risk_flag, created_at, target_type, target_id";
 
 /// Whose tasks a claim may take, by the provider their model calls go to (`agent_task.provider`,
 /// `""` for `[llm]`; `ModelClients::claim_plan`).
@@ -503,7 +500,7 @@ impl Store {
             return Ok(on_pool!(self, pool => {
                 sqlx::query_as::<_, AuditRow>(&format!(
                     "SELECT {AUDIT_COLUMNS} FROM audit_log WHERE task_id = $1 \
-                     AND (target_type IS NULL OR target_type = 'task') ORDER BY id DESC LIMIT $2"
+                     AND target_type = 'task' ORDER BY id DESC LIMIT $2"
                 ))
                 .bind(task_id)
                 .bind(limit)
