@@ -406,10 +406,12 @@ pub fn step_write_sql(dialect: Dialect) -> [&'static str; 3] {
     [&sql.begin, &sql.complete, &sql.finish]
 }
 
-/// The batched statement that writes a finishing batch's replies (placeholders turned into
-/// answers, answers inserted), for the tests of its plan.
-pub fn reply_write_sql(dialect: Dialect) -> &'static str {
-    &BatchSql::get(dialect).insert_replies
+/// The batched statements that write replies: a finishing batch's (placeholders turned into
+/// answers, answers inserted) and the marks of delivered ones (with their probe for another
+/// pending reply of the conversation), for the tests of their plans.
+pub fn reply_write_sql(dialect: Dialect) -> [&'static str; 2] {
+    let sql = BatchSql::get(dialect);
+    [&sql.insert_replies, &sql.mark_sent]
 }
 
 /// PostgreSQL's write of finished tasks' replies (`$1` the rows, `$2` the time, `$3`
