@@ -129,21 +129,17 @@ pub fn count_tokens(agent: &str, model: &str, prompt: i64, completion: i64) {
 
 /// Counts one claim of the task queue by `instance` that took `tasks` tasks.
 pub fn count_claim(instance: &str, tasks: usize) {
-    let result = if tasks == 0 { "empty" } else { "claimed" };
-    COUNTERS
-        .claims
-        .get_or_create(&ClaimLabels {
-            instance: instance.to_string(),
-            result,
-        })
-        .inc();
+    count_claim_in(&COUNTERS.claims, instance, tasks);
 }
 
 /// Counts one claim of due replies by `instance`'s outbox that took `replies` replies.
 pub fn count_reply_claim(instance: &str, replies: usize) {
-    let result = if replies == 0 { "empty" } else { "claimed" };
-    COUNTERS
-        .reply_claims
+    count_claim_in(&COUNTERS.reply_claims, instance, replies);
+}
+
+fn count_claim_in(family: &Family<ClaimLabels, Counter>, instance: &str, took: usize) {
+    let result = if took == 0 { "empty" } else { "claimed" };
+    family
         .get_or_create(&ClaimLabels {
             instance: instance.to_string(),
             result,

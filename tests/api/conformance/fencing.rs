@@ -694,33 +694,19 @@ async fn marking_a_reply_sent_says_whether_its_conversation_has_another_due() {
         [a],
         "b's answer waits behind a's"
     );
-    let mark = |reply: &assistd::domain::ReplyRow, owner: &str| {
-        WriteOp::mark_reply_sent(reply, owner, Some("platform-id"))
-    };
-    let out = store
-        .apply_writes(&[mark(&first[0], "someone-else")], now_ms())
-        .await
-        .unwrap();
-    assert!(matches!(out[0], WriteOut::Done(false)), "{:?}", out[0]);
-    let out = store
-        .apply_writes(&[mark(&first[0], "me")], now_ms())
-        .await
-        .unwrap();
+    let out = mark_sent(&store, &first[0], "someone-else").await;
+    assert!(matches!(out, WriteOut::Done(false)), "{out:?}");
+    let out = mark_sent(&store, &first[0], "me").await;
     assert!(
-        matches!(out[0], WriteOut::Sent { more_due: true }),
-        "b's answer is due now: {:?}",
-        out[0]
+        matches!(out, WriteOut::Sent { more_due: true }),
+        "b's answer is due now: {out:?}"
     );
     let second = claim("me").await;
     assert_eq!(second.iter().map(|r| r.task_id).collect::<Vec<_>>(), [b]);
-    let out = store
-        .apply_writes(&[mark(&second[0], "me")], now_ms())
-        .await
-        .unwrap();
+    let out = mark_sent(&store, &second[0], "me").await;
     assert!(
-        matches!(out[0], WriteOut::Sent { more_due: false }),
-        "nothing left in the conversation: {:?}",
-        out[0]
+        matches!(out, WriteOut::Sent { more_due: false }),
+        "nothing left in the conversation: {out:?}"
     );
     store.close().await;
     db.drop_db().await;
@@ -766,12 +752,10 @@ async fn marking_a_placeholder_the_answer_took_over_says_it_is_due_again() {
     };
     let out = store.apply_writes(&[finish], now_ms()).await.unwrap();
     assert!(matches!(out[0], WriteOut::Done(true)), "{:?}", out[0]);
-    let mark = WriteOp::mark_reply_sent(&sending[0], "me", Some("platform-id"));
-    let out = store.apply_writes(&[mark], now_ms()).await.unwrap();
+    let out = mark_sent(&store, &sending[0], "me").await;
     assert!(
-        matches!(out[0], WriteOut::Sent { more_due: true }),
-        "the answer is due, to edit the placeholder: {:?}",
-        out[0]
+        matches!(out, WriteOut::Sent { more_due: true }),
+        "the answer is due, to edit the placeholder: {out:?}"
     );
     let edit = store
         .claim_due_replies("me", 10, now_ms() + LEASE, now_ms(), 0)
@@ -782,4 +766,14 @@ async fn marking_a_placeholder_the_answer_took_over_says_it_is_due_again() {
     assert_eq!(edit[0].content, r#"{"text":"ok"}"#);
     store.close().await;
     db.drop_db().await;
+}
+
+/// `owner`'s mark of `reply` as delivered (with a platform message id), applied alone.
+async fn mark_sent(
+    store: &Store,
+    reply: &assistd::domain::ReplyRow,
+    owner: &str,
+) -> assistd::store::writes::WriteOut {
+    let op = WriteOp::mark_reply_sent(reply, owner, Some("platform-id"));
+    store.apply_writes(&[op], now_ms()).await.unwrap().remove(0)
 }
