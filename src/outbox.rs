@@ -34,8 +34,9 @@ pub struct Sender {
 /// Slots are refilled as deliveries finish, not only once a whole batch is done, so one slow
 /// send holds up only its own slot; claims stay batched: after a wake-up (a task finished)
 /// the next claim comes when nothing is in flight, when a delivery has finished since the
-/// last claim, or on the poll timer; while more replies are due than there were free slots,
-/// when half of the slots are free again. A delivery's end calls for a claim only when it
+/// last claim, `outbox.claim_wait_ms` after the wake-up (so slow sends in flight do not hold
+/// other chats' answers up to the poll), or on the poll timer; while more replies are due
+/// than there were free slots, when half of the slots are free again. A delivery's end calls for a claim only when it
 /// may have made a reply due (`note_ended`). Replies this instance's tasks committed already
 /// leased to it (PostgreSQL, `Journal::finish_task`) are sent as soon as a slot is free,
 /// without a claim. On shutdown the deliveries in flight are finished (each is bounded by
@@ -43,6 +44,7 @@ pub struct Sender {
 pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     let cfg = &svc.config.outbox;
     let poll = Duration::from_millis(cfg.poll_interval_ms);
+    let claim_wait = Duration::from_millis(cfg.claim_wait_ms);
     let mut sends: JoinSet<Ended> = JoinSet::new();
     // The earliest time a reply held back by its chat's pace may go.
     let mut deferred: Option<i64> = None;
@@ -53,6 +55,9 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     // A delivery finished since the last claim.
     let mut finished = false;
     let mut timer = false;
+    // The first wake-up since the last claim: the next claim comes at most `claim_wait`
+    // after it.
+    let mut woken: Option<tokio::time::Instant> = None;
     let timeout_ms = (cfg.timeout_secs as i64).saturating_mul(1000);
     // A slot per delivery at once, claimed or handed (`Wake::reserve_slot`).
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.batch));
@@ -75,7 +80,11 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             spawn_delivery(&mut sends, &svc, reply, slot);
         }
         let free = slots.available_permits();
-        let ready = sends.is_empty() || timer || (finished && (!backlog || free * 2 >= cfg.batch));
+        let waited = woken.is_some_and(|at| at.elapsed() >= claim_wait);
+        let ready = sends.is_empty()
+            || timer
+            || waited
+            || (finished && (!backlog || free * 2 >= cfg.batch));
         if pending && free > 0 && ready {
             let now = now_ms();
             let lease_until = now + (cfg.lease_secs as i64) * 1000;
@@ -105,20 +114,27 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             backlog = due.len() == free;
             pending = backlog;
             finished = false;
+            woken = None;
             if !start_claimed(&mut sends, &svc, &slots, due).await {
                 pending = true;
             }
         }
         timer = false;
-        let wait = deferred.map_or(poll, |at| {
+        let mut wait = deferred.map_or(poll, |at| {
             Duration::from_millis((at - now_ms()).max(1) as u64).min(poll)
         });
+        if let Some(at) = woken.filter(|_| slots.available_permits() > 0) {
+            wait = wait.min(claim_wait.saturating_sub(at.elapsed()));
+        }
         tokio::select! {
             Some(done) = sends.join_next(), if !sends.is_empty() => {
                 pending |= note_ended(&mut deferred, done);
                 finished = true;
             }
-            _ = svc.wake.replies.notified() => pending = true,
+            _ = svc.wake.replies.notified() => {
+                pending = true;
+                woken.get_or_insert_with(tokio::time::Instant::now);
+            }
             _ = svc.wake.handed_ready.notified() => {}
             _ = tokio::time::sleep(wait) => {
                 pending = true;

@@ -508,6 +508,10 @@ pub struct OutboxConfig {
     pub lease_secs: u64,
     pub batch: usize,
     pub poll_interval_ms: u64,
+    /// Longest a wake-up (a task finished) waits for the outbox's next claim while
+    /// deliveries are in flight, in milliseconds: claims are batched behind the next
+    /// delivery to end, and this bounds the wait when none ends soon (a slow platform).
+    pub claim_wait_ms: u64,
     /// Longest a reply waits for an older reply of its conversation that is still being
     /// retried, in seconds (0 = no limit: order over progress).
     pub order_wait_secs: u64,

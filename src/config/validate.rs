@@ -282,6 +282,7 @@ impl Config {
         positive("outbox.timeout_secs", self.outbox.timeout_secs)?;
         positive("outbox.batch", self.outbox.batch as u64)?;
         positive("outbox.poll_interval_ms", self.outbox.poll_interval_ms)?;
+        positive("outbox.claim_wait_ms", self.outbox.claim_wait_ms)?;
         if self.outbox.lease_secs <= self.outbox.timeout_secs {
             return Err(invalid(
                 "outbox.lease_secs",

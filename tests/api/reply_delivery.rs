@@ -413,12 +413,16 @@ async fn a_finished_tasks_reply_goes_to_its_own_outbox_without_a_claim() {
 /// receiver answers replies of conversation `c-behind` after 4 s, others at once.
 /// 1. The first answer of `c-behind` is being sent.
 /// 2. The second is committed meanwhile: it waits behind the first (order); its wake-up
-///    calls for a claim, which comes when a delivery has ended.
-/// 3. An answer in another conversation is sent and ends: that claim runs, finds the second
-///    still waiting, and takes nothing.
+///    calls for a claim, which comes `outbox.claim_wait_ms` later at the latest (no delivery
+///    ends before) and finds nothing due.
+/// 3. An answer in another conversation is committed: on SQLite its wake-up's claim takes it
+///    (at the latest `claim_wait_ms` after the wake-up: the first's slow send does not hold
+///    it up); on PostgreSQL it is handed to the outbox without a claim. It is sent while the
+///    first is still being sent (fails if a claim waited for a delivery to end), and its
+///    mark says nothing of its conversation is due, so no claim follows.
 /// 4. The first ends; its mark says a reply of its conversation is pending, so a claim
-///    follows at once and the second goes, not at the poll. Fails on PostgreSQL if the
-///    mark's `more_due` were false for it (the second would wait the two minutes).
+///    follows at once and the second goes, not at the poll. Fails if the mark's `more_due`
+///    were false for it (the second would wait the two minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_waiting_behind_its_conversations_previous_goes_when_that_is_sent() {
     use wiremock::matchers::body_string_contains;
@@ -444,13 +448,8 @@ async fn an_answer_waiting_behind_its_conversations_previous_goes_when_that_is_s
         .await;
     let other = task_id_of(app.post_message(&message("c-other", 1, "hi")).await).await;
     app.wait_replied(other, WAIT).await;
-    // On SQLite no reply is handed: the other answer is claimed, by the claim that waits
-    // for a delivery to end (the first's), so step 3 comes after step 4 and the test shows
-    // order and liveness only.
-    if app.db.is_postgres() {
-        let task = app.get_task(first).await;
-        assert_ne!(task["reply"]["status"], "SENT", "still being sent: {task}");
-    }
+    let task = app.get_task(first).await;
+    assert_ne!(task["reply"]["status"], "SENT", "still being sent: {task}");
     // Well before the poll, two minutes away.
     for id in [first, second] {
         let task = app.wait_replied(id, Duration::from_secs(30)).await;
