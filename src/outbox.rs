@@ -32,32 +32,14 @@ pub struct Sender {
 
 /// Delivers due replies until `shutdown` fires. Up to `outbox.batch` deliveries run at once.
 /// Slots are refilled as deliveries finish, not only once a whole batch is done, so one slow
-/// send holds up only its own slot; claims stay batched: after a wake-up (a task finished)
-/// the next claim comes when nothing is in flight, when a delivery has finished since the
-/// last claim, `outbox.claim_wait_ms` after the wake-up (so slow sends in flight do not hold
-/// other chats' answers up to the poll), or on the poll timer; while more replies are due
-/// than there were free slots, when half of the slots are free again. A delivery's end calls for a claim only when it
-/// may have made a reply due (`note_ended`). Replies this instance's tasks committed already
-/// leased to it (PostgreSQL, `Journal::finish_task`) are sent as soon as a slot is free,
-/// without a claim. On shutdown the deliveries in flight are finished (each is bounded by
-/// `outbox.timeout_secs`).
+/// send holds up only its own slot; claims stay batched (`Claims`). Replies this instance's
+/// tasks committed already leased to it (PostgreSQL, `Journal::finish_task`) are sent as
+/// soon as a slot is free, without a claim. On shutdown the deliveries in flight are
+/// finished (each is bounded by `outbox.timeout_secs`).
 pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
     let cfg = &svc.config.outbox;
-    let poll = Duration::from_millis(cfg.poll_interval_ms);
-    let claim_wait = Duration::from_millis(cfg.claim_wait_ms);
     let mut sends: JoinSet<Ended> = JoinSet::new();
-    // The earliest time a reply held back by its chat's pace may go.
-    let mut deferred: Option<i64> = None;
-    // Replies may be due that no claim has picked up yet.
-    let mut pending = true;
-    // The last claim filled every free slot: more replies may be due.
-    let mut backlog = false;
-    // A delivery finished since the last claim.
-    let mut finished = false;
-    let mut timer = false;
-    // The first wake-up since the last claim: the next claim comes at most `claim_wait`
-    // after it.
-    let mut woken: Option<tokio::time::Instant> = None;
+    let mut claims = Claims::new(cfg);
     let timeout_ms = (cfg.timeout_secs as i64).saturating_mul(1000);
     // A slot per delivery at once, claimed or handed (`Wake::reserve_slot`).
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.batch));
@@ -67,9 +49,7 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             break;
         }
         while let Some(done) = sends.try_join_next() {
-            // A reply that went (or was given up) may let its conversation's next one go.
-            pending |= note_ended(&mut deferred, done);
-            finished = true;
+            claims.ended(done);
         }
         // First the replies this instance's tasks committed leased to it, each with its
         // slot: no claim needed.
@@ -80,72 +60,141 @@ pub async fn run_outbox(svc: Arc<Sender>, shutdown: CancellationToken) {
             spawn_delivery(&mut sends, &svc, reply, slot);
         }
         let free = slots.available_permits();
-        let waited = woken.is_some_and(|at| at.elapsed() >= claim_wait);
-        let ready = sends.is_empty()
-            || timer
-            || waited
-            || (finished && (!backlog || free * 2 >= cfg.batch));
-        if pending && free > 0 && ready {
-            let now = now_ms();
-            let lease_until = now + (cfg.lease_secs as i64) * 1000;
-            // This claim picks up whatever is due by now; a reply deferred to later is not,
-            // so its time is kept for the wait below.
-            deferred = deferred.filter(|&at| at > now);
-            let due = match svc
-                .store
-                .claim_due_replies(
-                    &svc.instance_id,
-                    free,
-                    lease_until,
-                    now,
-                    (cfg.order_wait_secs as i64).saturating_mul(1000),
-                )
-                .await
-            {
-                Ok(due) => {
-                    crate::metrics::count_reply_claim(&svc.instance_id, due.len());
-                    due
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "picking due replies failed; will retry");
-                    Vec::new()
-                }
-            };
-            backlog = due.len() == free;
-            pending = backlog;
-            finished = false;
-            woken = None;
+        if claims.due(sends.is_empty(), free) {
+            let due = claim(&svc, &mut claims, free).await;
             if !start_claimed(&mut sends, &svc, &slots, due).await {
-                pending = true;
+                claims.pending = true;
             }
         }
-        timer = false;
-        let mut wait = deferred.map_or(poll, |at| {
-            Duration::from_millis((at - now_ms()).max(1) as u64).min(poll)
-        });
-        if let Some(at) = woken.filter(|_| slots.available_permits() > 0) {
-            wait = wait.min(claim_wait.saturating_sub(at.elapsed()));
-        }
+        let wait = claims.wait(slots.available_permits());
         tokio::select! {
-            Some(done) = sends.join_next(), if !sends.is_empty() => {
-                pending |= note_ended(&mut deferred, done);
-                finished = true;
-            }
-            _ = svc.wake.replies.notified() => {
-                pending = true;
-                woken.get_or_insert_with(tokio::time::Instant::now);
-            }
+            Some(done) = sends.join_next(), if !sends.is_empty() => claims.ended(done),
+            _ = svc.wake.replies.notified() => claims.woken(),
             _ = svc.wake.handed_ready.notified() => {}
-            _ = tokio::time::sleep(wait) => {
-                pending = true;
-                timer = true;
-            }
+            _ = tokio::time::sleep(wait) => claims.timed_out(),
             _ = shutdown.cancelled() => break,
         }
     }
     // No reply is handed from now on; those handed and not started go back unsent.
     put_back(&svc, svc.wake.outbox_stopped()).await;
     while sends.join_next().await.is_some() {}
+}
+
+/// When the outbox claims due replies. Claims are batched: after a wake-up (a task
+/// finished) the next claim comes when nothing is in flight, when a delivery has finished
+/// since the last claim, `outbox.claim_wait_ms` after the wake-up (so slow sends in flight
+/// do not hold other chats' answers up to the poll), or on the poll timer; while more
+/// replies are due than there were free slots, when half of the slots are free again. A
+/// delivery's end calls for a claim only when it may have made a reply due (`note_ended`).
+struct Claims {
+    poll: Duration,
+    claim_wait: Duration,
+    batch: usize,
+    /// The earliest time a reply held back by its chat's pace may go.
+    deferred: Option<i64>,
+    /// Replies may be due that no claim has picked up yet.
+    pending: bool,
+    /// The last claim filled every free slot: more replies may be due.
+    backlog: bool,
+    /// A delivery finished since the last claim.
+    finished: bool,
+    timer: bool,
+    /// The first wake-up since the last claim: the next claim comes at most `claim_wait`
+    /// after it.
+    woken: Option<tokio::time::Instant>,
+}
+
+impl Claims {
+    fn new(cfg: &crate::config::OutboxConfig) -> Self {
+        Self {
+            poll: Duration::from_millis(cfg.poll_interval_ms),
+            claim_wait: Duration::from_millis(cfg.claim_wait_ms),
+            batch: cfg.batch,
+            deferred: None,
+            pending: true,
+            backlog: false,
+            finished: false,
+            timer: false,
+            woken: None,
+        }
+    }
+
+    /// A delivery ended: a reply that went (or was given up) may let its conversation's
+    /// next one go.
+    fn ended(&mut self, done: Result<Ended, tokio::task::JoinError>) {
+        self.pending |= note_ended(&mut self.deferred, done);
+        self.finished = true;
+    }
+
+    /// A task finished (or a reply was queued): replies may be due.
+    fn woken(&mut self) {
+        self.pending = true;
+        self.woken.get_or_insert_with(tokio::time::Instant::now);
+    }
+
+    fn timed_out(&mut self) {
+        self.pending = true;
+        self.timer = true;
+    }
+
+    /// Whether to claim now, with `free` slots and nothing in flight when `idle`.
+    fn due(&self, idle: bool, free: usize) -> bool {
+        let waited = self.woken.is_some_and(|at| at.elapsed() >= self.claim_wait);
+        let ready = idle
+            || self.timer
+            || waited
+            || (self.finished && (!self.backlog || free * 2 >= self.batch));
+        self.pending && free > 0 && ready
+    }
+
+    /// A claim for `free` slots took `got` replies.
+    fn claimed(&mut self, got: usize, free: usize) {
+        self.backlog = got == free;
+        self.pending = self.backlog;
+        self.finished = false;
+        self.woken = None;
+    }
+
+    /// How long to wait for a delivery's end or a wake-up before claiming anyway: the poll,
+    /// a paced reply's time, or the rest of `claim_wait` after a wake-up (with a slot free).
+    fn wait(&mut self, free: usize) -> Duration {
+        self.timer = false;
+        let mut wait = self.deferred.map_or(self.poll, |at| {
+            Duration::from_millis((at - now_ms()).max(1) as u64).min(self.poll)
+        });
+        if let Some(at) = self.woken.filter(|_| free > 0) {
+            wait = wait.min(self.claim_wait.saturating_sub(at.elapsed()));
+        }
+        wait
+    }
+}
+
+/// Claims up to `free` due replies for this instance (none when the claim fails: the next
+/// wake-up or poll tries again).
+async fn claim(svc: &Sender, claims: &mut Claims, free: usize) -> Vec<ReplyRow> {
+    let cfg = &svc.config.outbox;
+    let now = now_ms();
+    let lease_until = now + (cfg.lease_secs as i64) * 1000;
+    // This claim picks up whatever is due by now; a reply deferred to later is not, so its
+    // time is kept for the wait.
+    claims.deferred = claims.deferred.filter(|&at| at > now);
+    let order_wait_ms = (cfg.order_wait_secs as i64).saturating_mul(1000);
+    let due = match svc
+        .store
+        .claim_due_replies(&svc.instance_id, free, lease_until, now, order_wait_ms)
+        .await
+    {
+        Ok(due) => {
+            crate::metrics::count_reply_claim(&svc.instance_id, due.len());
+            due
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "picking due replies failed; will retry");
+            Vec::new()
+        }
+    };
+    claims.claimed(due.len(), free);
+    due
 }
 
 /// Starts the delivery of each claimed reply in a slot of its own. The claim does not hold

@@ -252,6 +252,16 @@ mod tests {
     }
 
     #[test]
+    fn the_outbox_claim_wait_is_set_and_must_be_positive() {
+        check_count_setting(
+            "ASSISTD_OUTBOX__CLAIM_WAIT_MS",
+            "outbox.claim_wait_ms",
+            20,
+            |c| c.outbox.claim_wait_ms,
+        );
+    }
+
+    #[test]
     fn defaults_load_and_env_overrides_keep_types() {
         let c = Config::load_with_env(
             None,
