@@ -165,7 +165,17 @@ macro_rules! write_tx {
     };
 }
 
-pub(crate) use {on_pool, write_tx};
+/// The PENDING replies as a statement that reads the whole backlog selects them
+/// (`… WHERE <this>`), through `outbound_reply_due`: that index's predicate also names
+/// `next_attempt_at` (migration 0036), which only a comparison of that column implies, so
+/// no other statement walks it. Every time the column holds is at least this one.
+macro_rules! pending_replies {
+    () => {
+        "status = 'PENDING' AND next_attempt_at >= -9223372036854775807"
+    };
+}
+
+pub(crate) use {on_pool, pending_replies, write_tx};
 
 /// Something built once per dialect on first use, e.g. the text of batched statements.
 pub(super) struct PerDialect<T>([std::sync::OnceLock<T>; 2]);

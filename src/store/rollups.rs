@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Store, StoreResult, on_pool, write_tx};
+use super::{Store, StoreResult, on_pool, pending_replies, write_tx};
 use crate::domain::{FailureType, JobRunStatus, ReplyStatus, TaskStatus};
 use crate::metrics::MetricCounts;
 
@@ -67,11 +67,14 @@ fn task_cells(rolled: bool) -> String {
 }
 
 /// Reply counts per status: from the rollups plus the pending replies, or from every row.
-fn reply_counts(rolled: bool) -> &'static str {
+pub fn reply_counts(rolled: bool) -> &'static str {
     if rolled {
-        "SELECT status, CAST(SUM(replies) AS BIGINT) FROM reply_rollup GROUP BY status \
-         UNION ALL SELECT status, COUNT(*) FROM outbound_reply \
-         WHERE status = 'PENDING' GROUP BY status"
+        concat!(
+            "SELECT status, CAST(SUM(replies) AS BIGINT) FROM reply_rollup GROUP BY status \
+             UNION ALL SELECT status, COUNT(*) FROM outbound_reply WHERE ",
+            pending_replies!(),
+            " GROUP BY status"
+        )
     } else {
         "SELECT status, COUNT(*) FROM outbound_reply GROUP BY status"
     }

@@ -343,6 +343,9 @@ impl BatchSql {
         // delivery only when a reply may have waited for it (`WriteOut::Sent`). A reply of
         // the conversation committed while this statement ran is not seen; the next claim
         // of any outbox takes it, at the latest at its poll (`outbox.poll_interval_ms`).
+        // The marked rows are found by their primary key, the probe goes by the
+        // conversation's index (migration 0036: each pending index serves only what names
+        // its column).
         let superseded = "v.placeholder = 1 AND outbound_reply.placeholder = 0";
         let mark_sent = format!(
             "UPDATE outbound_reply SET \

@@ -4,7 +4,7 @@
 //! through are read from history, through the partial indexes that hold them.
 
 use super::rollups::{ANSWER_KEY, ANSWER_STATE, LIVE_IDS, step_model};
-use super::{Store, StoreResult, on_pool};
+use super::{Store, StoreResult, on_pool, pending_replies};
 use crate::domain::{FailureType, TaskStatus};
 
 /// Which tasks a summary covers. Times are UTC milliseconds; `None` filters match all.
@@ -29,6 +29,14 @@ pub struct SummaryRow {
     pub delivery: Option<String>,
     pub count: i64,
 }
+
+/// The outbox backlog now, per platform: the replies still to be sent and when the oldest
+/// of them was queued (through `outbound_reply_due`, `pending_replies!`).
+pub const OUTBOX_BACKLOG: &str = concat!(
+    "SELECT channel, COUNT(*), MIN(created_at) FROM outbound_reply WHERE ",
+    pending_replies!(),
+    " GROUP BY channel ORDER BY channel"
+);
 
 /// One platform's replies in a state (`DELIVERY_STATE`), and its outbox backlog.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -169,10 +177,7 @@ impl Store {
     /// sent and when the oldest of them was queued.
     pub async fn outbox_backlog(&self) -> StoreResult<Vec<(String, i64, i64)>> {
         Ok(on_pool!(self, pool => {
-            sqlx::query_as(
-                "SELECT channel, COUNT(*), MIN(created_at) FROM outbound_reply \
-                 WHERE status = 'PENDING' GROUP BY channel ORDER BY channel",
-            )
+            sqlx::query_as(OUTBOX_BACKLOG)
             .fetch_all(pool)
             .await?
         }))
@@ -191,9 +196,10 @@ impl Store {
              r.last_error, r.created_at, r.next_attempt_at FROM ( \
              SELECT id FROM outbound_reply WHERE status IN ('FAILED', 'UNKNOWN') \
              UNION ALL SELECT id FROM outbound_reply \
-             WHERE status = 'PENDING' AND last_error IS NOT NULL) s \
+             WHERE {pending} AND last_error IS NOT NULL) s \
              CROSS JOIN outbound_reply r CROSS JOIN agent_task t \
-             WHERE r.id = s.id AND t.id = r.task_id AND {TASKS} ORDER BY r.id DESC LIMIT $1"
+             WHERE r.id = s.id AND t.id = r.task_id AND {TASKS} ORDER BY r.id DESC LIMIT $1",
+            pending = pending_replies!()
         );
         Ok(on_pool!(self, pool => {
             with_filter!(sqlx::query_as::<_, StuckReply>(&sql).bind(limit), f)

@@ -2,6 +2,8 @@
 //! table, in a burst) must not turn a batch's key lookups into scans of the whole table.
 
 use assistd::store::intake::unseen_messages_sql;
+use assistd::store::rollups::reply_counts;
+use assistd::store::summary::OUTBOX_BACKLOG;
 use assistd::store::tasks::claim_pick_sql;
 use assistd::store::writes::{reply_write_sql, step_write_sql};
 
@@ -216,4 +218,170 @@ async fn generic_plan(
         .await
         .unwrap();
     rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n")
+}
+
+/// Outages: a platform refused everything for a while, and a backlog of PENDING replies
+/// grew after PostgreSQL last analyzed the table (statistics that say PENDING replies are
+/// rare, as after any quiet week). Under custom and generic plans alike:
+/// - every update a reply's holder makes to it (a failed try rescheduled, sent parts noted,
+///   put back unsent, given up, sent as a new message, marked delivered) finds the row by
+///   its primary key;
+/// - the claim walks the due index in due order, and every probe for another pending reply
+///   of a conversation (the claim's order check, the mark's `more_due`, the finish's
+///   hand-over check) goes by the conversation's index;
+/// - the backlog's readers (the failure summary's backlog, `/metrics`) read the due index.
+///
+/// Before (migration 0036 and `held_reply!`), the updates and probes walked one of the two
+/// pending indexes and filtered every entry, and the claim sorted the whole backlog: per
+/// statement the whole backlog, so a recovery cost the square of it.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_backlog_is_read_by_key_and_by_the_index_each_statement_names_on_postgres() {
+    let (db, store, pool) = postgres_store().await;
+    sqlx::query("ALTER TABLE outbound_reply SET (autovacuum_enabled = false)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    seed_history(&store, &db.url, 200, 200, 200).await;
+    let replies = |status: &str, key: &str, n: i64| {
+        format!(
+            "INSERT INTO outbound_reply (task_id, idempotency_key, channel, conversation_id, \
+             in_reply_to, reply_type, content, status, attempts, next_attempt_at, created_at, \
+             locked_by, locked_until) SELECT (SELECT min(id) FROM agent_task), '{key}-' || g, \
+             'generic', 'c' || (g % 2000), 'm', 'text', '{{\"text\": \"a\"}}', '{status}', 1, \
+             g, 1, 'w', 9 FROM generate_series(1, {n}) g"
+        )
+    };
+    for sql in [
+        // A history of delivered replies, analyzed; then the backlog: 20,000 replies of
+        // 2,000 conversations, PENDING, leased to `w`.
+        replies("SENT", "sent", 20_000),
+        "ANALYZE".to_string(),
+        replies("PENDING", "backlog", 20_000),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let (id,): (i64,) = sqlx::query_as("SELECT max(id) - 7 FROM outbound_reply")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mark_row = format!(
+        r#"'[{{"reply_id": {id}, "owner": "w", "platform_message_id": null, "placeholder": 0}}]'"#
+    );
+    let finish_row = r#"'[{"task_id": 5, "idempotency_key": "agent-task-5", "channel": "generic",
+        "conversation_id": "c5", "in_reply_to": "m", "reply_type": "text", "content": "a",
+        "hand_until": 5}]'"#;
+    let held = assistd::store::outbox::held_reply_sql();
+    let [insert_replies, mark] = reply_write_sql(store.dialect());
+    let pick = assistd::store::outbox::reply_pick_sql(store.dialect());
+    let (target, probe, due, conversation, pkey) = (
+        "outbound_reply",
+        "outbound_reply o",
+        "outbound_reply_due",
+        "outbound_reply_conversation_pending",
+        "outbound_reply_pkey",
+    );
+    let statements: Vec<Expected> = vec![
+        (
+            held[0],
+            format!("'2', 'refused', '{id}', 'w'"),
+            vec![(target, pkey)],
+        ),
+        (
+            held[1],
+            format!("'2', 'refused', '{id}', 'w'"),
+            vec![(target, pkey)],
+        ),
+        (
+            held[2],
+            format!("'1', 'p-1', '{id}', 'w'"),
+            vec![(target, pkey)],
+        ),
+        (held[3], format!("'2', '{id}', 'w'"), vec![(target, pkey)]),
+        (
+            held[4],
+            format!("'FAILED', 'refused', '{id}', 'w'"),
+            vec![(target, pkey)],
+        ),
+        (
+            mark,
+            format!("{mark_row}, '2', 'SENT'"),
+            vec![(target, pkey), (probe, conversation)],
+        ),
+        (
+            insert_replies,
+            format!("{finish_row}, '2', 'PENDING'"),
+            vec![(probe, conversation)],
+        ),
+        (
+            &pick,
+            "'w', '1', '30000', '64', '0'".into(),
+            vec![("outbound_reply r", due), (probe, conversation)],
+        ),
+        (OUTBOX_BACKLOG, String::new(), vec![(target, due)]),
+        (reply_counts(true), String::new(), vec![(target, due)]),
+    ];
+    let mut conn = pool.acquire().await.unwrap();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for (i, (sql, args, want)) in statements.iter().enumerate() {
+            let plan = if args.is_empty() {
+                store.explain(sql).await.unwrap().join("\n")
+            } else {
+                // The pick names only `$3` to `$5`: the types of all five are given.
+                let types = if *sql == pick {
+                    "(text, bigint, bigint, bigint, bigint)"
+                } else {
+                    ""
+                };
+                generic_plan(&mut conn, &format!("{mode}_{i}{types}"), sql, args).await
+            };
+            for (alias, index) in want {
+                let read = scans_of(&plan, alias);
+                assert!(!read.is_empty(), "{alias}: {mode}\n{sql}\n{plan}");
+                for used in read {
+                    assert_eq!(used, *index, "{alias}: {mode}\n{sql}\n{plan}");
+                }
+            }
+        }
+    }
+    drop(conn);
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// A statement, its arguments, and the index each alias of its table must be read through.
+type Expected<'a> = (&'a str, String, Vec<(&'a str, &'a str)>);
+
+/// The indexes through which `plan` reads the table as `alias` (`outbound_reply` or
+/// `outbound_reply o`): an index scan's, a bitmap heap scan's bitmap index, or `Seq Scan`.
+fn scans_of<'a>(plan: &'a str, alias: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = plan.lines().collect();
+    let on = format!(" on {alias}  (");
+    let mut read = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        if !line.contains("Scan") || !line.contains(&on) {
+            continue;
+        }
+        let index = if line.contains("Seq Scan") {
+            "Seq Scan"
+        } else if line.contains("Bitmap Heap Scan") {
+            lines[n..]
+                .iter()
+                .find_map(|l| l.split("Bitmap Index Scan on ").nth(1))
+                .map_or("", |rest| rest.split_whitespace().next().unwrap_or(""))
+        } else {
+            line.split("using ")
+                .nth(1)
+                .map_or("", |rest| rest.split_whitespace().next().unwrap_or(""))
+        };
+        read.push(index);
+    }
+    read
 }
