@@ -157,6 +157,8 @@ impl Claims {
 
     /// How long to wait for a delivery's end or a wake-up before claiming anyway: the poll,
     /// a paced reply's time, or the rest of `claim_wait` after a wake-up (with a slot free).
+    /// Called once per turn of the loop, after the claim decision: a poll that fired counts
+    /// for that decision only.
     fn wait(&mut self, free: usize) -> Duration {
         self.timer = false;
         let mut wait = self.deferred.map_or(self.poll, |at| {
