@@ -344,17 +344,8 @@ impl BatchSql {
         // the conversation committed while this statement ran is not seen; the next claim
         // of any outbox takes it, at the latest at its poll (`outbox.poll_interval_ms`).
         // The marked rows are found by their primary key, the probe goes by the
-        // conversation's index (PostgreSQL, migration 0036: each pending index serves only
-        // what names its column). SQLite's indexes of pending replies are partial on the
-        // status alone, and once `PRAGMA optimize` had analyzed the table before a backlog
-        // grew, it walked the due index for the marked rows (the whole backlog per mark)
-        // instead of looking each up by rowid: its unary `+` keeps the status term from
-        // choosing a partial index, as SQLite documents.
-        let marked_status = if sqlite {
-            "+outbound_reply.status"
-        } else {
-            "outbound_reply.status"
-        };
+        // conversation's index (migration 0036 on PostgreSQL, 0030 on SQLite: each pending
+        // index serves only what names its column).
         let superseded = "v.placeholder = 1 AND outbound_reply.placeholder = 0";
         let mark_sent = format!(
             "UPDATE outbound_reply SET \
@@ -367,7 +358,7 @@ impl BatchSql {
                  outbound_reply.platform_message_id), \
              sent_at = $2, locked_by = NULL, locked_until = NULL, last_error = NULL FROM {} \
              WHERE outbound_reply.id = v.reply_id AND outbound_reply.locked_by = v.owner \
-             AND {marked_status} = 'PENDING'{} \
+             AND outbound_reply.status = 'PENDING'{} \
              RETURNING outbound_reply.id, (outbound_reply.status = 'PENDING' \
                  OR EXISTS (SELECT 1 FROM outbound_reply o WHERE o.status = 'PENDING' \
                  AND o.channel = outbound_reply.channel \

@@ -386,11 +386,11 @@ fn scans_of<'a>(plan: &'a str, alias: &str) -> Vec<&'a str> {
     read
 }
 
-/// The same on SQLite, whose indexes are as before (partial on the status alone): its
-/// planner takes an index by the equalities it can use, and `PRAGMA optimize` at start-up
-/// may have analyzed the table before the backlog came. A held reply is updated by its
-/// rowid, the claim walks the due index, the probes the conversation's, and no backlog
-/// reader scans the table.
+/// The same on SQLite (its migration 0030 gives the pending indexes the same predicates),
+/// with every connection opened after the `ANALYZE`, as after a restart whose
+/// `PRAGMA optimize` analyzed the table while the backlog was small. A held reply and a
+/// marked one are found by rowid (before 0030 the mark walked the due index), the claim
+/// walks the due index, the probes the conversation's, and no backlog reader scans the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_backlog_is_read_by_key_and_by_the_index_each_statement_names_on_sqlite() {
     let (db, store) = store_on(TestDb::sqlite()).await;
