@@ -15,10 +15,11 @@ pub(super) const REPLY_COLUMNS: &str = "id, task_id, idempotency_key, channel, c
 /// A reply `owner` still holds, found by its primary key (`id`): the lease holder and the
 /// PENDING status are checked on the row. Neither index of the PENDING replies can serve
 /// these conditions: each one's predicate also names a column they do not compare
-/// (migration 0036 on PostgreSQL, 0030 on SQLite). Before, `status = 'PENDING'` let PostgreSQL answer such a statement by
-/// walking a pending index and filtering every entry, the whole backlog per statement
-/// whenever the statistics predated it, as they do when an outage grew it since the last
-/// `ANALYZE` (2–3 ms per statement at 50,000 pending replies, against 0.07 ms by the key).
+/// (migration 0036 on PostgreSQL, 0030 on SQLite). Before, `status = 'PENDING'` let
+/// PostgreSQL answer such a statement by walking a pending index and filtering every entry,
+/// the whole backlog per statement whenever the statistics predated it, as they do when an
+/// outage grew it since the last `ANALYZE` (2–3 ms per statement at 50,000 pending
+/// replies, against 0.07 ms by the key).
 macro_rules! held_reply {
     ($id:literal, $owner:literal) => {
         concat!(
