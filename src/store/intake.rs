@@ -275,10 +275,11 @@ impl Store {
         Ok(rows)
     }
 
-    /// [`Store::conversation_history`] of each of `wants`, by task id, on PostgreSQL in one
-    /// statement (its SQL: [`conversation_histories_sql`]): a
-    /// claim's tasks read their conversations together rather than one round trip each
-    /// (the read was most of the statements a message cost, issue 35 part 2). The same
+    /// [`Store::conversation_history`] of each of `wants`, by task id, in one statement (its
+    /// SQL: [`conversation_histories_sql`]): a claim's tasks read their conversations
+    /// together rather than one statement each (the read was most of the statements a
+    /// message cost, issue 35 part 2; on SQLite each statement is a hand-over to the
+    /// connection's thread and back, most of what a statement costs there). The same
     /// rows a run would read later: a claimed task is the only running one of its
     /// conversation and no older one is pending, so no earlier answer lands meanwhile.
     pub async fn conversation_histories(
@@ -288,19 +289,7 @@ impl Store {
         if wants.is_empty() {
             return Ok(HashMap::new());
         }
-        // SQLite allows no outer column in a `LIMIT`, and a statement there is a call, not
-        // a round trip: each conversation is read on its own.
-        if self.dialect() == Dialect::Sqlite {
-            let mut histories = HashMap::new();
-            for w in wants {
-                let history = self
-                    .conversation_history(w.channel, w.conversation_id, w.up_to_message, w.limit)
-                    .await?;
-                histories.insert(w.task_id, history);
-            }
-            return Ok(histories);
-        }
-        let sql = conversation_histories_sql();
+        let sql = conversation_histories_sql(self.dialect());
         let rows: Vec<Value> = wants
             .iter()
             .map(|w| {
@@ -335,15 +324,24 @@ impl Store {
     }
 }
 
-/// PostgreSQL's read of the conversations of a claim's tasks (`$1` a JSON array of
-/// [`HistoryWant`]s as `task_id`, `channel`, `conversation_id`, `up_to`, `lim`): each task's
-/// messages through `im_message_conversation`, newest first up to its limit, with the
-/// answer of each message's task where it succeeded.
-pub fn conversation_histories_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
+/// The read of the conversations of a claim's tasks (`$1` a JSON array of [`HistoryWant`]s
+/// as `task_id`, `channel`, `conversation_id`, `up_to`, `lim`): each task's messages through
+/// `im_message_conversation`, newest first up to its limit, with the answer of each
+/// message's task where it succeeded.
+///
+/// PostgreSQL takes each task's rows with a `LATERAL` subquery and its `LIMIT`. SQLite has
+/// no `LATERAL` and takes no outer column in a `LIMIT`, so it walks each conversation back
+/// one message at a time (a recursive CTE, each step one probe of the index for the next
+/// older message) until the task's limit: index lookups bounded by the limit, never the
+/// conversation's length.
+pub fn conversation_histories_sql(dialect: Dialect) -> &'static str {
+    static PG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static LITE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sqlite = dialect == Dialect::Sqlite;
+    let cell = if sqlite { &LITE } else { &PG };
+    cell.get_or_init(|| {
         let wanted = json_rows(
-            false,
+            sqlite,
             &[
                 ("task_id", "bigint"),
                 ("channel", "text"),
@@ -352,13 +350,33 @@ pub fn conversation_histories_sql() -> &'static str {
                 ("lim", "bigint"),
             ],
         );
+        let answer = history_answer!();
+        if sqlite {
+            let older = |bound: &str, than: &str| {
+                format!(
+                    "(SELECT m.id FROM im_message m WHERE m.channel = {bound}.channel \
+                     AND m.conversation_id = {bound}.conversation_id AND m.id {than} \
+                     ORDER BY m.id DESC LIMIT 1)"
+                )
+            };
+            return format!(
+                "WITH RECURSIVE walk (task_id, channel, conversation_id, id, n, lim) AS (\
+                 SELECT v.task_id, v.channel, v.conversation_id, {}, 1, v.lim \
+                 FROM {wanted} WHERE v.lim > 0 \
+                 UNION ALL SELECT w.task_id, w.channel, w.conversation_id, {}, w.n + 1, w.lim \
+                 FROM walk w WHERE w.n < w.lim AND w.id IS NOT NULL) \
+                 SELECT w.task_id, m.id, m.text, {answer} AS answer FROM walk w \
+                 JOIN im_message m ON m.id = w.id LEFT JOIN agent_task t ON t.id = m.task_id",
+                older("v", "<= v.up_to"),
+                older("w", "< w.id"),
+            );
+        }
         format!(
             "SELECT v.task_id, h.id, h.text, h.answer FROM {wanted} \
-             CROSS JOIN LATERAL (SELECT m.id, m.text, {} AS answer \
+             CROSS JOIN LATERAL (SELECT m.id, m.text, {answer} AS answer \
              FROM im_message m LEFT JOIN agent_task t ON t.id = m.task_id \
              WHERE m.conversation_id = v.conversation_id AND m.channel = v.channel \
-             AND m.id <= v.up_to ORDER BY m.id DESC LIMIT v.lim) h",
-            history_answer!()
+             AND m.id <= v.up_to ORDER BY m.id DESC LIMIT v.lim) h"
         )
     })
 }

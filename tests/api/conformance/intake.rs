@@ -190,7 +190,10 @@ async fn a_message_committed_meanwhile_by_another_intake_is_a_duplicate_on_postg
 
 /// A claim's conversations read in one statement (`conversation_histories`) are the rows
 /// each task would read alone (`conversation_history`): the same messages, oldest first,
-/// cut at the task's own message and at its limit, never another conversation's.
+/// with the answers of the tasks that succeeded, cut at the task's own message and at its
+/// limit, never another conversation's (nor one of the same id on another channel). On
+/// SQLite, where the statement walks each conversation back one message at a time, every
+/// step is a probe of the conversation index, never a scan of the messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_read_together_equal_each_read_alone() {
     use assistd::store::intake::HistoryWant;
@@ -203,6 +206,20 @@ async fn conversations_read_together_equal_each_read_alone() {
             .await
             .unwrap();
         tasks.push(store.task(ingested.task_id).await.unwrap().unwrap());
+    }
+    // `c` on another channel, in between; two answers and a failure.
+    let mut elsewhere = msg("c", 9);
+    elsewhere.channel = "slack".into();
+    store
+        .ingest_message(&elsewhere, "default", now)
+        .await
+        .unwrap();
+    for (task, status) in [(0, "SUCCEEDED"), (2, "FAILED"), (3, "SUCCEEDED")] {
+        let sql = format!(
+            "UPDATE agent_task SET status = '{status}', result = 'answer {}' WHERE id = {}",
+            tasks[task].message_id, tasks[task].id
+        );
+        crate::poison::exec_sql(&db.url, &sql).await;
     }
     let limits = [1i64, 2, 3, 10, 2, 3];
     let wants: Vec<HistoryWant<'_>> = tasks
@@ -246,7 +263,29 @@ async fn conversations_read_together_equal_each_read_alone() {
         .map(|e| e.text.as_str())
         .collect();
     assert_eq!(texts, ["text 2", "text 3", "text 4"]);
+    let answers: Vec<Option<&str>> = together[&tasks[5].id]
+        .iter()
+        .map(|e| e.answer.as_deref())
+        .collect();
+    let answer = format!("answer {}", tasks[3].message_id);
+    assert_eq!(answers, [None, Some(answer.as_str()), None]);
+    // The whole of `c` (four messages) with room for ten.
+    assert_eq!(together[&tasks[3].id].len(), 3);
     assert!(store.conversation_histories(&[]).await.unwrap().is_empty());
+    if store.dialect() == assistd::store::Dialect::Sqlite {
+        let sql = assistd::store::intake::conversation_histories_sql(store.dialect());
+        let plan = store.explain(sql).await.unwrap().join("\n");
+        assert!(
+            plan.contains("SEARCH m USING COVERING INDEX im_message_conversation"),
+            "{plan}"
+        );
+        assert!(
+            !plan
+                .lines()
+                .any(|l| l.contains("SCAN m") || l.contains("SCAN im_message")),
+            "{plan}"
+        );
+    }
     store.close().await;
     db.drop_db().await;
 }

@@ -74,7 +74,7 @@ async fn a_batch_finds_its_rows_by_key_under_stale_statistics_on_postgres() {
     let mut statements: Vec<&str> = step_write_sql(dialect).to_vec();
     statements.extend(reply_write_sql(dialect));
     statements.extend(unseen_messages_sql(dialect));
-    statements.push(assistd::store::intake::conversation_histories_sql());
+    statements.push(assistd::store::intake::conversation_histories_sql(dialect));
     assert_eq!(statements.len(), 7);
     // The finish first: it is the statement the running indexes' dead entries cost most.
     statements.sort_by_key(|sql| !sql.starts_with("WITH fin AS"));
