@@ -16,6 +16,10 @@ use crate::store::agents::Published;
 use crate::tools::ToolRegistry;
 use crate::tools::task_tools::TaskTools;
 
+/// The most earlier messages an agent may give its model: each task reads them (one index
+/// probe each) before its model call, and a model's context holds far fewer.
+pub const MAX_HISTORY_MESSAGES: u32 = 1000;
+
 /// Checks `definition` against the tools (`tools`) and model providers that exist; errors
 /// name the field (and the node, for workflows).
 pub fn validate(
@@ -34,6 +38,11 @@ pub fn validate(
     }
     if definition.max_tokens == 0 {
         return Err("max_tokens must be greater than 0".into());
+    }
+    if definition.history_messages > MAX_HISTORY_MESSAGES {
+        return Err(format!(
+            "history_messages must be at most {MAX_HISTORY_MESSAGES}"
+        ));
     }
     if definition.confirm_deadline_secs == 0 {
         return Err("confirm_deadline_secs must be greater than 0".into());

@@ -724,6 +724,29 @@ async fn invalid_workflows_are_refused_naming_the_node() {
         .find(|a| a["name"] == "flow")
         .unwrap();
     assert_eq!(flow_agent["versions"], 1, "nothing was published");
+    // Each task reads its conversation's earlier messages before its model call: bounded.
+    let single_turn = |history: u32| {
+        let app = &flow.app;
+        async move {
+            let resp = app
+                .http
+                .post(format!("{}/api/agents/flow/versions", app.addr))
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&json!({"mode": "single_turn", "system_prompt": "s", "history_messages": history}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap();
+            (status, body)
+        }
+    };
+    let (status, body) = single_turn(1001).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"], "history_messages must be at most 1000");
+    let (status, body) = single_turn(1000).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["version"], 2);
     flow.app.stop().await;
 }
 
