@@ -621,19 +621,27 @@ async fn a_waiting_task_keeps_its_version_when_a_new_one_is_published() {
 async fn invalid_workflows_are_refused_naming_the_node() {
     let flow = spawn_flow(AGENT_LOOP).await;
     let app = &flow.app;
-    let publish = |workflow: Value| {
+    let post_version = |definition: Value| {
         let app = &flow.app;
         async move {
             let resp = app
                 .http
                 .post(format!("{}/api/agents/flow/versions", app.addr))
                 .bearer_auth(ADMIN_TOKEN)
-                .json(&json!({"mode": "workflow", "system_prompt": "s", "approvers": ["alice"], "workflow": workflow}))
+                .json(&definition)
                 .send()
                 .await
                 .unwrap();
             let status = resp.status().as_u16();
             let body: Value = resp.json().await.unwrap();
+            (status, body)
+        }
+    };
+    let publish = |workflow: Value| {
+        let posted = post_version(json!({"mode": "workflow", "system_prompt": "s",
+            "approvers": ["alice"], "workflow": workflow}));
+        async {
+            let (status, body) = posted.await;
             (status, body["error"].as_str().unwrap_or("").to_string())
         }
     };
@@ -726,20 +734,8 @@ async fn invalid_workflows_are_refused_naming_the_node() {
     assert_eq!(flow_agent["versions"], 1, "nothing was published");
     // Each task reads its conversation's earlier messages before its model call: bounded.
     let single_turn = |history: u32| {
-        let app = &flow.app;
-        async move {
-            let resp = app
-                .http
-                .post(format!("{}/api/agents/flow/versions", app.addr))
-                .bearer_auth(ADMIN_TOKEN)
-                .json(&json!({"mode": "single_turn", "system_prompt": "s", "history_messages": history}))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            let body: Value = resp.json().await.unwrap();
-            (status, body)
-        }
+        post_version(json!({"mode": "single_turn", "system_prompt": "s",
+            "history_messages": history}))
     };
     let (status, body) = single_turn(1001).await;
     assert_eq!(status, 400, "{body}");
