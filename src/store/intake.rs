@@ -278,8 +278,8 @@ impl Store {
     /// [`Store::conversation_history`] of each of `wants`, by task id, in one statement (its
     /// SQL: [`conversation_histories_sql`]): a claim's tasks read their conversations
     /// together rather than one statement each (the read was most of the statements a
-    /// message cost, issue 35 part 2; on SQLite each statement is a hand-over to the
-    /// connection's thread and back, most of what a statement costs there). The same
+    /// message cost, issue 35 part 2; on SQLite, too, each statement is a hand-over to the
+    /// connection's thread and back). The same
     /// rows a run would read later: a claimed task is the only running one of its
     /// conversation and no older one is pending, so no earlier answer lands meanwhile.
     pub async fn conversation_histories(
