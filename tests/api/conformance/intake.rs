@@ -269,7 +269,7 @@ async fn conversations_read_together_equal_each_read_alone() {
         .collect();
     let answer = format!("answer {}", tasks[3].message_id);
     assert_eq!(answers, [None, Some(answer.as_str()), None]);
-    // The whole of `c` (four messages) with room for ten.
+    // The third message of `c` with room for ten: the walk ends at the conversation's first.
     assert_eq!(together[&tasks[3].id].len(), 3);
     assert!(store.conversation_histories(&[]).await.unwrap().is_empty());
     if store.dialect() == assistd::store::Dialect::Sqlite {
