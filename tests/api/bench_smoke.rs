@@ -186,3 +186,77 @@ async fn a_postgres_run_merges_its_gin_pending_lists_before_it_ends() {
     assert_eq!((pages, tuples), (0, 0), "{stdout}");
     db.drop_db().await;
 }
+
+/// Issue 35 part 2: `scripts/statements-by-message.sh` reads `pg_stat_statements` for one
+/// end-to-end run's database: against a server with the library loaded it prints the run's
+/// statements, transactions, execution time and WAL per message, then a line per statement
+/// (the message intake among them), and drops the database it kept; against a server
+/// without the library it refuses, saying how to load it, before it builds or runs anything.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs a PostgreSQL server to start privately (apt-get install postgresql); .ci/run has it"
+)]
+#[test]
+fn the_statements_script_reports_a_runs_statements_per_message() {
+    use crate::private_pg::PrivateCluster;
+    let script = |cluster: &PrivateCluster, top: &str| {
+        Command::new("bash")
+            .args(["scripts/statements-by-message.sh", "40", top])
+            .env("ASSISTD_BENCH_POSTGRES_URL", cluster.url())
+            .env("ASSISTD_BENCH_BIN", env!("CARGO_BIN_EXE_assistd-bench"))
+            .output()
+            .expect("run the script")
+    };
+    let plain = PrivateCluster::start();
+    let refused = script(&plain, "10");
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("shared_preload_libraries"),
+        "{refused:?}"
+    );
+    drop(plain);
+
+    let cluster = PrivateCluster::start_with("-c shared_preload_libraries=pg_stat_statements");
+    let listed = |top: &str| {
+        let out = script(&cluster, top);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let statements: f64 = stdout
+            .split("per message (N = 40): ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no per-message line: {stdout}"));
+        assert!(statements > 0.0, "{stdout}");
+        stdout
+            .lines()
+            .skip(2)
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // The costliest three (start-up's DDL among them at this N), then every statement.
+    assert_eq!(listed("3").len(), 3);
+    let all = listed("1000");
+    assert!(all.len() > 3, "{all:?}");
+    assert!(
+        all.iter().any(|l| l.contains("INSERT INTO im_message")),
+        "{all:?}"
+    );
+    let left = Command::new("psql")
+        .args([
+            &cluster.url(),
+            "-Atc",
+            "SELECT count(*) FROM pg_database WHERE datname NOT IN ('postgres', 'template0', 'template1')",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&left.stdout).trim(),
+        "0",
+        "{left:?}"
+    );
+}

@@ -15,10 +15,18 @@ pub struct PrivateCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
+    /// More server options (`-c name=value …`), given at every start.
+    options: String,
 }
 
 impl PrivateCluster {
     pub fn start() -> PrivateCluster {
+        PrivateCluster::start_with("")
+    }
+
+    /// [`start`](Self::start) with more server options, e.g.
+    /// `-c shared_preload_libraries=pg_stat_statements`.
+    pub fn start_with(options: &str) -> PrivateCluster {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("a Debian PostgreSQL")
             .flatten()
@@ -42,6 +50,7 @@ impl PrivateCluster {
             dir,
             bin,
             port: free_port(),
+            options: options.to_string(),
         };
         let data = cluster.data();
         cluster.run(
@@ -62,9 +71,10 @@ impl PrivateCluster {
 
     pub fn start_again(&self) {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.options
         );
         let log = self.dir.path().join("server.log").display().to_string();
         self.run(
