@@ -124,8 +124,14 @@ impl LlamaServer {
                 MEAN_POOLED_SERVER,
                 "--embedding",
                 "true",
+                // One thread each, for generation and for batches (embedding is batch work;
+                // the server's default there is every core). The two embedding tests run at
+                // once on CI's two cores: with two threads each they took 1,097 s together
+                // (2,235 s of CPU, ggml's threads spinning for cores), with one 904 s (1,519 s).
                 "--n_threads",
-                "2",
+                "1",
+                "--n_threads_batch",
+                "1",
             ]);
         } else {
             command.args(["-m", "llama_cpp.server"]);
