@@ -30,6 +30,10 @@ psql "$URL" -qAtc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
 out="$(ASSISTD_BENCH_KEEP_DB=1 "$BENCH" end-to-end --db postgres --n "$N")"
 echo "$out" | grep '^scenario=' >&2
 db="$(echo "$out" | sed -n 's/^kept_database=//p')"
+[ -n "$db" ] || { echo "the bench kept no database" >&2; exit 1; }
+STATEMENTS="$(mktemp)"
+# The kept database and the temporary file go whatever happens from here.
+trap 'rm -f "$STATEMENTS"; psql "$URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
 oid="$(psql "$URL" -Atc "SELECT oid FROM pg_database WHERE datname = '$db'")"
 # Top-level statements only: those inside the rollup triggers are part of the statement that
 # fired them (and are counted apart only with pg_stat_statements.track = 'all').
@@ -37,17 +41,16 @@ psql "$URL" -qAt -F $'\t' -c "SELECT
     CASE WHEN query IN ('BEGIN', 'COMMIT', 'ROLLBACK') THEN query ELSE 'statement' END,
     calls, rows, total_exec_time, wal_records, wal_bytes,
     regexp_replace(left(query, 100), '\s+', ' ', 'g')
-  FROM pg_stat_statements WHERE dbid = $oid AND toplevel" > /tmp/statements.$$
+  FROM pg_stat_statements WHERE dbid = $oid AND toplevel" > "$STATEMENTS"
 awk -F'\t' -v n="$N" -v top="$TOP" '
   { calls[$1] += $2; ms += $4; wr += $5; wb += $6 }
-  $1 == "statement" { s++; line[s] = sprintf("%9.3f %9.3f %9.4f %8.2f %8.0f  %s", $2 / n, $3 / n, $4 / n, $5 / n, $6 / n, $7); key[s] = $4 }
+  $1 == "statement" { line[++s] = sprintf("%9.3f %9.3f %9.4f %8.2f %8.0f  %s", $2 / n, $3 / n, $4 / n, $5 / n, $6 / n, $7) }
   END {
     printf "per message (N = %d): %.3f statements, %.3f transactions (BEGIN), %.4f ms executed, %.2f WAL records, %.0f WAL bytes\n",
       n, calls["statement"] / n, calls["BEGIN"] / n, ms / n, wr / n, wb / n
     printf "%9s %9s %9s %8s %8s  %s\n", "calls", "rows", "ms", "wal rec", "wal B", "statement (per message, costliest first)"
-    for (i = 1; i <= s; i++) order[i] = i
-    for (i = 2; i <= s; i++) for (j = i; j > 1 && key[order[j]] > key[order[j - 1]]; j--) { t = order[j]; order[j] = order[j - 1]; order[j - 1] = t }
-    for (i = 1; i <= s && i <= top; i++) print line[order[i]]
-  }' /tmp/statements.$$
-rm -f /tmp/statements.$$
-psql "$URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"
+    fflush()
+    sorted = "sort -k3 -gr | head -n " top
+    for (i = 1; i <= s; i++) print line[i] | sorted
+    close(sorted)
+  }' "$STATEMENTS"

@@ -20,6 +20,15 @@ fn run_bench(args: &[&str], envs: &[(&str, &str)]) -> String {
     stdout
 }
 
+/// The word after `key` in a bench's or script's output (`key` ends in `=` or `: `).
+fn word_after<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout
+        .split(key)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {key:?} in: {stdout}"))
+}
+
 /// The test database's dialect, as the bench's `--db` names it.
 fn test_db() -> &'static str {
     if std::env::var("ASSISTD_TEST_POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
@@ -109,12 +118,9 @@ fn end_to_end_runs_with_long_answers() {
         &["end-to-end", "--db", db, "--n", "40", "--concurrency", "4"],
         &[("ASSISTD_BENCH_ANSWER_CHARS", "10000")],
     );
-    let shortest: usize = stdout
-        .split("shortest_reply_bytes=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no shortest_reply_bytes: {stdout}"));
+    let shortest: usize = word_after(&stdout, "shortest_reply_bytes=")
+        .parse()
+        .unwrap();
     assert!(shortest >= 10_000, "{stdout}");
 }
 
@@ -152,12 +158,7 @@ async fn a_postgres_run_merges_its_gin_pending_lists_before_it_ends() {
     })
     .await
     .unwrap();
-    let kept = stdout
-        .split("kept_database=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no kept_database: {stdout}"))
-        .to_string();
+    let kept = word_after(&stdout, "kept_database=").to_string();
     let mut url = reqwest::Url::parse(&db.url).unwrap();
     url.set_path(&format!("/{kept}"));
     let mut conn = sqlx::PgConnection::connect(url.as_str()).await.unwrap();
@@ -225,18 +226,20 @@ fn the_statements_script_reports_a_runs_statements_per_message() {
             "{stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let statements: f64 = stdout
-            .split("per message (N = 40): ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no per-message line: {stdout}"));
+        let statements: f64 = word_after(&stdout, "per message (N = 40): ")
+            .parse()
+            .unwrap();
         assert!(statements > 0.0, "{stdout}");
-        stdout
-            .lines()
-            .skip(2)
-            .map(str::to_string)
-            .collect::<Vec<_>>()
+        let header = stdout.lines().nth(1).unwrap_or_default();
+        assert!(header.trim_start().starts_with("calls"), "{stdout}");
+        let lines: Vec<String> = stdout.lines().skip(2).map(str::to_string).collect();
+        // Costliest first: the execution time (third column) never rises down the list.
+        let ms: Vec<f64> = lines
+            .iter()
+            .map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap())
+            .collect();
+        assert!(ms.windows(2).all(|w| w[0] >= w[1]), "{stdout}");
+        lines
     };
     // The costliest three (start-up's DDL among them at this N), then every statement.
     assert_eq!(listed("3").len(), 3);
