@@ -79,6 +79,9 @@ enum Probe {
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
+    // `sqlx::migrate!` embeds the migrations at compile time, but cargo does not know it
+    // reads them: without this, a new migration file left a stale binary (sqlx's advice).
+    println!("cargo::rerun-if-changed=migrations");
     for var in [
         "ASSISTD_TEST_PYTHON",
         "ASSISTD_TEST_REQUIRE",

@@ -7,29 +7,40 @@
 # part 2.
 #
 #   scripts/wal-by-relation.sh [N]     # needs ASSISTD_BENCH_POSTGRES_URL (a superuser URL)
+#
+# ASSISTD_BENCH_BIN names an assistd-bench to run instead of building the release one.
 set -euo pipefail
 N="${1:-2000}"
 URL="${ASSISTD_BENCH_POSTGRES_URL:?set ASSISTD_BENCH_POSTGRES_URL}"
-cargo build --release --locked --bin assistd-bench >&2
+BENCH="${ASSISTD_BENCH_BIN:-}"
+if [ -z "$BENCH" ]; then
+  cargo build --release --locked --bin assistd-bench >&2
+  BENCH=./target/release/assistd-bench
+fi
 psql "$URL" -qAtc "CREATE EXTENSION IF NOT EXISTS pg_walinspect" >/dev/null
 start="$(psql "$URL" -Atc "SELECT pg_current_wal_insert_lsn()")"
-out="$(ASSISTD_BENCH_KEEP_DB=1 ./target/release/assistd-bench end-to-end --db postgres --n "$N")"
+out="$(ASSISTD_BENCH_KEEP_DB=1 "$BENCH" end-to-end --db postgres --n "$N")"
 sleep 1  # pg_walinspect reads only up to what is flushed
 end="$(psql "$URL" -Atc "SELECT pg_current_wal_flush_lsn()")"
 echo "$out" | grep '^scenario=' >&2
 db="$(echo "$out" | sed -n 's/^kept_database=//p')"
+[ -n "$db" ] || { echo "the bench kept no database" >&2; exit 1; }
+NAMES="$(mktemp)"
+RECORDS="$(mktemp)"
+# The kept database and the temporary files go whatever happens from here.
+trap 'rm -f "$NAMES" "$RECORDS"; psql "$URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
 dburl="${URL%/*}/$db"
 oid="$(psql "$URL" -Atc "SELECT oid FROM pg_database WHERE datname = '$db'")"
 # relfilenode -> name, in the kept database (a TOAST table is named after its table).
 psql "$dburl" -Atc "SELECT c.relfilenode, COALESCE(t.relname || ' (toast)', c.relname)
   FROM pg_class c LEFT JOIN pg_class t ON t.reltoastrelid = c.oid
   LEFT JOIN pg_index i ON i.indexrelid = c.oid
-  WHERE c.relfilenode <> 0" > /tmp/wal-relnames.$$
+  WHERE c.relfilenode <> 0" > "$NAMES"
 psql "$URL" -qAt -F $'\t' -c "SELECT COALESCE(substring(block_ref from 'rel [0-9]+/$oid/([0-9]+)'), '-'),
     resource_manager || ':' || split_part(record_type, ' ', 1), count(*), sum(record_length), sum(fpi_length)
   FROM pg_get_wal_records_info('$start', '$end')
-  GROUP BY 1, 2 ORDER BY 4 DESC" > /tmp/wal-records.$$
-awk -F'\t' -v n="$N" -v names=/tmp/wal-relnames.$$ '
+  GROUP BY 1, 2 ORDER BY 4 DESC" > "$RECORDS"
+awk -F'\t' -v n="$N" -v names="$NAMES" '
   BEGIN { while ((getline l < names) > 0) { split(l, f, "|"); name[f[1]] = f[2] } }
   { rel = ($1 in name) ? name[$1] : ($1 == "-" ? "(no relation)" : "rel " $1);
     # Catalogs of the new database (CREATE DATABASE copies them through the WAL): not per message.
@@ -44,6 +55,4 @@ awk -F'\t' -v n="$N" -v names=/tmp/wal-relnames.$$ '
     print ""
     printf "%-64s %10s %10s\n", "relation and record", "records/msg", "bytes/msg"
     for (k in kr) if (kb[k] / n >= 20) printf "%-64s %10.2f %10.0f\n", k, kr[k] / n, kb[k] / n | "sort -k4 -nr"
-  }' /tmp/wal-records.$$
-rm -f /tmp/wal-relnames.$$ /tmp/wal-records.$$
-psql "$URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"
+  }' "$RECORDS"

@@ -249,6 +249,11 @@ fn the_statements_script_reports_a_runs_statements_per_message() {
         all.iter().any(|l| l.contains("INSERT INTO im_message")),
         "{all:?}"
     );
+    assert_no_database_left(&cluster);
+}
+
+/// A script that kept a bench database dropped it: the cluster holds only its own.
+fn assert_no_database_left(cluster: &crate::private_pg::PrivateCluster) {
     let left = Command::new("psql")
         .args([
             &cluster.url(),
@@ -262,4 +267,41 @@ fn the_statements_script_reports_a_runs_statements_per_message() {
         "0",
         "{left:?}"
     );
+}
+
+/// Issue 35 part 2: `scripts/wal-by-relation.sh` reads one end-to-end run's WAL with
+/// `pg_walinspect` and prints it per message by relation (the messages' table among them)
+/// with a total, and drops the database it kept.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs a PostgreSQL server to start privately (apt-get install postgresql); .ci/run has it"
+)]
+#[test]
+fn the_wal_script_reports_a_runs_wal_per_message_by_relation() {
+    let cluster = crate::private_pg::PrivateCluster::start();
+    let out = Command::new("bash")
+        .args(["scripts/wal-by-relation.sh", "40"])
+        .env("ASSISTD_BENCH_POSTGRES_URL", cluster.url())
+        .env("ASSISTD_BENCH_BIN", env!("CARGO_BIN_EXE_assistd-bench"))
+        .output()
+        .expect("run the script");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| -> (f64, f64) {
+        let line = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} row: {stdout}"));
+        let mut figures = line.split_whitespace().skip(1).map(|w| w.parse().unwrap());
+        (figures.next().unwrap(), figures.next().unwrap())
+    };
+    let (records, bytes) = row("TOTAL");
+    let (message_records, message_bytes) = row("im_message");
+    assert!(records > 0.0 && bytes > 0.0, "{stdout}");
+    assert!(message_records > 0.0 && message_bytes < bytes, "{stdout}");
+    assert_no_database_left(&cluster);
 }

@@ -265,3 +265,63 @@ async fn rollups_equal_a_recount_after_a_random_mix() {
     settled_and_equal(&app, "after the rebuild").await;
     app.stop().await;
 }
+
+/// Migration 0037: the rollup triggers' helpers are inlined into the queries that call them
+/// (no function call per row), and they give what they gave as functions: an answer's key
+/// as `domain::reply_key` spells it, and a latency's bucket as the smallest bound of
+/// `latency_bound` at or above it, else the largest.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollup_helpers_are_inlined_and_keep_their_values() {
+    let db = TestDb::postgres().await;
+    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    let store = assistd::store::Store::connect(&cfg.database).await.unwrap();
+    store.migrate().await.unwrap();
+    let assistd::store::Store::Postgres(pool) = &store else {
+        panic!("a PostgreSQL store");
+    };
+    for (task, resumes) in [(7_i64, 0_i64), (7, 2), (123_456_789_012, 11)] {
+        let key: String = sqlx::query_scalar("SELECT answer_key($1, $2)")
+            .bind(task)
+            .bind(resumes)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(key, assistd::domain::reply_key(task, resumes));
+    }
+    let bounds: Vec<i64> = sqlx::query_scalar("SELECT le FROM latency_bound ORDER BY le")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let mut waits: Vec<Option<i64>> = vec![None, Some(-5), Some(0), Some(i64::MAX)];
+    for le in &bounds {
+        waits.extend([Some(le - 1), Some(*le), Some(le + 1)]);
+    }
+    for waited in waits {
+        let (inlined, counted): (i64, i64) = sqlx::query_as(
+            "SELECT latency_le($1), COALESCE((SELECT MIN(le) FROM latency_bound WHERE le >= $1), \
+             (SELECT MAX(le) FROM latency_bound))",
+        )
+        .bind(waited)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(inlined, counted, "waited {waited:?}");
+    }
+    // Inlined: the plan computes the expressions; a function call would be named in it.
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (VERBOSE, COSTS OFF) SELECT answer_key(id, resume_count), \
+         latency_le(created_at) FROM agent_task",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("agent-task-"), "{plan}");
+    assert!(!plan.contains("answer_key(") && !plan.contains("latency_le("), "{plan}");
+    store.close().await;
+    db.drop_db().await;
+}
