@@ -321,7 +321,10 @@ async fn the_rollup_helpers_are_inlined_and_keep_their_values() {
     .unwrap();
     let plan = plan.join("\n");
     assert!(plan.contains("agent-task-"), "{plan}");
-    assert!(!plan.contains("answer_key(") && !plan.contains("latency_le("), "{plan}");
+    assert!(
+        !plan.contains("answer_key(") && !plan.contains("latency_le("),
+        "{plan}"
+    );
     store.close().await;
     db.drop_db().await;
 }
