@@ -11,6 +11,11 @@ fn run_bench(args: &[&str], envs: &[(&str, &str)]) -> String {
         .envs(envs.iter().copied())
         .output()
         .expect("run assistd-bench");
+    success_stdout(&out)
+}
+
+/// The standard output of a program that exited with success (else its output, failed).
+fn success_stdout(out: &std::process::Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -18,6 +23,18 @@ fn run_bench(args: &[&str], envs: &[(&str, &str)]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Runs one of `scripts/` against the PostgreSQL server at `url`, with the test build's
+/// bench binary (no release build).
+fn run_script(script: &str, args: &[&str], url: &str) -> std::process::Output {
+    Command::new("bash")
+        .arg(format!("scripts/{script}"))
+        .args(args)
+        .env("ASSISTD_BENCH_POSTGRES_URL", url)
+        .env("ASSISTD_BENCH_BIN", env!("CARGO_BIN_EXE_assistd-bench"))
+        .output()
+        .expect("run the script")
 }
 
 /// The word after `key` in a bench's or script's output (`key` ends in `=` or `: `).
@@ -201,12 +218,7 @@ async fn a_postgres_run_merges_its_gin_pending_lists_before_it_ends() {
 fn the_statements_script_reports_a_runs_statements_per_message() {
     use crate::private_pg::PrivateCluster;
     let script = |cluster: &PrivateCluster, top: &str| {
-        Command::new("bash")
-            .args(["scripts/statements-by-message.sh", "40", top])
-            .env("ASSISTD_BENCH_POSTGRES_URL", cluster.url())
-            .env("ASSISTD_BENCH_BIN", env!("CARGO_BIN_EXE_assistd-bench"))
-            .output()
-            .expect("run the script")
+        run_script("statements-by-message.sh", &["40", top], &cluster.url())
     };
     let plain = PrivateCluster::start();
     let refused = script(&plain, "10");
@@ -219,13 +231,7 @@ fn the_statements_script_reports_a_runs_statements_per_message() {
 
     let cluster = PrivateCluster::start_with("-c shared_preload_libraries=pg_stat_statements");
     let listed = |top: &str| {
-        let out = script(&cluster, top);
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = success_stdout(&script(&cluster, top));
         let statements: f64 = word_after(&stdout, "per message (N = 40): ")
             .parse()
             .unwrap();
@@ -279,18 +285,7 @@ fn assert_no_database_left(cluster: &crate::private_pg::PrivateCluster) {
 #[test]
 fn the_wal_script_reports_a_runs_wal_per_message_by_relation() {
     let cluster = crate::private_pg::PrivateCluster::start();
-    let out = Command::new("bash")
-        .args(["scripts/wal-by-relation.sh", "40"])
-        .env("ASSISTD_BENCH_POSTGRES_URL", cluster.url())
-        .env("ASSISTD_BENCH_BIN", env!("CARGO_BIN_EXE_assistd-bench"))
-        .output()
-        .expect("run the script");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = success_stdout(&run_script("wal-by-relation.sh", &["40"], &cluster.url()));
     let row = |name: &str| -> (f64, f64) {
         let line = stdout
             .lines()
