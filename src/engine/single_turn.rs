@@ -377,7 +377,7 @@ async fn chat_step_call(
     stream: Option<&Arc<Feedback>>,
 ) -> Result<ChatCall, RunError> {
     let fresh = request.to_wire();
-    let input = serde_json::to_string(&fresh).unwrap_or_default();
+    let input = crate::llm::journal_text(&crate::llm::wire_json(&fresh));
     let key = exec.key(step_no, name);
     let step = exec
         .begin(&NewStep {

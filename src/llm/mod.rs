@@ -463,6 +463,25 @@ mod tests {
         assert_eq!(classify_status(404, "").failure_type, FailureType::Unknown);
     }
 
+    #[test]
+    fn a_request_is_journalled_with_its_model_first_and_nothing_else_changed() {
+        let body = json!({
+            "messages": [{"role": "user", "content": "问 \"quoted\" \\ text"}],
+            "model": "a \"model\"",
+            "max_tokens": 8,
+            "temperature": 0.2,
+            "stream": false
+        });
+        let text = journal_text(&body);
+        assert!(text.starts_with(r#"{"model":"a \"model\"","#), "{text}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), body);
+        // Without a model, or not an object: as serde_json writes it.
+        for other in [json!({"messages": []}), json!([1, 2]), Value::Null] {
+            assert_eq!(journal_text(&other), other.to_string());
+        }
+        assert_eq!(journal_text(&json!({"model": "m"})), r#"{"model":"m"}"#);
+    }
+
     fn completion(message: Value, finish: &str) -> String {
         json!({
             "id": "c1", "object": "chat.completion", "created": 1, "model": "m",

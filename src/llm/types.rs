@@ -220,8 +220,28 @@ pub fn wire_json(request: &WireRequest) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// A model call's request as the step journal keeps it (`agent_step.input`): `body`'s JSON
+/// with `model` as its first member, so the rollups read the model from the text's first
+/// bytes (`store::rollups::step_model`, migration 0038) instead of parsing a prompt that
+/// grows with the conversation. The same members and values as the body sent; only their
+/// order differs, which JSON gives no meaning.
+pub fn journal_text(body: &Value) -> String {
+    let (Value::Object(members), Some(model)) = (body, body.get("model")) else {
+        return body.to_string();
+    };
+    let mut text = format!("{{\"model\":{model}");
+    for (name, value) in members.iter().filter(|(name, _)| *name != "model") {
+        text.push(',');
+        text.push_str(&Value::from(name.as_str()).to_string());
+        text.push(':');
+        text.push_str(&value.to_string());
+    }
+    text.push('}');
+    text
+}
+
 impl ChatRequest {
-    /// The request body exactly as it is sent (and journalled).
+    /// The request body exactly as it is sent (journalled through `journal_text`).
     pub fn to_wire(&self) -> WireRequest {
         let tools: Vec<wire::ChatCompletionTools> = self
             .tools

@@ -20,13 +20,25 @@ pub(super) const LIVE_IDS: &str = "SELECT id FROM agent_task WHERE status = 'PEN
      UNION ALL SELECT id FROM agent_task WHERE status = 'PAUSED'";
 
 /// The model a journalled request (`input`, a column of `agent_step`) asked for; NULL when
-/// it is not JSON (retention keeps only the model: `Store::purge_finished`).
-pub(super) fn step_model(dialect: super::Dialect, input: &str) -> String {
+/// it is not JSON (retention keeps only the model: `Store::purge_finished`). A request
+/// journalled with `model` first (`llm::journal_text`) is read from its first bytes, the
+/// model's JSON string alone, never the prompt after it, which grows with the conversation;
+/// others (journalled before, or a model name over a kilobyte) are parsed whole. On SQLite
+/// the string runs to the first `",` after it: where that quote is escaped, the cut is not
+/// valid JSON and the whole text is parsed instead. PostgreSQL: the function of migration
+/// 0038, the same rule; the SQLite triggers of that migration spell this expression out.
+pub fn step_model(dialect: super::Dialect, input: &str) -> String {
     match dialect {
         super::Dialect::Sqlite => {
-            format!("(CASE WHEN json_valid({input}) THEN json_extract({input}, '$.model') END)")
+            let first = format!(
+                "'[' || substr({input}, 10, instr(substr({input}, 11, 1024), '\",') + 1) || ']'"
+            );
+            format!(
+                "(CASE WHEN substr({input}, 1, 10) = '{{\"model\":\"' AND json_valid({first}) \
+                 THEN json_extract({first}, '$[0]') \
+                 WHEN json_valid({input}) THEN json_extract({input}, '$.model') END)"
+            )
         }
-        // Migration 0023.
         super::Dialect::Postgres => format!("step_model({input})"),
     }
 }

@@ -328,3 +328,84 @@ async fn the_rollup_helpers_are_inlined_and_keep_their_values() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// Issue 35: a model call's model is read from its journalled request's first bytes. The
+/// journal writes `model` first (in a conversation the request after it grows with every
+/// answer kept in its history), and the rollups read the model without parsing what follows:
+/// a request cut short right after its model still names it. Requests journalled before
+/// (the model after the messages), names with escaped quotes, retention's kept model and
+/// text that is not JSON read as before; what the triggers keep equals a rebuild.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_model_is_read_from_the_start_of_its_journalled_request() {
+    let app = TestApp::spawn().await;
+    let long = "报销流程怎么走？".repeat(500);
+    let first = task_id_of(app.post_message(&message("long", 0, &long)).await).await;
+    app.wait_replied(first, Duration::from_secs(20)).await;
+    let second = task_id_of(app.post_message(&message("long", 1, "谢谢")).await).await;
+    app.wait_replied(second, Duration::from_secs(20)).await;
+    let steps = app.store().task_steps(second).await.unwrap();
+    let input = steps[0].input.as_deref().unwrap();
+    let model = &app.config.llm.model;
+    assert!(
+        input.starts_with(&format!(r#"{{"model":"{model}","#)),
+        "{}",
+        input.chars().take(80).collect::<String>()
+    );
+    // The same JSON as a body the model got, the first answer in its history.
+    let journalled: serde_json::Value = serde_json::from_str(input).unwrap();
+    let sent = model_bodies(&app.model).await;
+    assert!(sent.contains(&journalled), "{} bodies sent", sent.len());
+    assert!(input.contains(&format!("answer to: {long}")));
+    kept_equal_rebuilt(&app, "after a long conversation").await;
+    let cells = cells(app.store()).await;
+    assert!(
+        cells
+            .iter()
+            .any(|c| c.starts_with("token_rollup|") && c.contains(&format!("|{model}|"))),
+        "{cells:?}"
+    );
+
+    let read = assistd::store::rollups::step_model(app.store().dialect(), "$1");
+    let read = format!("SELECT {read}");
+    let cut_short = format!(
+        r#"{{"model":"m","messages":[{{"content":"{}"#,
+        "x".repeat(100_000)
+    );
+    let cases: [(Option<&str>, Option<&str>); 9] = [
+        (
+            Some(r#"{"model":"llama3.2","messages":[]}"#),
+            Some("llama3.2"),
+        ),
+        (Some(&cut_short), Some("m")),
+        (
+            Some(r#"{"messages":[{"role":"user","content":"hi"}],"model":"before"}"#),
+            Some("before"),
+        ),
+        (
+            Some(r#"{"model":"a \"quoted\", m\\odel","messages":[]}"#),
+            Some(r#"a "quoted", m\odel"#),
+        ),
+        (Some(r#"{"model":"模型","messages":[]}"#), Some("模型")),
+        (Some(r#"{"model":"kept"}"#), Some("kept")),
+        (Some(r#"{"model" : "kept"}"#), Some("kept")),
+        (Some("not json"), None),
+        (None, None),
+    ];
+    for (input, expected) in cases {
+        let got: Option<String> = match app.store() {
+            assistd::store::Store::Sqlite(pool, _) => sqlx::query_scalar(&read)
+                .bind(input)
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+            assistd::store::Store::Postgres(pool) => sqlx::query_scalar(&read)
+                .bind(input)
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+        };
+        let shown = input.map(|i| i.chars().take(60).collect::<String>());
+        assert_eq!(got.as_deref(), expected, "{shown:?}");
+    }
+    app.stop().await;
+}

@@ -63,7 +63,10 @@ impl Runner<'_> {
             self.step_no -= 1;
             return Err(Stop::Run(RunError::Parked));
         }
-        let input_text = input.to_string();
+        let input_text = match step_type {
+            StepType::Llm => crate::llm::journal_text(input),
+            _ => input.to_string(),
+        };
         let exec = self.exec();
         let row = exec
             .begin(&NewStep {
