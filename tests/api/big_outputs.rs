@@ -164,3 +164,68 @@ async fn a_response_over_the_hard_cap_fails_its_step_naming_the_key_instead_of_b
     assert_eq!(app.store().blob_count(id).await.unwrap(), 0);
     flow.app.stop().await;
 }
+
+/// Issue 35 (migration 0039): on PostgreSQL long texts are compressed with LZ4, not pglz,
+/// every text column set so: a long question, the model call's journalled request and its
+/// answer, the task's result and the reply, written through a webhook, are each stored
+/// compressed with LZ4, and the chat gets the whole answer back.
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_texts_are_stored_compressed_with_lz4_on_postgres() {
+    let app = TestApp::spawn_on(
+        TestDb::postgres().await,
+        echo_model().await,
+        accepting_receiver().await,
+        |_| {},
+    )
+    .await;
+    let question = "报销需要哪些材料？请按步骤说明。".repeat(300);
+    let id = task_id_of(app.post_message(&message("lz4", 1, &question)).await).await;
+    app.wait_replied(id, std::time::Duration::from_secs(20))
+        .await;
+    let replies = app.replies().await;
+    let answer = format!("answer to: {question}");
+    assert!(
+        replies
+            .iter()
+            .any(|(_, body)| body["text"] == answer.as_str()),
+        "{} replies",
+        replies.len()
+    );
+    let assistd::store::Store::Postgres(pool) = app.store() else {
+        panic!("a PostgreSQL store");
+    };
+    let stored: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT 'message', pg_column_compression(text) FROM im_message WHERE task_id = $1 \
+         UNION ALL SELECT 'request', pg_column_compression(input) FROM agent_step \
+             WHERE task_id = $1 AND step_type = 'llm' \
+         UNION ALL SELECT 'answer', pg_column_compression(output) FROM agent_step \
+             WHERE task_id = $1 AND step_type = 'llm' \
+         UNION ALL SELECT 'result', pg_column_compression(result) FROM agent_task WHERE id = $1 \
+         UNION ALL SELECT 'reply', pg_column_compression(content) FROM outbound_reply \
+             WHERE task_id = $1 ORDER BY 1",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let expected = ["answer", "message", "reply", "request", "result"]
+        .map(|what| (what.to_string(), Some("lz4".to_string())));
+    assert_eq!(stored, expected);
+    // Every text and JSON column is set so (migration tables aside).
+    let others: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname || '.' || a.attname FROM pg_attribute a \
+         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = current_schema() AND c.relkind = 'r' AND a.attnum > 0 \
+         AND NOT a.attisdropped AND a.atttypid IN ('text'::regtype, 'json'::regtype, 'jsonb'::regtype) \
+         AND c.relname NOT LIKE '\\_sqlx%' AND a.attcompression <> 'l' ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(others.is_empty(), "{others:?}");
+    app.stop().await;
+}

@@ -311,6 +311,14 @@ pub(crate) async fn send_messages_to(
     tag: &str,
 ) -> anyhow::Result<Vec<Duration>> {
     let next = Arc::new(AtomicUsize::new(0));
+    // ASSISTD_BENCH_CONVERSATIONS: the messages go round that many conversations, so each
+    // question after a conversation's first carries its history (with
+    // ASSISTD_BENCH_ANSWER_CHARS, long answers) into the prompt; unset: one each.
+    let conversations: usize = std::env::var("ASSISTD_BENCH_CONVERSATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&c| c > 0)
+        .unwrap_or(n.max(1));
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
         let next = next.clone();
@@ -326,7 +334,7 @@ pub(crate) async fn send_messages_to(
                 }
                 let body = serde_json::to_vec(&json!({
                     "event_id": format!("{tag}-e{i}"), "message_id": format!("{tag}-m{i}"),
-                    "conversation_id": format!("{tag}-c{i}"), "sender_id": "bench", "text": format!("question {i}"),
+                    "conversation_id": format!("{tag}-c{}", i % conversations), "sender_id": "bench", "text": format!("question {i}"),
                 }))?;
                 let ts = assistd::domain::now_ms() / 1000;
                 let sig = assistd::channels::generic::sign(SECRET, ts, &body);
