@@ -6,12 +6,10 @@
 -- key) inside the write transaction, and each summary request the live tasks' requests:
 -- 2.4 ms for a 200 KB prompt on this project's machine, growing with the conversation.
 -- Requests journalled before (members in other orders), or a model name over a kilobyte,
--- are parsed whole as before. Same values; `store::rollups::step_model` names this function.
+-- are parsed whole as before. One slice is read (an LZ4-compressed value stored apart is
+-- fetched whole for each slice taken). Same values; `store::rollups::step_model` names it.
 CREATE OR REPLACE FUNCTION step_model(input TEXT) RETURNS TEXT LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
-        WHEN substr(input, 1, 10) = '{"model":"' THEN COALESCE(
-            (substring(substr(input, 1, 1024) from '^\{"model":("(?:[^"\\]|\\.)*")'))::json #>> '{}',
-            input::json ->> 'model')
-        WHEN substr(input, 1, 1) = '{' THEN input::json ->> 'model'
-    END
+    SELECT COALESCE(
+        (substring(substr(input, 1, 1024) from '^\{"model":("(?:[^"\\]|\\.)*")'))::json #>> '{}',
+        CASE WHEN input LIKE '{%' THEN input::json ->> 'model' END)
 $$;
