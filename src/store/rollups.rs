@@ -23,10 +23,11 @@ pub(super) const LIVE_IDS: &str = "SELECT id FROM agent_task WHERE status = 'PEN
 /// it is not JSON (retention keeps only the model: `Store::purge_finished`). A request
 /// journalled with `model` first (`llm::journal_text`) is read from its first bytes, the
 /// model's JSON string alone, never the prompt after it, which grows with the conversation;
-/// others (journalled before, or a model name over a kilobyte) are parsed whole. On SQLite
-/// the string runs to the first `",` after it: where that quote is escaped, the cut is not
-/// valid JSON and the whole text is parsed instead. PostgreSQL: the function of migration
-/// 0038, the same rule; the SQLite triggers of that migration spell this expression out.
+/// others (journalled before, written again without a NUL by `text::storable`, or a model
+/// name over a kilobyte) are parsed whole. On SQLite the string runs to the first `",`
+/// after it: where that quote is escaped, the cut is not valid JSON and the whole text is
+/// parsed instead; the triggers of SQLite's migration 0031 spell this expression out.
+/// PostgreSQL: the function of its migration 0038, the same rule.
 pub fn step_model(dialect: super::Dialect, input: &str) -> String {
     match dialect {
         super::Dialect::Sqlite => {

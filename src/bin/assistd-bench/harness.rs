@@ -167,38 +167,31 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
                     tokio::time::sleep(model_latency).await;
                 }
                 open.fetch_sub(1, Ordering::Relaxed);
-                let last = body["messages"]
-                    .as_array()
-                    .and_then(|m| m.last())
-                    .and_then(|m| m["content"].as_str())
-                    .unwrap_or("")
-                    .to_string();
-                // A whole chat completion, as strict clients (async-openai's types) read it.
-                axum::Json(json!({
-                    "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_700_000_000u32,
-                    "model": body["model"],
-                    "choices": [{"index": 0, "logprobs": null, "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": long_answer(&last, answer_chars)}}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}))
+                axum::Json(chat_completion(&body, answer_chars))
             }),
         )
-        .route("/tool", axum::routing::get(|| async { axum::Json(json!({"ok": true})) }))
+        .route(
+            "/tool",
+            axum::routing::get(|| async { axum::Json(json!({"ok": true})) }),
+        )
         .route(
             "/reply",
-            post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
-                shortest.fetch_min(body.len(), Ordering::Relaxed);
-                if String::from_utf8_lossy(&body).contains(FAILURE_NOTICE_MARK) {
-                    notices_seen.fetch_add(1, Ordering::Relaxed);
-                }
-                let key = headers.get("idempotency-key").and_then(|k| k.to_str().ok());
-                if !keys.lock().unwrap().insert(key.unwrap_or("").to_string()) {
-                    repeated.fetch_add(1, Ordering::Relaxed);
-                }
-                r.fetch_add(1, Ordering::Relaxed);
-                first_reply.fetch_min(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-                n.notify_waiters();
-                "ok"
-            }),
+            post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
+                    shortest.fetch_min(body.len(), Ordering::Relaxed);
+                    if String::from_utf8_lossy(&body).contains(FAILURE_NOTICE_MARK) {
+                        notices_seen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let key = headers.get("idempotency-key").and_then(|k| k.to_str().ok());
+                    if !keys.lock().unwrap().insert(key.unwrap_or("").to_string()) {
+                        repeated.fetch_add(1, Ordering::Relaxed);
+                    }
+                    r.fetch_add(1, Ordering::Relaxed);
+                    first_reply.fetch_min(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    n.notify_waiters();
+                    "ok"
+                },
+            ),
         );
     // A burst of model calls (all of `recovery`'s tasks resuming at once, `in-flight`'s
     // 10,000) must not overflow the accept queue: dropped SYNs are retried a second later,
@@ -260,6 +253,16 @@ pub(crate) fn bench_config(
     c.channels.console.enabled = false;
     c.scheduler.enabled = false;
     c.replies.failure_notice = FAILURE_NOTICE.into();
+    // Room for ASSISTD_BENCH_ANSWER_CHARS' answers: the mock model holds each answer to the
+    // request's max_tokens, as a model does.
+    if let Some(chars) = std::env::var("ASSISTD_BENCH_ANSWER_CHARS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        for agent in c.agents.values_mut() {
+            agent.max_tokens = agent.max_tokens.max(chars / 3 + 64);
+        }
+    }
     Ok(c)
 }
 
@@ -291,7 +294,8 @@ impl Server {
     }
 }
 
-/// Sends `n` signed messages (each its own conversation) from `concurrency` clients;
+/// Sends `n` signed messages (each its own conversation, or round
+/// `ASSISTD_BENCH_CONVERSATIONS` of them) from `concurrency` clients;
 /// returns the acknowledgement latencies.
 pub(crate) async fn send_messages(
     addr: SocketAddr,
@@ -564,6 +568,44 @@ pub(crate) async fn tool_chain_server_with(
     config.channels.generic.agent = "steps".into();
     config.scheduler.enabled = false;
     Ok((start_server(config).await?, dir))
+}
+
+/// The mock model's answer to the chat request `body`, a whole chat completion as strict
+/// clients (async-openai's types) read it: `long_answer` to the last message, held to the
+/// request's `max_tokens` as a model is (cut, `finish_reason: "length"`), and its usage
+/// counted as assistd estimates tokens (`llm::estimate_tokens`). A history summary call
+/// (asked for at most 512 tokens) thus gets a summary of that size, not an echo of the
+/// whole conversation it was given.
+fn chat_completion(body: &Value, answer_chars: usize) -> Value {
+    use assistd::llm::estimate_tokens;
+    let messages = body["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let text = |m: &Value| m["content"].as_str().unwrap_or("").to_string();
+    let last = messages.last().map(text).unwrap_or_default();
+    let limit = body["max_tokens"]
+        .as_u64()
+        .or_else(|| body["max_completion_tokens"].as_u64())
+        .unwrap_or(16) as usize;
+    let mut content = long_answer(&last, answer_chars);
+    let cut = estimate_tokens(&content) > limit;
+    if cut {
+        let mut end = limit.saturating_sub(4) * 3;
+        while !content.is_char_boundary(end.min(content.len())) {
+            end -= 1;
+        }
+        content.truncate(end);
+    }
+    let prompt: usize = messages.iter().map(|m| estimate_tokens(&text(m))).sum();
+    let completion = estimate_tokens(&content);
+    json!({
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_700_000_000u32,
+        "model": body["model"],
+        "choices": [{"index": 0, "logprobs": null, "finish_reason": if cut { "length" } else { "stop" },
+            "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}})
 }
 
 /// "answer to: `question`", then words drawn from a small vocabulary by a generator seeded
