@@ -463,18 +463,19 @@ async fn summarize_history(
     step_no: i64,
     older: &[ChatMessage],
 ) -> Result<Option<String>, RunError> {
-    let transcript: String = older
-        .iter()
-        .map(|m| format!("{}: {}\n", m.role, m.content))
-        .collect();
+    let prompt = &svc.config.context.summary_prompt;
+    let room = (provider.context_window as usize)
+        .saturating_sub(SUMMARY_MAX_TOKENS as usize)
+        .saturating_sub(estimate_tokens(prompt) + estimate_tokens(TRANSCRIPT_HEAD));
+    let transcript = transcript_within(older, room);
     let request = ChatRequest {
         model: model.to_string(),
         messages: vec![
-            ChatMessage::system(svc.config.context.summary_prompt.clone()),
-            ChatMessage::user(format!("Conversation so far:\n{transcript}")),
+            ChatMessage::system(prompt.clone()),
+            ChatMessage::user(format!("{TRANSCRIPT_HEAD}{transcript}")),
         ],
         temperature: 0.0,
-        max_tokens: 512,
+        max_tokens: SUMMARY_MAX_TOKENS,
         tools: Vec::new(),
         tool_choice: None,
     };
@@ -489,6 +490,39 @@ async fn summarize_history(
             tracing::warn!(error = %err.message, "history summary failed; leaving older turns out");
             Ok(None)
         }
+    }
+}
+
+/// The longest summary asked for, in tokens.
+const SUMMARY_MAX_TOKENS: u32 = 512;
+/// What the summary call's transcript starts with.
+const TRANSCRIPT_HEAD: &str = "Conversation so far:\n";
+
+/// The older turns a summary call is given, one `role: content` line each: the newest that
+/// fit in about `room` tokens, so that the call stays inside the model's context window
+/// (turns before them are left out, as turns beyond `history_messages` are); the newest
+/// alone over it is cut to fit.
+fn transcript_within(older: &[ChatMessage], room: usize) -> String {
+    let lines: Vec<String> = older
+        .iter()
+        .map(|m| format!("{}: {}\n", m.role, m.content))
+        .collect();
+    let mut used = 0usize;
+    let mut keep = 0usize;
+    for line in lines.iter().rev() {
+        used += estimate_tokens(line);
+        if used > room {
+            break;
+        }
+        keep += 1;
+    }
+    match (keep, lines.last()) {
+        (0, Some(newest)) => {
+            // `estimate_tokens` counts a token per three bytes, and four more.
+            let cut = crate::domain::truncate(newest, room.saturating_sub(8) * 3);
+            format!("{cut}\n")
+        }
+        _ => lines[lines.len() - keep..].concat(),
     }
 }
 
@@ -511,6 +545,36 @@ fn within_budget(turns: Vec<ChatMessage>, budget: usize) -> Vec<ChatMessage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_summary_is_given_the_newest_older_turns_that_fit_its_window() {
+        // Lines of 406 bytes ("user: " + 399 + "\n") = 139 tokens by the estimate.
+        let older: Vec<ChatMessage> = (0..10)
+            .map(|i| ChatMessage::user(format!("{i}{}", "x".repeat(399))))
+            .collect();
+        let all = transcript_within(&older, usize::MAX);
+        assert_eq!(all.lines().count(), 10);
+        let fitted = transcript_within(&older, 420);
+        assert_eq!(fitted.lines().count(), 3);
+        assert!(
+            fitted.starts_with("user: 7") && fitted.ends_with("x\n"),
+            "{fitted}"
+        );
+        assert!(estimate_tokens(&fitted) <= 420);
+        // The newest alone over the room: cut to fit, never sent whole.
+        let one = [ChatMessage::assistant(format!(
+            "answer {}",
+            "长".repeat(10_000)
+        ))];
+        let cut = transcript_within(&one, 1000);
+        assert!(
+            cut.starts_with("assistant: answer 长") && cut.len() < 3_000,
+            "{}",
+            cut.len()
+        );
+        assert!(estimate_tokens(&cut) <= 1000);
+        assert_eq!(transcript_within(&[], 1000), "");
+    }
 
     #[test]
     fn history_is_cut_oldest_first_but_keeps_the_question() {

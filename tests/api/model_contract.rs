@@ -282,6 +282,62 @@ async fn a_conversation_fits_the_model_context_window() {
     app.stop().await;
 }
 
+/// Answers of 10,000 characters, as a chatty model gives them; a history summary is short.
+fn ten_thousand_characters(body: &Value) -> ModelReply {
+    let asked = body["messages"][1]["content"].as_str().unwrap_or("");
+    if asked.starts_with("Conversation so far:") {
+        return ModelReply::text(format!("summary of {} bytes", asked.len()));
+    }
+    ModelReply::text(format!(
+        "answer: {}",
+        "the report shows growth ".repeat(417)
+    ))
+}
+
+/// A team chat whose answers run to 10,000 characters, on an 8,192-token server: the older
+/// turns folded into a summary are the newest that fit the summary call's window, so the
+/// call is not refused (it was sent every older turn, 40 KB by the fifth question) and the
+/// answer is given the summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_summary_is_asked_within_the_model_context_window() {
+    let model = MockServer::start().await;
+    strict_mock(StrictModel::new(ten_thousand_characters).with_context_window(8192))
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
+        c.llm.context_window = 8192;
+        c.agents.get_mut("default").unwrap().max_tokens = 3000;
+    })
+    .await;
+    let mut last = 0;
+    for n in 1..=5 {
+        let question = format!("question {n}: how did the quarter go?");
+        last = task_id_of(app.post_message(&message("mc-long", n, &question)).await).await;
+        let task = app.wait_replied(last, WAIT).await;
+        assert_eq!(task["status"], "SUCCEEDED", "message {n}");
+    }
+    let steps = app.store().task_steps(last).await.unwrap();
+    let kinds: Vec<(&str, &str)> = steps
+        .iter()
+        .map(|s| (s.tool_name.as_str(), s.status.as_str()))
+        .collect();
+    assert_eq!(kinds, [("summary", "SUCCEEDED"), ("chat", "SUCCEEDED")]);
+    let asked = steps[0].input.as_deref().unwrap();
+    assert!(
+        asked.len() < 8192 * 3,
+        "summary request of {} bytes",
+        asked.len()
+    );
+    let chat = model_bodies(&app.model).await.pop().unwrap();
+    let given = chat["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        given.starts_with("Summary of the earlier conversation:\nsummary of"),
+        "{}",
+        given.chars().take(100).collect::<String>()
+    );
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_too_long_answer_is_retried_once_with_the_question_alone() {
     // The configured window (8192) overstates the server's (200): the model refuses.
