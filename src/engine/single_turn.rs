@@ -464,9 +464,13 @@ async fn summarize_history(
     older: &[ChatMessage],
 ) -> Result<Option<String>, RunError> {
     let prompt = &svc.config.context.summary_prompt;
-    let room = (provider.context_window as usize)
-        .saturating_sub(SUMMARY_MAX_TOKENS as usize)
-        .saturating_sub(estimate_tokens(prompt) + estimate_tokens(TRANSCRIPT_HEAD));
+    let room = history_budget(
+        usize::MAX,
+        provider.context_window,
+        SUMMARY_MAX_TOKENS,
+        prompt,
+    )
+    .saturating_sub(estimate_tokens(TRANSCRIPT_HEAD));
     let transcript = transcript_within(older, room);
     let request = ChatRequest {
         model: model.to_string(),
@@ -507,15 +511,7 @@ fn transcript_within(older: &[ChatMessage], room: usize) -> String {
         .iter()
         .map(|m| format!("{}: {}\n", m.role, m.content))
         .collect();
-    let mut used = 0usize;
-    let mut keep = 0usize;
-    for line in lines.iter().rev() {
-        used += estimate_tokens(line);
-        if used > room {
-            break;
-        }
-        keep += 1;
-    }
+    let keep = newest_within(lines.iter().map(|l| estimate_tokens(l)), room);
     match (keep, lines.last()) {
         (0, Some(newest)) => {
             // `estimate_tokens` counts a token per three bytes, and four more.
@@ -529,17 +525,22 @@ fn transcript_within(older: &[ChatMessage], room: usize) -> String {
 /// Keeps the newest turns that fit in about `budget` tokens; the current question (the last
 /// turn) is always kept.
 fn within_budget(turns: Vec<ChatMessage>, budget: usize) -> Vec<ChatMessage> {
-    let mut used = 0usize;
-    let mut keep = 0usize;
-    for (i, turn) in turns.iter().rev().enumerate() {
-        used += estimate_tokens(&turn.content);
-        if used > budget && i > 0 {
-            break;
-        }
-        keep += 1;
-    }
-    let skip = turns.len() - keep;
+    let fitting = newest_within(turns.iter().map(|t| estimate_tokens(&t.content)), budget);
+    let skip = turns.len() - fitting.max(1).min(turns.len());
     turns.into_iter().skip(skip).collect()
+}
+
+/// How many of the last items (`tokens`, each item's cost, oldest first) fit in `budget`
+/// together.
+fn newest_within(tokens: impl DoubleEndedIterator<Item = usize>, budget: usize) -> usize {
+    let mut used = 0usize;
+    tokens
+        .rev()
+        .take_while(|cost| {
+            used = used.saturating_add(*cost);
+            used <= budget
+        })
+        .count()
 }
 
 #[cfg(test)]

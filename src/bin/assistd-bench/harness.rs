@@ -144,13 +144,7 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
     let shortest_reply = Arc::new(AtomicUsize::new(usize::MAX));
     let shortest = shortest_reply.clone();
     let peak = max_in_flight.clone();
-    // ASSISTD_BENCH_ANSWER_CHARS: answers of about that many characters (prose-like words,
-    // so PostgreSQL compresses them about as it would a real answer), for the cost of a
-    // long answer along the path; unset: the short "answer to: …".
-    let answer_chars: usize = std::env::var("ASSISTD_BENCH_ANSWER_CHARS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let answer_chars = answer_chars();
     let epoch = Instant::now();
     let last_call_ms = Arc::new(AtomicU64::new(0));
     let first_reply_ms = Arc::new(AtomicU64::new(u64::MAX));
@@ -253,15 +247,11 @@ pub(crate) fn bench_config(
     c.channels.console.enabled = false;
     c.scheduler.enabled = false;
     c.replies.failure_notice = FAILURE_NOTICE.into();
-    // Room for ASSISTD_BENCH_ANSWER_CHARS' answers: the mock model holds each answer to the
-    // request's max_tokens, as a model does.
-    if let Some(chars) = std::env::var("ASSISTD_BENCH_ANSWER_CHARS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        for agent in c.agents.values_mut() {
-            agent.max_tokens = agent.max_tokens.max(chars / 3 + 64);
-        }
+    // Room for the long answers asked for: the mock model holds each answer to the request's
+    // max_tokens, as a model does.
+    let chars = u32::try_from(answer_chars()).unwrap_or(u32::MAX);
+    for agent in c.agents.values_mut() {
+        agent.max_tokens = agent.max_tokens.max(chars / 3 + 64);
     }
     Ok(c)
 }
@@ -568,6 +558,16 @@ pub(crate) async fn tool_chain_server_with(
     config.channels.generic.agent = "steps".into();
     config.scheduler.enabled = false;
     Ok((start_server(config).await?, dir))
+}
+
+/// ASSISTD_BENCH_ANSWER_CHARS: the mock model's answers run to about that many characters
+/// (prose-like words, so PostgreSQL compresses them about as it would a real answer), for
+/// the cost of a long answer along the path; unset: the short "answer to: …".
+fn answer_chars() -> usize {
+    std::env::var("ASSISTD_BENCH_ANSWER_CHARS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The mock model's answer to the chat request `body`, a whole chat completion as strict
