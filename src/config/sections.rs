@@ -112,6 +112,10 @@ pub struct ContextConfig {
     pub summary_every_steps: u32,
     pub summary_prompt: String,
     pub history_token_budget: usize,
+    /// After a conversation's history is folded into a summary, the newest exchanges kept
+    /// in full take at most this share of the history budget (0–100), so that the next
+    /// messages carry the summary over instead of asking for a new one.
+    pub recent_after_summary_percent: u32,
 }
 
 /// Settings shared by every tool.

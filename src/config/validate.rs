@@ -264,6 +264,12 @@ impl Config {
             "context.history_token_budget",
             self.context.history_token_budget as u64,
         )?;
+        if self.context.recent_after_summary_percent > 100 {
+            return Err(invalid(
+                "context.recent_after_summary_percent",
+                "must be at most 100",
+            ));
+        }
         if let Err(message) = crate::redaction::Redactor::new(&self.redaction.extra_patterns) {
             return Err(invalid("redaction.extra_patterns", message));
         }

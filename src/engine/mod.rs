@@ -4,6 +4,7 @@
 
 pub mod aborts;
 pub mod feedback;
+pub mod history;
 pub mod knowledge;
 pub mod pool;
 pub mod reply;

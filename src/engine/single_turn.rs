@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::feedback::Feedback;
+use super::history;
 use super::reply;
 use super::step::{self, CallErr, StepExec};
 use super::task::{RunError, TaskContext, model_of};
@@ -14,8 +15,7 @@ use super::worker::Worker;
 use crate::domain::{FailureType, ReplyType, StepStatus, StepType, TaskStatus};
 use crate::domain::{Fence, NewStep, StepResult, StepRow, TaskOutcome};
 use crate::llm::{
-    ChatMessage, ChatRequest, ChatResponse, OpenAiClient, WireRequest, estimate_tokens,
-    history_budget,
+    ChatMessage, ChatRequest, ChatResponse, OpenAiClient, WireRequest, history_budget,
 };
 
 const STEP_NO: i64 = 1;
@@ -58,31 +58,25 @@ pub async fn run(
     } else {
         None
     };
-    let turns = conversation_turns(svc, ctx).await?;
+    let turns = history::conversation_turns(svc, ctx).await?;
     let budget = history_budget(
         svc.config.context.history_token_budget,
         provider.context_window,
         agent.max_tokens,
         &agent.system_prompt,
     );
-    let recent = within_budget(turns.clone(), budget);
-    let older = &turns[..turns.len() - recent.len()];
+    let plan = history::plan(svc, ctx, &turns, budget).await?;
     let system = ChatMessage::system(agent.system_prompt.clone());
-    let question = recent.last().cloned();
+    let question = turns.last().map(|t| t.message.clone());
     let mut messages = vec![system.clone()];
     // Over the budget: the older exchanges are folded into a summary by the model (a
-    // journalled step of its own, so a resumed task reuses it), and the chat call is step 2.
-    let mut chat_step = first_step;
-    if !older.is_empty() {
-        chat_step = first_step + 1;
-        let summary = summarize_history(svc, &exec, (provider, &model), first_step, older).await?;
-        if let Some(summary) = summary {
-            messages.push(ChatMessage::user(format!(
-                "Summary of the earlier conversation:\n{summary}"
-            )));
-        }
-    }
-    messages.extend(recent);
+    // journalled step of its own, so a resumed task reuses it; step 2 is then the chat
+    // call), or an earlier task's summary is carried over.
+    let chat_step = first_step + i64::from(!plan.fold.is_empty());
+    let (summary, made) = summary_of(svc, &exec, (provider, &model), first_step, &plan).await?;
+    let recent = if made { plan.recent } else { plan.unfolded };
+    messages.extend(summary.as_deref().map(history::summary_message));
+    messages.extend(recent.iter().map(|t| t.message.clone()));
     // The group's chatter before the question, then the passages, just before it (the
     // passages also with the question alone, if it comes to that).
     let chatter = chatter_message(&group_chatter(svc, ctx).await?);
@@ -228,40 +222,13 @@ pub(crate) fn chatter_message(chatter: &[(String, String)]) -> Option<ChatMessag
     )))
 }
 
-/// The conversation's recent turns up to and including the question: the user's messages
-/// and, where answered, the answers.
+/// The conversation's recent turns up to and including the question (for workflows).
 pub(crate) async fn conversation_turns(
     svc: &Worker,
     ctx: &TaskContext,
 ) -> Result<Vec<ChatMessage>, RunError> {
-    let (task, message, agent) = (&ctx.task, &ctx.message, &ctx.agent);
-    let read;
-    let history = match &ctx.history {
-        Some(history) => history,
-        None => {
-            read = svc
-                .store
-                .conversation_history(
-                    &task.channel,
-                    &task.conversation_id,
-                    message.id,
-                    i64::from(agent.history_messages) + 1,
-                )
-                .await?;
-            &read
-        }
-    };
-    let mut turns = Vec::new();
-    for entry in history {
-        turns.push(ChatMessage::user(entry.text.clone()));
-        if entry.message_id == message.id {
-            break;
-        }
-        if let Some(answer) = &entry.answer {
-            turns.push(ChatMessage::assistant(answer.clone()));
-        }
-    }
-    Ok(turns)
+    let turns = history::conversation_turns(svc, ctx).await?;
+    Ok(turns.into_iter().map(|t| t.message).collect())
 }
 
 /// The task's terminal outcome from its chat call: the answer (or the agent's fallback for an
@@ -454,32 +421,54 @@ async fn chat_step_call(
     })
 }
 
-/// Folds `older` turns into a summary with a journalled `summary` step (step 1); `None` when
-/// the summary could not be made (the older turns are then simply left out).
+/// The summary the prompt gives, and whether it folded the plan's turns: the carried one or,
+/// with turns to fold, a new one made by a journalled `summary` step (step `step_no`) and
+/// kept on the task for the conversation's later messages; the carried one still when the
+/// new one could not be made.
+async fn summary_of(
+    svc: &Worker,
+    exec: &StepExec<'_>,
+    model: (&OpenAiClient, &str),
+    step_no: i64,
+    plan: &history::Plan<'_>,
+) -> Result<(Option<String>, bool), RunError> {
+    let carried = plan.carried.as_ref().map(|(text, _)| text.clone());
+    let Some(newest) = plan.fold.last() else {
+        return Ok((carried, true));
+    };
+    let fold = (carried.as_deref(), plan.fold);
+    let Some(made) = summarize_history(svc, exec, model, step_no, fold).await? else {
+        return Ok((carried, false));
+    };
+    let kept = svc
+        .journal
+        .keep_conversation_summary(exec.fence, &made, newest.message_id)
+        .await?;
+    if !kept {
+        return Err(RunError::LostLease);
+    }
+    Ok((Some(made), true))
+}
+
 async fn summarize_history(
     svc: &Worker,
     exec: &StepExec<'_>,
     (provider, model): (&OpenAiClient, &str),
     step_no: i64,
-    older: &[ChatMessage],
+    (previous, fold): (Option<&str>, &[history::Turn]),
 ) -> Result<Option<String>, RunError> {
     let prompt = &svc.config.context.summary_prompt;
-    let room = history_budget(
-        usize::MAX,
-        provider.context_window,
-        SUMMARY_MAX_TOKENS,
-        prompt,
-    )
-    .saturating_sub(estimate_tokens(TRANSCRIPT_HEAD));
-    let transcript = transcript_within(older, room);
+    // At most a quarter of a small window, so that the transcript has room.
+    let max_tokens = SUMMARY_MAX_TOKENS.min(provider.context_window / 4);
+    let room = history_budget(usize::MAX, provider.context_window, max_tokens, prompt);
     let request = ChatRequest {
         model: model.to_string(),
         messages: vec![
             ChatMessage::system(prompt.clone()),
-            ChatMessage::user(format!("{TRANSCRIPT_HEAD}{transcript}")),
+            ChatMessage::user(history::summary_request(previous, fold, room)),
         ],
         temperature: 0.0,
-        max_tokens: SUMMARY_MAX_TOKENS,
+        max_tokens,
         tools: Vec::new(),
         tool_choice: None,
     };
@@ -497,100 +486,5 @@ async fn summarize_history(
     }
 }
 
-/// The longest summary asked for, in tokens.
+/// The longest summary asked for, in tokens (less in a window under four times this).
 const SUMMARY_MAX_TOKENS: u32 = 512;
-/// What the summary call's transcript starts with.
-const TRANSCRIPT_HEAD: &str = "Conversation so far:\n";
-
-/// The older turns a summary call is given, one `role: content` line each: the newest that
-/// fit in about `room` tokens, so that the call stays inside the model's context window
-/// (turns before them are left out, as turns beyond `history_messages` are); the newest
-/// alone over it is cut to fit.
-fn transcript_within(older: &[ChatMessage], room: usize) -> String {
-    let lines: Vec<String> = older
-        .iter()
-        .map(|m| format!("{}: {}\n", m.role, m.content))
-        .collect();
-    let keep = newest_within(lines.iter().map(|l| estimate_tokens(l)), room);
-    match (keep, lines.last()) {
-        (0, Some(newest)) => {
-            // `estimate_tokens` counts a token per three bytes, and four more.
-            let cut = crate::domain::truncate(newest, room.saturating_sub(8) * 3);
-            format!("{cut}\n")
-        }
-        _ => lines[lines.len() - keep..].concat(),
-    }
-}
-
-/// Keeps the newest turns that fit in about `budget` tokens; the current question (the last
-/// turn) is always kept.
-fn within_budget(turns: Vec<ChatMessage>, budget: usize) -> Vec<ChatMessage> {
-    let fitting = newest_within(turns.iter().map(|t| estimate_tokens(&t.content)), budget);
-    let skip = turns.len() - fitting.max(1).min(turns.len());
-    turns.into_iter().skip(skip).collect()
-}
-
-/// How many of the last items (`tokens`, each item's cost, oldest first) fit in `budget`
-/// together.
-fn newest_within(tokens: impl DoubleEndedIterator<Item = usize>, budget: usize) -> usize {
-    let mut used = 0usize;
-    tokens
-        .rev()
-        .take_while(|cost| {
-            used = used.saturating_add(*cost);
-            used <= budget
-        })
-        .count()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_summary_is_given_the_newest_older_turns_that_fit_its_window() {
-        // Lines of 406 bytes ("user: " + 399 + "\n") = 139 tokens by the estimate.
-        let older: Vec<ChatMessage> = (0..10)
-            .map(|i| ChatMessage::user(format!("{i}{}", "x".repeat(399))))
-            .collect();
-        let all = transcript_within(&older, usize::MAX);
-        assert_eq!(all.lines().count(), 10);
-        let fitted = transcript_within(&older, 420);
-        assert_eq!(fitted.lines().count(), 3);
-        assert!(
-            fitted.starts_with("user: 7") && fitted.ends_with("x\n"),
-            "{fitted}"
-        );
-        assert!(estimate_tokens(&fitted) <= 420);
-        // The newest alone over the room: cut to fit, never sent whole.
-        let one = [ChatMessage::assistant(format!(
-            "answer {}",
-            "长".repeat(10_000)
-        ))];
-        let cut = transcript_within(&one, 1000);
-        assert!(
-            cut.starts_with("assistant: answer 长") && cut.len() < 3_000,
-            "{}",
-            cut.len()
-        );
-        assert!(estimate_tokens(&cut) <= 1000);
-        assert_eq!(transcript_within(&[], 1000), "");
-    }
-
-    #[test]
-    fn history_is_cut_oldest_first_but_keeps_the_question() {
-        // 400 bytes = 137 tokens by the estimate.
-        let turns: Vec<ChatMessage> = (0..10)
-            .map(|i| ChatMessage::user(format!("{i}{}", "x".repeat(399))))
-            .collect();
-        let kept = within_budget(turns.clone(), 420);
-        assert_eq!(kept.len(), 3);
-        assert!(kept[2].content.starts_with('9'));
-        assert_eq!(
-            within_budget(turns.clone(), 1).len(),
-            1,
-            "the question stays"
-        );
-        assert_eq!(within_budget(turns, 100_000).len(), 10);
-    }
-}

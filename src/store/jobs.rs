@@ -520,8 +520,8 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query(
-                    "UPDATE agent_task SET result = NULL, context_summary = NULL, purged_at = $1 \
-                     WHERE id = $2",
+                    "UPDATE agent_task SET result = NULL, context_summary = NULL, \
+                     summary_through = NULL, purged_at = $1 WHERE id = $2",
                 )
                 .bind(now)
                 .bind(task_id)

@@ -122,16 +122,19 @@ pub struct Decline<'a> {
 }
 
 impl Store {
-    /// Keeps the latest rolling summary of a long task (never in `result`).
+    /// Keeps the latest rolling summary of a long task (never in `result`); `through`, for a
+    /// conversation's history summary, the id of the newest message it covers (later tasks
+    /// of the conversation carry it over: [`Store::conversation_summary`]).
     pub async fn set_context_summary(
         &self,
         fence: &Fence,
         summary: &str,
+        through: Option<i64>,
         now: i64,
     ) -> StoreResult<bool> {
         let done = write_tx!(self, tx => {
             sqlx::query(
-                "UPDATE agent_task SET context_summary = $1, updated_at = $2 \
+                "UPDATE agent_task SET context_summary = $1, summary_through = $6, updated_at = $2 \
                  WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
             )
             .bind(super::text::storable(summary))
@@ -139,11 +142,38 @@ impl Store {
             .bind(fence.task_id)
             .bind(&fence.owner)
             .bind(fence.version)
+            .bind(through)
             .execute(&mut *tx)
             .await?
             .rows_affected()
         });
         Ok(done == 1)
+    }
+
+    /// The newest history summary of the conversation that covers only messages before
+    /// `before` (a message id), made by a task other than `task_id`: the summary and the id of
+    /// the newest message it covers.
+    pub async fn conversation_summary(
+        &self,
+        channel: &str,
+        conversation_id: &str,
+        before: i64,
+        task_id: i64,
+    ) -> StoreResult<Option<(String, i64)>> {
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT context_summary, summary_through FROM agent_task \
+                 WHERE channel = $1 AND conversation_id = $2 AND summary_through < $3 \
+                 AND summary_through IS NOT NULL AND context_summary IS NOT NULL AND id <> $4 \
+                 ORDER BY summary_through DESC LIMIT 1",
+            )
+            .bind(channel)
+            .bind(conversation_id)
+            .bind(before)
+            .bind(task_id)
+            .fetch_optional(pool)
+            .await?
+        }))
     }
 
     /// Marks a compensable step undone (its undo step succeeded).

@@ -11,6 +11,7 @@ mod binary;
 mod browser;
 mod conformance;
 mod control;
+mod conversation_summary;
 mod crash;
 mod dashboard;
 mod declines;

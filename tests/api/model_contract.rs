@@ -285,7 +285,7 @@ async fn a_conversation_fits_the_model_context_window() {
 /// Answers of 10,000 characters, as a chatty model gives them; a history summary is short.
 fn ten_thousand_characters(body: &Value) -> ModelReply {
     let asked = body["messages"][1]["content"].as_str().unwrap_or("");
-    if asked.starts_with("Conversation so far:") {
+    if asked.starts_with("Conversation so far:") || asked.starts_with("Summary so far:") {
         return ModelReply::text(format!("summary of {} bytes", asked.len()));
     }
     ModelReply::text(format!(
@@ -327,6 +327,16 @@ async fn a_history_summary_is_asked_within_the_model_context_window() {
         asked.len() < 8192 * 3,
         "summary request of {} bytes",
         asked.len()
+    );
+    // Each answer outgrows the budget alone, so each message folds the last exchange into
+    // the summary the previous message made (carried over, not asked again from scratch).
+    let asked: Value = serde_json::from_str(asked).unwrap();
+    let transcript = asked["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        transcript.starts_with("Summary so far:\nsummary of")
+            && transcript.contains("\nConversation since:\nuser: question 4"),
+        "{}",
+        transcript.chars().take(100).collect::<String>()
     );
     let chat = model_bodies(&app.model).await.pop().unwrap();
     let given = chat["messages"][1]["content"].as_str().unwrap();
