@@ -141,6 +141,25 @@ fn end_to_end_runs_with_long_answers() {
     assert!(shortest >= 10_000, "{stdout}");
 }
 
+/// `ASSISTD_BENCH_CONVERSATIONS`: 60 messages round 3 conversations with 2,000-character
+/// answers (~680 tokens an exchange), so each conversation outgrows the history budget
+/// (3,000 tokens) at its sixth message. A summary before every message from there on would be
+/// 60 + 3 × 15 = 105 model calls; carried over, a fold keeps half the budget and the next
+/// message reuses it: a summary every other message, 60 + 3 × 8 = 84.
+#[test]
+fn a_long_conversation_in_the_bench_carries_its_summary_over() {
+    let db = test_db();
+    let stdout = run_bench(
+        &["end-to-end", "--db", db, "--n", "60", "--concurrency", "3"],
+        &[
+            ("ASSISTD_BENCH_ANSWER_CHARS", "2000"),
+            ("ASSISTD_BENCH_CONVERSATIONS", "3"),
+        ],
+    );
+    let calls: usize = word_after(&stdout, "model_calls=").parse().unwrap();
+    assert!((61..=90).contains(&calls), "{stdout}");
+}
+
 /// Issue 35 part 2: a PostgreSQL run merges the GIN pending lists (the messages' trigram
 /// index) before it ends, so the WAL its scripts measure around it (`compare-builds.sh`,
 /// `compare-peers.sh`, `wal-by-relation.sh`) includes the entries a short run would
