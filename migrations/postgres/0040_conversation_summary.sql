@@ -5,8 +5,7 @@
 -- summary in its `context_summary` with `summary_through`, the id of the newest message the
 -- summary covers; a later task of the conversation reads the newest such summary before its
 -- message and asks for a new one only when the turns since no longer fit (docs/workflows.md).
--- The index holds only the tasks that made a summary. Retention and a restart clear both.
+-- No index: a task finds it through the conversation's messages it reads anyway
+-- (`im_message_conversation`, within its history window), so keeping a summary changes no
+-- indexed column and the update can be HOT. Retention and a restart clear both columns.
 ALTER TABLE agent_task ADD COLUMN summary_through BIGINT;
-CREATE INDEX agent_task_conversation_summary
-    ON agent_task (channel, conversation_id, summary_through)
-    WHERE summary_through IS NOT NULL;

@@ -2,6 +2,3 @@
 -- PostgreSQL migration 0040, which says why): the task that folds the older turns keeps the
 -- summary with the id of the newest message it covers.
 ALTER TABLE agent_task ADD COLUMN summary_through INTEGER;
-CREATE INDEX agent_task_conversation_summary
-    ON agent_task (channel, conversation_id, summary_through)
-    WHERE summary_through IS NOT NULL;

@@ -70,7 +70,8 @@ pub(crate) async fn conversation_turns(
 }
 
 /// Plans the prompt's history within `budget` tokens. All the turns when they fit. Otherwise
-/// the newest summary an earlier task made of the conversation ([`crate::store::Store::conversation_summary`])
+/// the newest summary that the task of an earlier message in `turns` made of the conversation
+/// ([`crate::store::Store::conversation_summary`])
 /// with the turns since, when those fit beside it; and when they do not, the older turns
 /// are folded into a new summary until the newest take at most `kept_percent` of the budget
 /// (whole exchanges; the question always stays), so the next messages carry that one over.
@@ -89,13 +90,18 @@ pub(crate) async fn plan<'a>(
     if newest_within(costs(turns), budget) >= turns.len() {
         return Ok(whole);
     }
-    // Only an earlier task's summary (a resumed task finds its own fold in its journal).
+    // Only an earlier task's summary (a resumed task finds its own fold in its journal),
+    // one of a message in the history window read.
+    let window = (
+        turns.first().map_or(ctx.message.id, |t| t.message_id),
+        ctx.message.id,
+    );
     let carried = svc
         .store
         .conversation_summary(
             &ctx.task.channel,
             &ctx.task.conversation_id,
-            ctx.message.id,
+            window,
             ctx.task.id,
         )
         .await?;

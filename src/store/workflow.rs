@@ -151,24 +151,27 @@ impl Store {
     }
 
     /// The newest history summary of the conversation that covers only messages before
-    /// `before` (a message id), made by a task other than `task_id`: the summary and the id of
-    /// the newest message it covers.
+    /// `before` (a message id), made by the task of a message from `since` on (the history
+    /// window a task reads: a walk of at most that many messages of the conversation's index)
+    /// other than `task_id`: the summary and the id of the newest message it covers.
     pub async fn conversation_summary(
         &self,
         channel: &str,
         conversation_id: &str,
-        before: i64,
+        (since, before): (i64, i64),
         task_id: i64,
     ) -> StoreResult<Option<(String, i64)>> {
         Ok(on_pool!(self, pool => {
             sqlx::query_as(
-                "SELECT context_summary, summary_through FROM agent_task \
-                 WHERE channel = $1 AND conversation_id = $2 AND summary_through < $3 \
-                 AND summary_through IS NOT NULL AND context_summary IS NOT NULL AND id <> $4 \
-                 ORDER BY summary_through DESC LIMIT 1",
+                "SELECT t.context_summary, t.summary_through FROM im_message m \
+                 JOIN agent_task t ON t.id = m.task_id \
+                 WHERE m.channel = $1 AND m.conversation_id = $2 AND m.id >= $3 AND m.id <= $4 \
+                 AND t.summary_through < $4 AND t.context_summary IS NOT NULL AND t.id <> $5 \
+                 ORDER BY t.summary_through DESC LIMIT 1",
             )
             .bind(channel)
             .bind(conversation_id)
+            .bind(since)
             .bind(before)
             .bind(task_id)
             .fetch_optional(pool)
