@@ -132,7 +132,15 @@ impl Store {
         through: Option<i64>,
         now: i64,
     ) -> StoreResult<bool> {
+        // A conversation's kept summary is a cache of its journalled step (a crash that
+        // loses it costs the next message a fold): PostgreSQL need not wait for the flush.
+        let lazy = through.is_some() && self.dialect() == super::Dialect::Postgres;
         let done = write_tx!(self, tx => {
+            if lazy {
+                sqlx::query("SET LOCAL synchronous_commit = off")
+                    .execute(&mut *tx)
+                    .await?;
+            }
             sqlx::query(
                 "UPDATE agent_task SET context_summary = $1, summary_through = $6, updated_at = $2 \
                  WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
@@ -161,14 +169,24 @@ impl Store {
         (since, before): (i64, i64),
         task_id: i64,
     ) -> StoreResult<Option<(String, i64)>> {
+        // Each message's task by its key: a join left to PostgreSQL's planner read every
+        // task of a young database (no statistics) per message. SQLite has no LATERAL; its
+        // join is a loop over the messages looking each task up by rowid.
+        let task = match self.dialect() {
+            super::Dialect::Postgres => {
+                "CROSS JOIN LATERAL (SELECT context_summary, summary_through FROM agent_task \
+                 WHERE id = m.task_id AND id <> $5) t"
+            }
+            super::Dialect::Sqlite => "JOIN agent_task t ON t.id = m.task_id AND t.id <> $5",
+        };
+        let sql = format!(
+            "SELECT t.context_summary, t.summary_through FROM im_message m {task} \
+             WHERE m.channel = $1 AND m.conversation_id = $2 AND m.id >= $3 AND m.id <= $4 \
+             AND t.summary_through < $4 AND t.context_summary IS NOT NULL \
+             ORDER BY t.summary_through DESC LIMIT 1"
+        );
         Ok(on_pool!(self, pool => {
-            sqlx::query_as(
-                "SELECT t.context_summary, t.summary_through FROM im_message m \
-                 JOIN agent_task t ON t.id = m.task_id \
-                 WHERE m.channel = $1 AND m.conversation_id = $2 AND m.id >= $3 AND m.id <= $4 \
-                 AND t.summary_through < $4 AND t.context_summary IS NOT NULL AND t.id <> $5 \
-                 ORDER BY t.summary_through DESC LIMIT 1",
-            )
+            sqlx::query_as(&sql)
             .bind(channel)
             .bind(conversation_id)
             .bind(since)
