@@ -69,12 +69,12 @@ pub(crate) async fn conversation_turns(
     Ok(turns)
 }
 
-/// Plans the prompt's history within `budget` tokens. All the turns when they fit. Otherwise
-/// the newest summary that the task of an earlier message in `turns` made of the conversation
-/// ([`crate::store::Store::conversation_summary`])
-/// with the turns since, when those fit beside it; and when they do not, the older turns
-/// are folded into a new summary until the newest take at most `kept_percent` of the budget
-/// (whole exchanges; the question always stays), so the next messages carry that one over.
+/// Plans the prompt's history within `budget` tokens: all the turns when they fit; else the
+/// newest summary that an earlier message's task among `turns` made
+/// ([`crate::store::Store::conversation_summary`]) with the turns since, when those fit beside
+/// it; else the older turns are folded into a new summary until the newest take at most
+/// `context.recent_after_summary_percent` of the budget (whole exchanges; the question always
+/// stays), so that the next messages carry that one over.
 pub(crate) async fn plan<'a>(
     svc: &Worker,
     ctx: &TaskContext,

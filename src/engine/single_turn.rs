@@ -450,6 +450,8 @@ async fn summary_of(
     Ok((Some(made), true))
 }
 
+/// Folds `fold` turns, after `previous` (the summary so far), into a summary with a
+/// journalled `summary` step; `None` when the summary could not be made.
 async fn summarize_history(
     svc: &Worker,
     exec: &StepExec<'_>,
