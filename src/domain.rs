@@ -425,6 +425,9 @@ pub struct StepResult {
     pub tokens_in: Option<i64>,
     pub tokens_out: Option<i64>,
     pub duration_ms: i64,
+    /// A conversation's history summary: the id of the newest message it covers (the
+    /// conversation's later messages carry it over: `Store::conversation_summary`).
+    pub summary_through: Option<i64>,
 }
 
 /// The reply a finished task owes the chat.

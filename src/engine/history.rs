@@ -96,7 +96,7 @@ pub(crate) async fn plan<'a>(
         turns.first().map_or(ctx.message.id, |t| t.message_id),
         ctx.message.id,
     );
-    let carried = svc
+    let found = svc
         .store
         .conversation_summary(
             &ctx.task.channel,
@@ -105,6 +105,11 @@ pub(crate) async fn plan<'a>(
             ctx.task.id,
         )
         .await?;
+    // The journalled answer of the step that made it; one unreadable is not carried.
+    let carried = found.and_then(|(output, through)| {
+        let answer = serde_json::from_str::<crate::llm::ChatResponse>(&output);
+        answer.ok().map(|answer| (answer.content, through))
+    });
     let kept_percent = svc.config.context.recent_after_summary_percent as usize;
     Ok(split(turns, budget, kept_percent, carried))
 }
@@ -134,10 +139,8 @@ fn split(
         };
     }
     let kept = (budget.saturating_mul(kept_percent) / 100).min(room);
-    let mut keep = newest_within(costs(since), kept).clamp(1, since.len().max(1));
-    while keep > 1 && since[since.len() - keep].message.role != Role::User {
-        keep -= 1;
-    }
+    // The question (last) always stays.
+    let keep = whole_exchanges(since, kept).max(1).min(since.len());
     let (fold, recent) = since.split_at(since.len().saturating_sub(keep));
     Plan {
         carried,
@@ -176,6 +179,16 @@ pub(crate) fn summary_request(previous: Option<&str>, fold: &[Turn], room: usize
         _ => lines[lines.len() - keep..].concat(),
     };
     format!("{head}{transcript}")
+}
+
+/// How many of the newest `turns` fit in `budget` tokens as whole exchanges: from a user's
+/// message on (an answer whose question does not fit goes too).
+pub(crate) fn whole_exchanges(turns: &[Turn], budget: usize) -> usize {
+    let mut keep = newest_within(costs(turns), budget);
+    while keep > 0 && turns[turns.len() - keep].message.role != Role::User {
+        keep -= 1;
+    }
+    keep
 }
 
 /// Each turn's cost in tokens, oldest first.

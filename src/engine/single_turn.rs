@@ -222,15 +222,6 @@ pub(crate) fn chatter_message(chatter: &[(String, String)]) -> Option<ChatMessag
     )))
 }
 
-/// The conversation's recent turns up to and including the question (for workflows).
-pub(crate) async fn conversation_turns(
-    svc: &Worker,
-    ctx: &TaskContext,
-) -> Result<Vec<ChatMessage>, RunError> {
-    let turns = history::conversation_turns(svc, ctx).await?;
-    Ok(turns.into_iter().map(|t| t.message).collect())
-}
-
 /// The task's terminal outcome from its chat call: the answer (or the agent's fallback for an
 /// empty one) as the reply, or the failure notice.
 fn outcome_of(
@@ -422,9 +413,9 @@ async fn chat_step_call(
 }
 
 /// The summary the prompt gives, and whether it folded the plan's turns: the carried one or,
-/// with turns to fold, a new one made by a journalled `summary` step (step `step_no`) and
-/// kept on the task for the conversation's later messages; the carried one still when the
-/// new one could not be made.
+/// with turns to fold, a new one made by a journalled `summary` step (step `step_no`), whose
+/// completion records the newest message it covers for the conversation's later messages;
+/// the carried one still when the new one could not be made.
 async fn summary_of(
     svc: &Worker,
     exec: &StepExec<'_>,
@@ -433,25 +424,19 @@ async fn summary_of(
     plan: &history::Plan<'_>,
 ) -> Result<(Option<String>, bool), RunError> {
     let carried = plan.carried.as_ref().map(|(text, _)| text.clone());
-    let Some(newest) = plan.fold.last() else {
+    if plan.fold.is_empty() {
         return Ok((carried, true));
-    };
-    let fold = (carried.as_deref(), plan.fold);
-    let Some(made) = summarize_history(svc, exec, model, step_no, fold).await? else {
-        return Ok((carried, false));
-    };
-    let kept = svc
-        .journal
-        .keep_conversation_summary(exec.fence, &made, newest.message_id)
-        .await?;
-    if !kept {
-        return Err(RunError::LostLease);
     }
-    Ok((Some(made), true))
+    let fold = (carried.as_deref(), plan.fold);
+    match summarize_history(svc, exec, model, step_no, fold).await? {
+        Some(made) => Ok((Some(made), true)),
+        None => Ok((carried, false)),
+    }
 }
 
-/// Folds `fold` turns, after `previous` (the summary so far), into a summary with a
-/// journalled `summary` step; `None` when the summary could not be made.
+/// Folds `fold` turns (at least one), after `previous` (the summary so far), into a summary
+/// with a journalled `summary` step; `None` when the summary could not be made. A summary
+/// made is journalled with the id of the newest message it covers (`summary_through`).
 async fn summarize_history(
     svc: &Worker,
     exec: &StepExec<'_>,
@@ -475,17 +460,20 @@ async fn summarize_history(
         tool_choice: None,
     };
     let call = chat_step_call(svc, exec, provider, step_no, SUMMARY, &request, None).await?;
-    if !call.journalled {
-        exec.complete(&call.record()).await?;
-    }
-    match call.outcome {
-        Ok(answer) if !answer.content.trim().is_empty() => Ok(Some(answer.content)),
-        Ok(_) => Ok(None),
-        Err(err) => {
+    let made = match call.outcome {
+        Ok(ref answer) if !answer.content.trim().is_empty() => Some(answer.content.clone()),
+        Ok(_) => None,
+        Err(ref err) => {
             tracing::warn!(error = %err.message, "history summary failed; leaving older turns out");
-            Ok(None)
+            None
         }
+    };
+    if !call.journalled {
+        let mut record = call.record();
+        record.summary_through = made.as_ref().and(fold.last().map(|t| t.message_id));
+        exec.complete(&record).await?;
     }
+    Ok(made)
 }
 
 /// The longest summary asked for, in tokens (less in a window under four times this).

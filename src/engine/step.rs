@@ -235,6 +235,7 @@ pub fn record(
             tokens_in,
             tokens_out,
             duration_ms,
+            summary_through: None,
         },
         Err(err) => {
             let message = truncate(&err.message, ERROR_LIMIT);
@@ -249,6 +250,7 @@ pub fn record(
                 tokens_in: None,
                 tokens_out: None,
                 duration_ms,
+                summary_through: None,
             }
         }
     }

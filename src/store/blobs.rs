@@ -83,6 +83,17 @@ impl Store {
         Ok(())
     }
 
+    /// The body of blob `id`, if it is still kept.
+    pub async fn blob_body(&self, id: i64) -> StoreResult<Option<String>> {
+        let body: Option<(String,)> = on_pool!(self, pool => {
+            sqlx::query_as("SELECT body FROM step_blob WHERE id = $1")
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+        });
+        Ok(body.map(|(body,)| body))
+    }
+
     /// Blobs kept for task `task_id` (tests and the task API).
     pub async fn blob_count(&self, task_id: i64) -> StoreResult<i64> {
         let (n,): (i64,) = on_pool!(self, pool => {

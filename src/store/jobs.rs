@@ -487,8 +487,9 @@ impl Store {
             super::Dialect::Postgres => "json_build_object",
         };
         let purge_steps = format!(
-            "UPDATE agent_step SET output = NULL, input = CASE WHEN step_type = 'llm' \
-             AND {model} IS NOT NULL THEN CAST({object}('model', {model}) AS TEXT) END \
+            "UPDATE agent_step SET output = NULL, summary_through = NULL, \
+             input = CASE WHEN step_type = 'llm' AND {model} IS NOT NULL \
+             THEN CAST({object}('model', {model}) AS TEXT) END \
              WHERE task_id = $1"
         );
         let mut purged = 0;
@@ -520,8 +521,8 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query(
-                    "UPDATE agent_task SET result = NULL, context_summary = NULL, \
-                     summary_through = NULL, purged_at = $1 WHERE id = $2",
+                    "UPDATE agent_task SET result = NULL, context_summary = NULL, purged_at = $1 \
+                     WHERE id = $2",
                 )
                 .bind(now)
                 .bind(task_id)

@@ -168,20 +168,7 @@ impl Journal {
     /// Keeps a workflow's rolling summary on its task.
     pub async fn set_context_summary(&self, fence: &Fence, summary: &str) -> StoreResult<bool> {
         self.store
-            .set_context_summary(fence, summary, None, now_ms())
-            .await
-    }
-
-    /// Keeps a conversation's history summary on the task that made it, with the id of the
-    /// newest message it covers, for the conversation's later tasks.
-    pub async fn keep_conversation_summary(
-        &self,
-        fence: &Fence,
-        summary: &str,
-        through: i64,
-    ) -> StoreResult<bool> {
-        self.store
-            .set_context_summary(fence, summary, Some(through), now_ms())
+            .set_context_summary(fence, summary, now_ms())
             .await
     }
 

@@ -315,7 +315,7 @@ impl Store {
             // (migration 0023).
             sqlx::query(
                 "UPDATE agent_task SET status = 'PENDING', result = NULL, trace = NULL, \
-                 failure_type = NULL, error_msg = NULL, context_summary = NULL, summary_through = NULL, \
+                 failure_type = NULL, error_msg = NULL, context_summary = NULL, \
                  confirm_deadline = NULL, pause_requested = 0, restart_count = $1, \
                  resume_count = resume_count + 1, run_aborts = 0, version = version + 1, \
                  owner = NULL, lease_expire = NULL, run_after = $2, finished_at = NULL, updated_at = $2 \

@@ -234,7 +234,7 @@ impl BatchSql {
         let complete = format!(
             "UPDATE agent_step SET status = v.status, output = v.output, error = v.error, \
              tokens_in = v.tokens_in, tokens_out = v.tokens_out, duration_ms = v.duration_ms, \
-             finished_at = $2, attempt = v.attempts FROM {} \
+             finished_at = $2, attempt = v.attempts, summary_through = v.summary_through FROM {} \
              WHERE agent_step.id = v.step_id AND agent_step.task_id = v.task_id AND {owned}{} \
              RETURNING agent_step.id",
             fenced_rows(&[
@@ -246,6 +246,7 @@ impl BatchSql {
                 ("tokens_out", "bigint"),
                 ("duration_ms", "bigint"),
                 ("attempts", "bigint"),
+                ("summary_through", "bigint"),
             ]),
             keyed_by(sqlite, "agent_step.task_id", "task_id")
         );
@@ -279,6 +280,7 @@ impl BatchSql {
             ("tokens_out", "bigint"),
             ("duration_ms", "bigint"),
             ("attempts", "bigint"),
+            ("summary_through", "bigint"),
         ];
         let finish = if sqlite {
             format!(
@@ -293,7 +295,8 @@ impl BatchSql {
                  RETURNING agent_task.id), \
                  step AS (UPDATE agent_step SET status = v.step_status, output = v.output, \
                  error = v.step_error, tokens_in = v.tokens_in, tokens_out = v.tokens_out, \
-                 duration_ms = v.duration_ms, finished_at = $2, attempt = v.attempts FROM {} \
+                 duration_ms = v.duration_ms, finished_at = $2, attempt = v.attempts, \
+                 summary_through = v.summary_through FROM {} \
                  WHERE agent_step.id = v.step_id AND agent_step.task_id = v.task_id \
                  AND v.task_id IN (SELECT id FROM fin){}) \
                  SELECT id FROM fin",

@@ -122,27 +122,16 @@ pub struct Decline<'a> {
 }
 
 impl Store {
-    /// Keeps the latest rolling summary of a long task (never in `result`); `through`, for a
-    /// conversation's history summary, the id of the newest message it covers (later tasks
-    /// of the conversation carry it over: [`Store::conversation_summary`]).
+    /// Keeps the latest rolling summary of a long task (never in `result`).
     pub async fn set_context_summary(
         &self,
         fence: &Fence,
         summary: &str,
-        through: Option<i64>,
         now: i64,
     ) -> StoreResult<bool> {
-        // A conversation's kept summary is a cache of its journalled step (a crash that
-        // loses it costs the next message a fold): PostgreSQL need not wait for the flush.
-        let lazy = through.is_some() && self.dialect() == super::Dialect::Postgres;
         let done = write_tx!(self, tx => {
-            if lazy {
-                sqlx::query("SET LOCAL synchronous_commit = off")
-                    .execute(&mut *tx)
-                    .await?;
-            }
             sqlx::query(
-                "UPDATE agent_task SET context_summary = $1, summary_through = $6, updated_at = $2 \
+                "UPDATE agent_task SET context_summary = $1, updated_at = $2 \
                  WHERE id = $3 AND owner = $4 AND version = $5 AND status = 'RUNNING'",
             )
             .bind(super::text::storable(summary))
@@ -150,7 +139,6 @@ impl Store {
             .bind(fence.task_id)
             .bind(&fence.owner)
             .bind(fence.version)
-            .bind(through)
             .execute(&mut *tx)
             .await?
             .rows_affected()
@@ -161,7 +149,8 @@ impl Store {
     /// The newest history summary of the conversation that covers only messages before
     /// `before` (a message id), made by the task of a message from `since` on (the history
     /// window a task reads: a walk of at most that many messages of the conversation's index)
-    /// other than `task_id`: the summary and the id of the newest message it covers.
+    /// other than `task_id`: the journalled output of the `summary` step that made it (blob
+    /// references read through) and the id of the newest message it covers.
     pub async fn conversation_summary(
         &self,
         channel: &str,
@@ -169,24 +158,16 @@ impl Store {
         (since, before): (i64, i64),
         task_id: i64,
     ) -> StoreResult<Option<(String, i64)>> {
-        // Each message's task by its key (LATERAL on PostgreSQL, which SQLite lacks; its join
-        // is a loop over the messages looking each task up by rowid). Measured: the plain
-        // join took the same index plan on PostgreSQL and cost the same; kept, not needed.
-        let task = match self.dialect() {
-            super::Dialect::Postgres => {
-                "CROSS JOIN LATERAL (SELECT context_summary, summary_through FROM agent_task \
-                 WHERE id = m.task_id AND id <> $5) t"
-            }
-            super::Dialect::Sqlite => "JOIN agent_task t ON t.id = m.task_id AND t.id <> $5",
-        };
-        let sql = format!(
-            "SELECT t.context_summary, t.summary_through FROM im_message m {task} \
-             WHERE m.channel = $1 AND m.conversation_id = $2 AND m.id >= $3 AND m.id <= $4 \
-             AND t.summary_through < $4 AND t.context_summary IS NOT NULL \
-             ORDER BY t.summary_through DESC LIMIT 1"
-        );
-        Ok(on_pool!(self, pool => {
-            sqlx::query_as(&sql)
+        // Each message's task's steps by the task's key (`agent_step_task_id_step_no_key`).
+        // Retention empties a step's output; a restart moves its steps aside.
+        let found: Option<(String, i64)> = on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT s.output, s.summary_through FROM im_message m \
+                 JOIN agent_step s ON s.task_id = m.task_id \
+                 WHERE m.channel = $1 AND m.conversation_id = $2 AND m.id >= $3 AND m.id <= $4 \
+                 AND s.task_id <> $5 AND s.summary_through < $4 AND s.output IS NOT NULL \
+                 ORDER BY s.summary_through DESC LIMIT 1",
+            )
             .bind(channel)
             .bind(conversation_id)
             .bind(since)
@@ -194,7 +175,15 @@ impl Store {
             .bind(task_id)
             .fetch_optional(pool)
             .await?
-        }))
+        });
+        let Some((output, through)) = found else {
+            return Ok(None);
+        };
+        let output = match super::blobs::blob_id(&output) {
+            Some(id) => self.blob_body(id).await?,
+            None => Some(output),
+        };
+        Ok(output.map(|output| (output, through)))
     }
 
     /// Marks a compensable step undone (its undo step succeeded).

@@ -586,6 +586,7 @@ fn step_fields(step: &StepResult, status: &str, error: &str) -> serde_json::Map<
     fields.insert("tokens_out".into(), json!(step.tokens_out));
     fields.insert("duration_ms".into(), json!(step.duration_ms));
     fields.insert("attempts".into(), json!(step.attempts));
+    fields.insert("summary_through".into(), json!(step.summary_through));
     fields
 }
 

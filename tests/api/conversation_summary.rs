@@ -1,6 +1,6 @@
 //! A long single-turn conversation carries its history summary over: a message whose
-//! exchanges outgrow the history budget folds the older ones into a summary (kept on its
-//! task), and the next messages reuse it until the exchanges since no longer fit beside it.
+//! exchanges outgrow the history budget folds the older ones into a summary (its journalled
+//! `summary` step records the newest message it covers), and the next messages reuse it until the exchanges since no longer fit beside it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +65,21 @@ fn heads(body: &Value) -> Vec<&str> {
         .iter()
         .map(|m| m["content"].as_str().unwrap().split(':').next().unwrap())
         .collect()
+}
+
+/// The summary a message after all of task `task`'s conversation would carry over (the
+/// store's look-up, over the whole conversation): its text, and whether it covers through
+/// task `through`'s message.
+async fn kept(app: &TestApp, task: i64, through: i64) -> Option<(String, bool)> {
+    let store = app.store();
+    let row = store.task(task).await.unwrap().unwrap();
+    let (output, covered) = store
+        .conversation_summary(&row.channel, &row.conversation_id, (0, i64::MAX), 0)
+        .await
+        .unwrap()?;
+    let answer: Value = serde_json::from_str(&output).unwrap();
+    let through = store.task(through).await.unwrap().unwrap().message_id;
+    Some((answer["content"].as_str()?.to_string(), covered == through))
 }
 
 /// The carried summary a chat request gives, if any.
@@ -133,20 +148,21 @@ async fn a_long_conversation_carries_its_summary_over_and_refolds_only_when_need
         fifth_summary.chars().take(120).collect::<String>()
     );
     assert_eq!(summary_given(&bodies[7]), Some("summary up to question 4"));
-    // The summary is kept on the task that made it (the task API shows it).
+    // The summary is read from the step that made it, which names the newest message
+    // it covers (the fifth's summary, through the fourth message); the task keeps no copy.
     let fifth = app.get_task(tasks[4]).await;
-    assert_eq!(fifth["context_summary"], "summary up to question 4");
-    assert_eq!(app.get_task(tasks[5]).await["context_summary"], Value::Null);
+    assert_eq!(fifth["steps"][0]["tool"], "summary");
+    assert_eq!(fifth["context_summary"], Value::Null);
+    let summary = Some(("summary up to question 4".to_string(), true));
+    assert_eq!(kept(&app, tasks[5], tasks[3]).await, summary);
 
     // The seventh folds 5–6, then its chat call fails for good; resumed, it reuses its
     // journalled summary (not its own kept one as an earlier task's) and asks only the chat.
     let seventh = task_id_of(app.post_message(&message("cs", 7, &question(7))).await).await;
     let failed = app.wait_replied(seventh, WAIT).await;
     assert_eq!(failed["failure_type"], "AUTH_FAILED");
-    assert_eq!(
-        app.get_task(seventh).await["context_summary"],
-        "summary up to question 6"
-    );
+    let summary = Some(("summary up to question 6".to_string(), true));
+    assert_eq!(kept(&app, seventh, tasks[5]).await, summary);
     assert_eq!(app.control(seventh, "resume").await.status(), 200);
     app.wait_task(seventh, WAIT, |t| {
         t["status"] == "SUCCEEDED" && t["reply"]["status"] == "SENT"
@@ -164,10 +180,10 @@ async fn a_long_conversation_carries_its_summary_over_and_refolds_only_when_need
     assert_eq!(bodies.len(), 12);
     assert_eq!(summary_given(&bodies[11]), Some("summary up to question 6"));
 
-    // Retention empties the finished tasks and their kept summaries: nothing is carried over.
+    // Retention empties the finished tasks' steps, summaries too: nothing is carried over.
     let now = now_ms();
     app.store().purge_finished(now + 1, 100, now).await.unwrap();
-    assert_eq!(app.get_task(seventh).await["context_summary"], Value::Null);
+    assert_eq!(kept(&app, seventh, seventh).await, None);
     let ninth = task_id_of(app.post_message(&message("cs", 9, &question(9))).await).await;
     app.wait_replied(ninth, WAIT).await;
     let bodies = model_bodies(&app.model).await;
@@ -225,6 +241,35 @@ async fn a_summary_refused_leaves_the_newest_exchanges_that_fit_the_whole_budget
             "question 3"
         ]
     );
-    assert_eq!(app.get_task(last).await["context_summary"], Value::Null);
+    assert_eq!(kept(&app, last, last).await, None);
+    app.stop().await;
+}
+
+/// A summary whose journalled output is kept by reference (`step_blob`, over
+/// `journal.inline_max_bytes`) is carried over all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_kept_as_a_blob_is_carried_over() {
+    let model = MockServer::start().await;
+    strict_mock(StrictModel::new(script(Arc::new(AtomicBool::new(false)))))
+        .mount(&model)
+        .await;
+    let app = TestApp::spawn_with(model, accepting_receiver().await, |c| {
+        c.context.history_token_budget = 300;
+        c.journal.inline_max_bytes = 16;
+    })
+    .await;
+    let mut tasks = Vec::new();
+    for n in 1..=4 {
+        let id = task_id_of(app.post_message(&message("cs-blob", n, &question(n))).await).await;
+        assert_eq!(app.wait_replied(id, WAIT).await["status"], "SUCCEEDED");
+        tasks.push(id);
+    }
+    // The third folds; its summary step's output is a blob; the fourth carries it over.
+    assert!(app.store().blob_count(tasks[2]).await.unwrap() >= 2);
+    assert_eq!(step_names(&app, tasks[2]).await, ["summary", "chat"]);
+    assert_eq!(step_names(&app, tasks[3]).await, ["chat"]);
+    let bodies = model_bodies(&app.model).await;
+    assert_eq!(bodies.len(), 5, "chat, chat, summary + chat, chat");
+    assert_eq!(summary_given(&bodies[4]), Some("summary up to question 2"));
     app.stop().await;
 }

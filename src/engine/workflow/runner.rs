@@ -315,27 +315,13 @@ impl<'a> Runner<'a> {
     /// left out (a workflow does not fold them into a summary step, so that its journal keeps
     /// the node steps only).
     async fn recent_history(&self) -> Result<Vec<ChatMessage>, RunError> {
-        let mut turns = crate::engine::single_turn::conversation_turns(self.svc, self.ctx).await?;
+        let mut turns = crate::engine::history::conversation_turns(self.svc, self.ctx).await?;
         // The last turn is this task's own message, which the node prompts carry.
         turns.pop();
         let budget = self.history_budget().unwrap_or(0);
-        let mut used = 0usize;
-        let mut keep = 0usize;
-        for turn in turns.iter().rev() {
-            used += crate::llm::message_tokens(turn);
-            if used > budget {
-                break;
-            }
-            keep += 1;
-        }
-        let mut kept = turns.split_off(turns.len() - keep);
-        // Whole exchanges only: an answer whose question was left out goes too.
-        let orphans = kept
-            .iter()
-            .take_while(|m| m.role != crate::llm::Role::User)
-            .count();
-        kept.drain(..orphans);
-        Ok(kept)
+        let keep = crate::engine::history::whole_exchanges(&turns, budget);
+        let kept = turns.split_off(turns.len() - keep);
+        Ok(kept.into_iter().map(|t| t.message).collect())
     }
 
     pub(super) fn render(&self, template: &str) -> Result<String, Stop> {

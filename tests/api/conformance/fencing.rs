@@ -92,6 +92,7 @@ async fn a_worker_that_lost_its_lease_cannot_write() {
         tokens_in: None,
         tokens_out: None,
         duration_ms: 1,
+        summary_through: None,
     });
     assert!(
         !store.finish_task(&old, &done, later).await.unwrap(),
@@ -163,6 +164,7 @@ async fn a_step_write_racing_a_takeover_does_not_land() {
             tokens_in: Some(10),
             tokens_out: Some(5),
             duration_ms: 1,
+            summary_through: None,
         };
         let write = tokio::spawn(async move {
             if n == 0 {
@@ -491,6 +493,7 @@ async fn writes_sharing_a_transaction_are_fenced_one_by_one() {
         tokens_in: None,
         tokens_out: None,
         duration_ms: 1,
+        summary_through: None,
     };
     let out = store
         .apply_writes(

@@ -351,24 +351,7 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
     let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
     let store = Store::connect(&cfg.database).await.unwrap();
     // The schema as the release before 0003 left it: its migration files, applied alone.
-    let dialect = if db.is_postgres() {
-        "postgres"
-    } else {
-        "sqlite"
-    };
-    let older = tempfile::tempdir().unwrap();
-    for file in ["0001_initial.sql", "0002_platform_callbacks.sql"] {
-        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("migrations")
-            .join(dialect)
-            .join(file);
-        std::fs::copy(from, older.path().join(file)).unwrap();
-    }
-    let migrator = sqlx::migrate::Migrator::new(older.path()).await.unwrap();
-    match &store {
-        Store::Sqlite(pool, _) => migrator.run(pool).await.unwrap(),
-        Store::Postgres(pool) => migrator.run(pool).await.unwrap(),
-    }
+    migrate_up_to(&store, &db, "0002").await;
     publish(&store, &cfg).await;
     let now = now_ms();
     // A message and its task claimed as that release wrote them (today's intake and claim
@@ -385,26 +368,7 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
          (SELECT MAX(id) FROM im_message), 'u', 'RUNNING', 9, 1, 'me', $1 + 60000, $1, $1, $1 \
          FROM agent_version v JOIN agent a ON a.id = v.agent_id WHERE a.name = 'default'",
     ];
-    let id: i64 = match &store {
-        Store::Sqlite(pool, _) => {
-            for sql in statements {
-                sqlx::query(sql).bind(now).execute(pool).await.unwrap();
-            }
-            sqlx::query_scalar("SELECT MAX(id) FROM agent_task")
-                .fetch_one(pool)
-                .await
-                .unwrap()
-        }
-        Store::Postgres(pool) => {
-            for sql in statements {
-                sqlx::query(sql).bind(now).execute(pool).await.unwrap();
-            }
-            sqlx::query_scalar("SELECT MAX(id) FROM agent_task")
-                .fetch_one(pool)
-                .await
-                .unwrap()
-        }
-    };
+    let id = run_sql(&store, &statements, now).await;
     let fence = Fence {
         task_id: id,
         owner: "me".into(),
@@ -432,6 +396,96 @@ async fn an_older_database_upgrades_to_the_current_step_read_from_the_journal() 
             .is_some()
     );
     assert_eq!(store.task(id).await.unwrap().unwrap().current_step, 3);
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// Applies the migration files of `db`'s dialect numbered up to `last` (e.g. "0002") alone,
+/// as an earlier release left the schema.
+async fn migrate_up_to(store: &Store, db: &TestDb, last: &str) {
+    let dialect = if db.is_postgres() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(dialect);
+    let older = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.as_str() <= last || name.starts_with(last) {
+            std::fs::copy(dir.join(&name), older.path().join(&name)).unwrap();
+        }
+    }
+    let migrator = sqlx::migrate::Migrator::new(older.path()).await.unwrap();
+    match store {
+        Store::Sqlite(pool, _) => migrator.run(pool).await.unwrap(),
+        Store::Postgres(pool) => migrator.run(pool).await.unwrap(),
+    }
+}
+
+/// Runs `statements` (each may bind `now` as $1) and returns the newest task's id.
+async fn run_sql(store: &Store, statements: &[&str], now: i64) -> i64 {
+    let newest = "SELECT MAX(id) FROM agent_task";
+    match store {
+        Store::Sqlite(pool, _) => {
+            for sql in statements {
+                sqlx::query(sql).bind(now).execute(pool).await.unwrap();
+            }
+            sqlx::query_scalar(newest).fetch_one(pool).await.unwrap()
+        }
+        Store::Postgres(pool) => {
+            for sql in statements {
+                sqlx::query(sql).bind(now).execute(pool).await.unwrap();
+            }
+            sqlx::query_scalar(newest).fetch_one(pool).await.unwrap()
+        }
+    }
+}
+
+/// A conversation summary kept on its task by migration 0040 (SQLite 0032) is carried over
+/// after the upgrade that reads it from its `summary` step (0041, SQLite 0033).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_kept_on_its_task_before_the_upgrade_is_carried_over_after_it() {
+    let db = TestDb::new().await;
+    let cfg = test_config(&db.url, "http://127.0.0.1:9", "http://127.0.0.1:9/reply");
+    let store = Store::connect(&cfg.database).await.unwrap();
+    let last = if db.is_postgres() { "0040" } else { "0032" };
+    migrate_up_to(&store, &db, last).await;
+    publish(&store, &cfg).await;
+    let output = r#"{"content":"summary before the upgrade","finish_reason":"stop","prompt_tokens":9,"completion_tokens":4}"#;
+    let step = format!(
+        "INSERT INTO agent_step (task_id, step_no, step_type, tool_name, idempotency_key, \
+         input, output, status, attempt, created_at, finished_at) \
+         SELECT MAX(id), 1, 'llm', 'summary', 'up-summary', '{{}}', '{output}', 'SUCCEEDED', 1, \
+         $1, $1 FROM agent_task"
+    );
+    let statements = [
+        "INSERT INTO im_message (channel, external_event_id, external_message_id, \
+         conversation_id, sender_id, text, received_at) \
+         VALUES ('generic', 'e-sum', 'm-sum', 'upgrade', 'u', 'hi', $1)",
+        "INSERT INTO agent_task (agent_id, agent_version_id, task_type, channel, \
+         conversation_id, message_id, trigger_user, status, version, run_after, created_at, \
+         updated_at, finished_at, context_summary, summary_through) \
+         SELECT v.agent_id, v.id, 'conversation_reply', 'generic', 'upgrade', \
+         (SELECT MAX(id) FROM im_message), 'u', 'SUCCEEDED', 1, $1, $1, $1, $1, \
+         'summary before the upgrade', (SELECT MAX(id) FROM im_message) \
+         FROM agent_version v JOIN agent a ON a.id = v.agent_id WHERE a.name = 'default'",
+        "UPDATE im_message SET task_id = (SELECT MAX(id) FROM agent_task) WHERE $1 > 0",
+        &step,
+    ];
+    let id = run_sql(&store, &statements, now_ms()).await;
+    let message = store.task(id).await.unwrap().unwrap().message_id;
+
+    store.migrate().await.unwrap();
+    let carried = store
+        .conversation_summary("generic", "upgrade", (message, message + 1), id + 1)
+        .await
+        .unwrap();
+    let (output, through) = carried.expect("the summary is carried over");
+    assert!(output.contains("summary before the upgrade"), "{output}");
+    assert_eq!(through, message);
     store.close().await;
     db.drop_db().await;
 }
