@@ -116,6 +116,9 @@ pub struct ContextConfig {
     /// in full take at most this share of the history budget (0–100), so that the next
     /// messages carry the summary over instead of asking for a new one.
     pub recent_after_summary_percent: u32,
+    /// The longest history summary a single-turn conversation asks for, in tokens (at most a
+    /// quarter of the provider's context window).
+    pub summary_max_tokens: u32,
 }
 
 /// Settings shared by every tool.

@@ -264,6 +264,10 @@ impl Config {
             "context.history_token_budget",
             self.context.history_token_budget as u64,
         )?;
+        positive(
+            "context.summary_max_tokens",
+            u64::from(self.context.summary_max_tokens),
+        )?;
         if self.context.recent_after_summary_percent > 100 {
             return Err(invalid(
                 "context.recent_after_summary_percent",

@@ -224,14 +224,28 @@ async fn the_binary_answers_a_signed_message_and_stops_cleanly_on_sigterm() {
 
 #[test]
 fn invalid_configuration_stops_start_up_naming_the_key() {
-    let out = Command::new(env!("CARGO_BIN_EXE_assistd"))
-        .env_clear()
-        .env("ASSISTD_WORKER__CONCURRENCY", "0")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("worker.concurrency"), "{stderr}");
+    for (var, value, key) in [
+        ("ASSISTD_WORKER__CONCURRENCY", "0", "worker.concurrency"),
+        (
+            "ASSISTD_CONTEXT__SUMMARY_MAX_TOKENS",
+            "0",
+            "context.summary_max_tokens",
+        ),
+        (
+            "ASSISTD_CONTEXT__RECENT_AFTER_SUMMARY_PERCENT",
+            "101",
+            "context.recent_after_summary_percent",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_assistd"))
+            .env_clear()
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{var}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(key), "{stderr}");
+    }
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");
