@@ -446,7 +446,11 @@ async fn summarize_history(
 ) -> Result<Option<String>, RunError> {
     let prompt = &svc.config.context.summary_prompt;
     // At most a quarter of a small window, so that the transcript has room.
-    let max_tokens = svc.config.context.summary_max_tokens.min(provider.context_window / 4);
+    let max_tokens = svc
+        .config
+        .context
+        .summary_max_tokens
+        .min(provider.context_window / 4);
     let room = history_budget(usize::MAX, provider.context_window, max_tokens, prompt);
     let request = ChatRequest {
         model: model.to_string(),
@@ -475,4 +479,3 @@ async fn summarize_history(
     }
     Ok(made)
 }
-

@@ -126,6 +126,23 @@ fn the_compare_peers_script_parses_and_checks_its_arguments() {
     );
 }
 
+/// The before/after script parses, and refuses a PostgreSQL comparison without the bench's
+/// database URL before running anything.
+#[test]
+fn the_compare_builds_script_parses_and_checks_its_arguments() {
+    let script = "scripts/compare-builds.sh";
+    let parsed = Command::new("bash").args(["-n", script]).output().unwrap();
+    assert!(parsed.status.success(), "{parsed:?}");
+    let no_url = Command::new("bash")
+        .args([script, "/bin/false", "/bin/false", "postgres", "10", "1"])
+        .env_remove("ASSISTD_BENCH_POSTGRES_URL")
+        .output()
+        .unwrap();
+    assert!(!no_url.status.success());
+    let stderr = String::from_utf8_lossy(&no_url.stderr);
+    assert!(stderr.contains("ASSISTD_BENCH_POSTGRES_URL"), "{stderr}");
+}
+
 /// `ASSISTD_BENCH_ANSWER_CHARS`: end to end with 10,000-character answers (TOASTed on
 /// PostgreSQL, through the rollup triggers), every message answered.
 #[test]
