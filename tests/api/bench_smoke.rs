@@ -175,6 +175,26 @@ fn a_long_conversation_in_the_bench_carries_its_summary_over() {
     );
     let calls: usize = word_after(&stdout, "model_calls=").parse().unwrap();
     assert!((61..=90).contains(&calls), "{stdout}");
+    assert_eq!(word_after(&stdout, "model_refusals="), "0", "{stdout}");
+}
+
+/// The same with 10,000-character answers (~3,300 tokens, over the history budget alone):
+/// every message from the second folds, and no request the mock model gets (each summary with
+/// the summary so far and an exchange, each answer with a summary and the question) exceeds
+/// its 8,192-token window.
+#[test]
+fn a_conversation_of_long_answers_stays_within_the_model_window() {
+    let db = test_db();
+    let stdout = run_bench(
+        &["end-to-end", "--db", db, "--n", "30", "--concurrency", "3"],
+        &[
+            ("ASSISTD_BENCH_ANSWER_CHARS", "10000"),
+            ("ASSISTD_BENCH_CONVERSATIONS", "3"),
+        ],
+    );
+    let calls: usize = word_after(&stdout, "model_calls=").parse().unwrap();
+    assert_eq!(calls, 30 + 27, "{stdout}");
+    assert_eq!(word_after(&stdout, "model_refusals="), "0", "{stdout}");
 }
 
 /// Issue 35 part 2: a PostgreSQL run merges the GIN pending lists (the messages' trigram

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use axum::Router;
+use axum::response::IntoResponse;
 use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use assistd::config::{Config, Role};
 
+use crate::model::{MODEL_WINDOW, answer_chars, chat_completion, over_window};
 use crate::*;
 
 /// A fresh database for one scenario; dropped (PostgreSQL) at the end.
@@ -98,6 +100,8 @@ impl BenchDb {
 pub(crate) struct Mocks {
     pub(crate) addr: SocketAddr,
     pub(crate) model_calls: Arc<AtomicUsize>,
+    /// Model calls refused as over the model's context window ([`MODEL_WINDOW`]).
+    pub(crate) model_refusals: Arc<AtomicUsize>,
     /// Most model calls open at the same time.
     pub(crate) max_in_flight: Arc<AtomicUsize>,
     pub(crate) replies: Arc<AtomicUsize>,
@@ -133,6 +137,8 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
     let replies = Arc::new(AtomicUsize::new(0));
     let replied = Arc::new(Notify::new());
     let model_calls = Arc::new(AtomicUsize::new(0));
+    let model_refusals = Arc::new(AtomicUsize::new(0));
+    let refused = model_refusals.clone();
     let max_in_flight = Arc::new(AtomicUsize::new(0));
     let open = Arc::new(AtomicUsize::new(0));
     let (r, n, calls) = (replies.clone(), replied.clone(), model_calls.clone());
@@ -161,7 +167,14 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
                     tokio::time::sleep(model_latency).await;
                 }
                 open.fetch_sub(1, Ordering::Relaxed);
-                axum::Json(chat_completion(&body, answer_chars))
+                match over_window(&body) {
+                    Some(refusal) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                        let status = axum::http::StatusCode::BAD_REQUEST;
+                        (status, axum::Json(refusal)).into_response()
+                    }
+                    None => axum::Json(chat_completion(&body, answer_chars)).into_response(),
+                }
             }),
         )
         .route(
@@ -202,6 +215,7 @@ pub(crate) async fn start_mocks(model_latency: Duration) -> anyhow::Result<Mocks
     Ok(Mocks {
         addr,
         model_calls,
+        model_refusals,
         max_in_flight,
         replies,
         reply_keys,
@@ -235,6 +249,7 @@ pub(crate) fn bench_config(
         .unwrap_or(16);
     c.llm.base_url = format!("http://{}/v1", mocks.addr);
     c.llm.timeout_secs = 120;
+    c.llm.context_window = MODEL_WINDOW as u32;
     c.worker.instance_id = "bench".into();
     c.worker.concurrency = concurrency;
     c.worker.claim_batch = 256;
@@ -558,87 +573,4 @@ pub(crate) async fn tool_chain_server_with(
     config.channels.generic.agent = "steps".into();
     config.scheduler.enabled = false;
     Ok((start_server(config).await?, dir))
-}
-
-/// ASSISTD_BENCH_ANSWER_CHARS: the mock model's answers run to about that many characters
-/// (prose-like words, so PostgreSQL compresses them about as it would a real answer), for
-/// the cost of a long answer along the path; unset: the short "answer to: …".
-fn answer_chars() -> usize {
-    std::env::var("ASSISTD_BENCH_ANSWER_CHARS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The mock model's answer to the chat request `body`, a whole chat completion as strict
-/// clients (async-openai's types) read it: `long_answer` to the last message, held to the
-/// request's `max_tokens` as a model is (cut, `finish_reason: "length"`), and its usage
-/// counted as assistd estimates tokens (`llm::estimate_tokens`). A history summary call
-/// (asked for at most 512 tokens) thus gets a summary of that size, not an echo of the
-/// whole conversation it was given.
-fn chat_completion(body: &Value, answer_chars: usize) -> Value {
-    use assistd::llm::estimate_tokens;
-    let messages = body["messages"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    let text = |m: &Value| m["content"].as_str().unwrap_or("").to_string();
-    let last = messages.last().map(text).unwrap_or_default();
-    let limit = body["max_tokens"]
-        .as_u64()
-        .or_else(|| body["max_completion_tokens"].as_u64())
-        .unwrap_or(16) as usize;
-    let mut content = long_answer(&last, answer_chars);
-    let cut = estimate_tokens(&content) > limit;
-    if cut {
-        let mut end = limit.saturating_sub(4) * 3;
-        while !content.is_char_boundary(end.min(content.len())) {
-            end -= 1;
-        }
-        content.truncate(end);
-    }
-    let prompt: usize = messages.iter().map(|m| estimate_tokens(&text(m))).sum();
-    let completion = estimate_tokens(&content);
-    json!({
-        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_700_000_000u32,
-        "model": body["model"],
-        "choices": [{"index": 0, "logprobs": null, "finish_reason": if cut { "length" } else { "stop" },
-            "message": {"role": "assistant", "content": content}}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}})
-}
-
-/// "answer to: `question`", then words drawn from a small vocabulary by a generator seeded
-/// with the question, up to about `chars` characters.
-fn long_answer(question: &str, chars: usize) -> String {
-    const WORDS: [&str; 16] = [
-        "the",
-        "request",
-        "was",
-        "approved",
-        "by",
-        "finance",
-        "and",
-        "the",
-        "report",
-        "shows",
-        "quarterly",
-        "revenue",
-        "growth",
-        "across",
-        "regions",
-        "today",
-    ];
-    let mut answer = format!("answer to: {question}");
-    let mut seed = question.bytes().fold(0x9e37_79b9_7f4a_7c15_u64, |h, b| {
-        h.rotate_left(5) ^ u64::from(b)
-    });
-    while answer.len() < chars {
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        answer.push(' ');
-        answer.push_str(WORDS[(seed >> 60) as usize]);
-    }
-    answer
 }

@@ -18,6 +18,7 @@ mod history;
 mod instances;
 mod knowledge;
 mod mcp;
+mod model;
 mod scenarios;
 
 use scenarios::*;

@@ -44,14 +44,15 @@ pub(crate) async fn end_to_end(args: &Args) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     println!(
         "scenario=end-to-end db={} n={} concurrency={} rate={:.0}/s wall={:.2}s \
-         shortest_reply_bytes={} model_calls={}",
+         shortest_reply_bytes={} model_calls={} model_refusals={}",
         db_name(args.db),
         args.n,
         args.concurrency,
         args.n as f64 / elapsed.as_secs_f64(),
         elapsed.as_secs_f64(),
         mocks.shortest_reply.load(Ordering::Relaxed),
-        mocks.model_calls.load(Ordering::Relaxed)
+        mocks.model_calls.load(Ordering::Relaxed),
+        mocks.model_refusals.load(Ordering::Relaxed)
     );
     server.stop().await;
     mocks.stop.cancel();
