@@ -1,8 +1,9 @@
 -- A conversation's carried summary is read from the journalled `summary` step that made it,
 -- not from a copy on the task. Migration 0040 kept the summary in `agent_task.context_summary`
 -- with `summary_through`: the step's output written a second time, in a transaction of its
--- own, an `agent_task` update that also ran the task rollup trigger (about 1.2 ms of
--- PostgreSQL CPU per message in a conversation of long answers, where every message folds).
+-- own, an `agent_task` update that also ran the task rollup trigger (about 0.9 ms of
+-- PostgreSQL CPU per message in a conversation of long answers, where every message folds;
+-- docs/benchmarks.md).
 -- Now the step's completion, which is written anyway (batched with other completions),
 -- records `summary_through`, the id of the newest message the summary covers; a later task of
 -- the conversation reads the step through the messages it reads anyway and each message's

@@ -21,8 +21,6 @@ use crate::llm::{
 const STEP_NO: i64 = 1;
 const TOOL: &str = "chat";
 const SUMMARY: &str = "summary";
-/// Longest error text kept on a step or task.
-const ERROR_LIMIT: usize = 2000;
 /// The retry of a chat the model refused as too long, with the question alone.
 const SHRUNK: &str = "chat_shrunk";
 
@@ -274,7 +272,7 @@ fn outcome_of(
                 result: None,
                 trace: None,
                 failure_type: Some(err.failure),
-                error: Some(crate::domain::truncate(&err.message, ERROR_LIMIT)),
+                error: Some(crate::domain::truncate(&err.message, step::ERROR_LIMIT)),
                 retries,
                 step,
                 reply: task.reply(in_reply_to, ReplyType::Text, notice.to_string()),

@@ -62,17 +62,7 @@ impl Store {
             .iter()
             .filter_map(|s| s.output.as_deref().and_then(blob_id))
             .collect();
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let sql = format!(
-            "SELECT id, body FROM step_blob WHERE {}",
-            in_json_ids(self.dialect(), "id")
-        );
-        let ids_json = serde_json::to_string(&ids).unwrap_or_else(|_| "[]".into());
-        let bodies: Vec<(i64, String)> = on_pool!(self, pool => {
-            sqlx::query_as(&sql).bind(&ids_json).fetch_all(pool).await?
-        });
+        let bodies = self.blob_bodies(&ids).await?;
         for step in steps.iter_mut() {
             if let Some(id) = step.output.as_deref().and_then(blob_id)
                 && let Some((_, body)) = bodies.iter().find(|(b, _)| *b == id)
@@ -83,15 +73,19 @@ impl Store {
         Ok(())
     }
 
-    /// The body of blob `id`, if it is still kept.
-    pub async fn blob_body(&self, id: i64) -> StoreResult<Option<String>> {
-        let body: Option<(String,)> = on_pool!(self, pool => {
-            sqlx::query_as("SELECT body FROM step_blob WHERE id = $1")
-                .bind(id)
-                .fetch_optional(pool)
-                .await?
-        });
-        Ok(body.map(|(body,)| body))
+    /// The bodies of the blobs `ids` that are still kept, with their ids, in one query.
+    pub async fn blob_bodies(&self, ids: &[i64]) -> StoreResult<Vec<(i64, String)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT id, body FROM step_blob WHERE {}",
+            in_json_ids(self.dialect(), "id")
+        );
+        let ids_json = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as(&sql).bind(&ids_json).fetch_all(pool).await?
+        }))
     }
 
     /// Blobs kept for task `task_id` (tests and the task API).

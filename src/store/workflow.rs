@@ -179,11 +179,11 @@ impl Store {
         let Some((output, through)) = found else {
             return Ok(None);
         };
-        let output = match super::blobs::blob_id(&output) {
-            Some(id) => self.blob_body(id).await?,
-            None => Some(output),
+        let Some(id) = super::blobs::blob_id(&output) else {
+            return Ok(Some((output, through)));
         };
-        Ok(output.map(|output| (output, through)))
+        let body = self.blob_bodies(&[id]).await?.pop();
+        Ok(body.map(|(_, body)| (body, through)))
     }
 
     /// Marks a compensable step undone (its undo step succeeded).

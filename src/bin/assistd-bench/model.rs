@@ -49,7 +49,7 @@ fn requested_tokens(body: &Value) -> usize {
 /// clients (async-openai's types) read it: `long_answer` to the last message, held to the
 /// request's `max_tokens` as a model is (cut, `finish_reason: "length"`), and its usage
 /// counted as assistd estimates tokens (`llm::estimate_tokens`). A history summary call
-/// (asked for at most 512 tokens) thus gets a summary of that size, not an echo of the
+/// (asked for at most `context.summary_max_tokens`) thus gets a summary of that size, not an echo of the
 /// whole conversation it was given.
 pub(crate) fn chat_completion(body: &Value, answer_chars: usize) -> Value {
     use assistd::llm::estimate_tokens;
