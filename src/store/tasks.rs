@@ -115,10 +115,10 @@ impl ProviderFilter {
     }
 }
 
-/// The claim's choice of tasks (parameters: `$3` now, `$4` limit). Each branch is backed by a
-/// partial index, so claiming never reads finished history. SQLite cannot use partial
-/// indexes under `OR`, hence the `UNION ALL`; PostgreSQL locks what it picks and skips rows
-/// another instance is claiming.
+/// The claim's choice of tasks (parameters: `$3` now, `$4` limit). Each read is backed by a
+/// partial index, so claiming never reads finished history, nor a conversation's backlog
+/// (see [`claim_pick_sql_for`]). PostgreSQL locks what it picks and skips rows another
+/// instance is claiming.
 pub fn claim_pick_sql(dialect: Dialect) -> String {
     claim_pick_sql_for(dialect, &ProviderFilter::Any)
 }
@@ -126,6 +126,17 @@ pub fn claim_pick_sql(dialect: Dialect) -> String {
 /// [`claim_pick_sql`] of the tasks `providers` allows (one named provider's: its pending
 /// tasks through `agent_task_pending_provider`; the default provider's, `""`, through
 /// `agent_task_pending`, as most pending tasks are theirs).
+///
+/// A pending task is claimable when it is the oldest pending task of its conversation (its
+/// head) and nothing else of the conversation runs. The pick takes the `$4` oldest
+/// claimable tasks: first from the oldest `2 × $4` due pending tasks (`walk`, enough when
+/// most are claimable: one message per conversation); only when fewer than `$4` of those
+/// are claimable and there are more, from the heads of all conversations with pending
+/// tasks (`heads`, a loose scan of `agent_task_pending_conversation`: one index probe per
+/// conversation). Before, the pick walked every pending task until `$4` were found: with
+/// fewer claimable (a busy channel's backlog behind its running task, a recovery after an
+/// outage) a claim read the whole backlog, 21.5 ms per claim at 5,000 messages round 64
+/// conversations (docs/benchmarks.md).
 pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> String {
     let only = providers.condition();
     // The oldest active task of its conversation, and nothing else of the conversation
@@ -139,38 +150,80 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
     // table's estimates (one row) had each candidate read the whole partial index (every
     // pending task, for each one picked; `auto_explain` of `assistd-bench instances`).
     let per_row = super::sql::per_row(dialect == Dialect::Sqlite);
-    let oldest_in_conversation = format!(
-        "NOT EXISTS (SELECT 1 FROM agent_task o \
-         WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
-         AND o.status = 'PENDING' AND o.id < t.id{per_row}) \
-         AND NOT EXISTS (SELECT 1 FROM agent_task o \
-         WHERE o.channel = t.channel AND o.conversation_id = t.conversation_id \
-         AND o.status = 'RUNNING' AND o.id <> t.id{per_row})"
+    let claimable = |t: &str| {
+        format!(
+            "NOT EXISTS (SELECT 1 FROM agent_task o \
+             WHERE o.channel = {t}.channel AND o.conversation_id = {t}.conversation_id \
+             AND o.status = 'PENDING' AND o.id < {t}.id{per_row}) \
+             AND NOT EXISTS (SELECT 1 FROM agent_task o \
+             WHERE o.channel = {t}.channel AND o.conversation_id = {t}.conversation_id \
+             AND o.status = 'RUNNING' AND o.id <> {t}.id{per_row})"
+        )
+    };
+    let oldest_in_conversation = claimable("t");
+    let due = "t.status = 'PENDING' AND t.run_after <= $3";
+    let walk = format!(
+        "walk AS (SELECT t.id, t.channel, t.conversation_id FROM agent_task t \
+             WHERE {due}{only} ORDER BY t.id LIMIT 2 * $4), \
+         ok AS (SELECT w.id FROM walk w WHERE {})",
+        claimable("w")
     );
+    // The first head: the loose scan starts only when the walk fell short. The scan says
+    // `conversation_id IS NOT NULL`, which its index requires (migration 0042).
+    let first = "SELECT f.channel, f.conversation_id, f.id FROM (SELECT p.channel, \
+         p.conversation_id, p.id FROM agent_task p WHERE p.status = 'PENDING' \
+         AND p.conversation_id IS NOT NULL AND (SELECT count(*) FROM walk) = 2 * $4 AND (SELECT count(*) FROM ok) < $4 \
+         ORDER BY p.channel, p.conversation_id, p.id LIMIT 1) f";
+    // The next conversation's head (after `h`'s): its first entry in the index.
+    let next = |after: &str| {
+        format!(
+            "SELECT o.channel, o.conversation_id, o.id FROM agent_task o \
+             WHERE o.status = 'PENDING' AND o.conversation_id IS NOT NULL AND {after} \
+             ORDER BY o.channel, o.conversation_id, o.id LIMIT 1"
+        )
+    };
     match dialect {
+        // SQLite reads a row value inequality on an index by its first column alone: the
+        // next conversation of the channel, else the first of the next channel.
         Dialect::Sqlite => format!(
-            "SELECT id FROM (\
-             SELECT t.id FROM agent_task t WHERE t.status = 'PENDING' AND t.run_after <= $3{only} \
-                 AND {oldest_in_conversation} \
+            "WITH RECURSIVE {walk}, \
+             heads(channel, conversation_id, id) AS ({first} UNION ALL \
+                 SELECT n.channel, n.conversation_id, n.id FROM heads h \
+                 JOIN agent_task n ON n.id = COALESCE(\
+                     (SELECT id FROM ({same}) s), (SELECT id FROM ({later}) s))) \
+             SELECT id FROM (\
+             SELECT t.id FROM agent_task t WHERE t.id IN (SELECT id FROM ok UNION SELECT id FROM heads) \
+                 AND {due}{only} AND {oldest_in_conversation} \
              UNION ALL \
              SELECT t.id FROM agent_task t WHERE t.status = 'RUNNING' AND t.lease_expire < $3{only} \
                  AND {oldest_in_conversation}) \
-             ORDER BY id LIMIT $4"
+             ORDER BY id LIMIT $4",
+            same = next("o.channel = h.channel AND o.conversation_id > h.conversation_id"),
+            later = next("o.channel > h.channel"),
         ),
-        // One locking pick per branch, each walking its partial index in id order: under
-        // `OR`, PostgreSQL walked the primary key and filtered out every finished task below
-        // the first pending one (23 ms per claim with 100,000 finished tasks, against 0.3 ms
-        // this way; docs/benchmarks.md). `FOR UPDATE` is not allowed under `UNION`, hence
-        // the CTEs; up to twice `$4` rows are locked for the length of the claim.
+        // One locking pick per branch: under `OR`, PostgreSQL walked the primary key and
+        // filtered out every finished task below the first pending one (23 ms per claim
+        // with 100,000 finished tasks, against 0.3 ms this way; docs/benchmarks.md).
+        // `FOR UPDATE` is not allowed under `UNION`, hence the CTEs; up to twice `$4` rows
+        // are locked for the length of the claim. The candidates are locked one by one in
+        // id order, each found by its id (under `= ANY` of them all, stale statistics that
+        // call the pending tasks few had the lock read every pending task), the latest
+        // version of each checked again (a task another instance claimed meanwhile is no
+        // longer PENDING), until `$4` are locked.
         Dialect::Postgres => format!(
-            "WITH due AS (SELECT t.id FROM agent_task t \
-                 WHERE t.status = 'PENDING' AND t.run_after <= $3{only} AND {oldest_in_conversation} \
-                 ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED), \
+            "WITH RECURSIVE {walk}, \
+             heads(channel, conversation_id, id) AS ({first} UNION ALL \
+                 SELECT n.channel, n.conversation_id, n.id FROM heads h, LATERAL ({}) n), \
+             due AS (SELECT l.id FROM (SELECT id FROM ok UNION SELECT id FROM heads \
+                 ORDER BY id) c CROSS JOIN LATERAL (SELECT t.id FROM agent_task t \
+                 WHERE t.id = c.id AND {due}{only} AND {oldest_in_conversation} \
+                 FOR UPDATE OF t SKIP LOCKED) l ORDER BY c.id LIMIT $4), \
              expired AS (SELECT t.id FROM agent_task t \
                  WHERE t.status = 'RUNNING' AND t.lease_expire < $3{only} AND {oldest_in_conversation} \
                  ORDER BY t.id LIMIT $4 FOR UPDATE OF t SKIP LOCKED) \
              SELECT id FROM (SELECT id FROM due UNION ALL SELECT id FROM expired) picked \
-             ORDER BY id LIMIT $4"
+             ORDER BY id LIMIT $4",
+            next("(o.channel, o.conversation_id) > (h.channel, h.conversation_id)")
         ),
     }
 }

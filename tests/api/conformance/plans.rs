@@ -182,7 +182,10 @@ async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postg
     }
     assert_eq!(probed, 1);
     // The claim's pick: each candidate's two conversation probes go by the conversation,
-    // never a walk of a whole partial index per candidate (an anti join on these estimates).
+    // never a walk of a whole partial index per candidate (an anti join on these estimates);
+    // the loose scan of the conversations goes from one to the next by the index; the lock
+    // finds each candidate by its id (not through the conversation index, whose third
+    // column it is: migration 0042).
     let pick = claim_pick_sql(dialect);
     let plan = generic_plan(
         &mut conn,
@@ -192,9 +195,27 @@ async fn generic_plans_of_a_young_database_find_rows_by_their_whole_key_on_postg
     )
     .await;
     assert!(!plan.contains("Anti Join"), "{pick}\n{plan}");
-    let by_conversation =
-        "Index Cond: ((channel = t.channel) AND (conversation_id = t.conversation_id)";
-    assert!(plan.matches(by_conversation).count() >= 2, "{pick}\n{plan}");
+    let by_conversation = plan
+        .lines()
+        .filter(|l| l.contains("Index Cond: ((channel = ") && l.contains("AND (conversation_id = "))
+        .count();
+    assert!(by_conversation >= 6, "{pick}\n{plan}");
+    assert!(
+        plan.contains(
+            "Index Cond: (ROW(channel, conversation_id) > ROW(h.channel, h.conversation_id))"
+        ),
+        "{pick}\n{plan}"
+    );
+    let lock = plan
+        .split("CTE due")
+        .nth(1)
+        .and_then(|due| due.split("LockRows").nth(1));
+    let lookup: Vec<&str> = lock.unwrap_or("").lines().skip(1).take(2).collect();
+    assert!(
+        lookup[0].contains("agent_task_pending on") || lookup[0].contains("agent_task_pkey"),
+        "{pick}\n{plan}"
+    );
+    assert!(lookup[1].contains("Index Cond: (id = "), "{pick}\n{plan}");
     drop(conn);
     store.close().await;
     db.drop_db().await;

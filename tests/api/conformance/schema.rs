@@ -64,11 +64,27 @@ async fn hot_statements_use_indexes_on_sqlite() {
         plan.contains("agent_task_one_running_per_conversation"),
         "{plan}"
     );
+    // Tables are read through indexes; only the pick's own CTEs (and their aliases) are
+    // scanned whole.
+    let ctes = ["walk", "w", "ok", "heads", "h", "f", "s"];
     assert!(
-        plan.split(" | ")
-            .all(|step| !step.starts_with("SCAN") || step.contains("USING")),
+        plan.split(" | ").all(|step| !step.starts_with("SCAN")
+            || step.contains("USING")
+            || ctes.contains(&step["SCAN ".len()..].trim())),
         "no full table scan: {plan}"
     );
+    // The loose scan of a backlog's conversations: the next conversation of the channel,
+    // else the next channel, each one search of the pending tasks' conversation index.
+    assert!(
+        plan.contains("SCAN p USING COVERING INDEX agent_task_pending_conversation"),
+        "{plan}"
+    );
+    for next in ["(channel=? AND conversation_id>?)", "(channel>?)"] {
+        assert!(
+            plan.contains(&format!("agent_task_pending_conversation {next}")),
+            "{plan}"
+        );
+    }
     // A claim limited to a named provider reads that provider's pending tasks; one limited
     // to the default provider (not in that index, migration 0029) reads the pending ones.
     let only = |name: &str| ProviderFilter::Only(name.into());
