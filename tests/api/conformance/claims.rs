@@ -207,3 +207,56 @@ async fn a_claim_of_one_providers_tasks_keeps_one_running_per_conversation() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// A busy conversation's backlog ahead of everything else (a team channel after an outage):
+/// the claim still takes the oldest task of every other conversation, in every channel, oldest
+/// first, and no second task of the busy one. With a limit of 3 the claim's first read (the
+/// six oldest due tasks) is all of the busy conversation, so the rest are found by the loose
+/// scan of the conversations with pending tasks, across channels that sort before and after
+/// the busy one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_behind_a_conversations_backlog_takes_every_other_conversations_oldest_task() {
+    let (db, store) = fresh_store().await;
+    let now = now_ms();
+    let mut busy = Vec::new();
+    for n in 1..=20 {
+        busy.push(ingest(&store, "busy", n, now).await);
+    }
+    let mut behind = Vec::new();
+    for (channel, conversation) in [("zeta", "q0"), ("generic", "q1"), ("alpha", "q2")] {
+        for n in 1..=2 {
+            let message = assistd::domain::NewMessage {
+                channel: channel.into(),
+                ..msg(conversation, n)
+            };
+            let task = store
+                .ingest_message(&message, "default", now)
+                .await
+                .unwrap();
+            behind.push(task.task_id);
+        }
+    }
+    let claim = || async {
+        let claimed = store.claim_tasks("w", 3, now + LEASE, now).await.unwrap();
+        claimed.iter().map(|c| c.id).collect::<Vec<_>>()
+    };
+    assert_eq!(claim().await, [busy[0], behind[0], behind[2]]);
+    // Only the busy conversation's backlog and the second tasks of the others are left
+    // among the oldest: the loose scan finds the one conversation with nothing running.
+    assert_eq!(claim().await, [behind[4]]);
+    assert!(claim().await.is_empty());
+    let fence = Fence {
+        task_id: busy[0],
+        owner: "w".into(),
+        version: store.task(busy[0]).await.unwrap().unwrap().version,
+    };
+    assert!(
+        store
+            .finish_task(&fence, &outcome(busy[0]), now)
+            .await
+            .unwrap()
+    );
+    assert_eq!(claim().await, [busy[1]]);
+    store.close().await;
+    db.drop_db().await;
+}

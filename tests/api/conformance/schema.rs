@@ -173,6 +173,47 @@ async fn the_claim_reads_no_finished_history_on_postgres() {
     db.drop_db().await;
 }
 
+/// Issue 35 part 2: 5,000 pending tasks round ten conversations, each with a task running
+/// (a backlog behind them, as in a busy team after an outage), and one conversation with a
+/// single task at the end. The claim finds that task reading a bounded number of the others:
+/// its walk of the oldest `2 × limit` due tasks, then one probe per conversation; before,
+/// every pending task was read with two probes each, per claim (4,990 loops of each probe
+/// here, 21.5 ms per claim in `statements-by-message.sh`).
+#[cfg_attr(
+    not(assistd_has_postgres_server),
+    ignore = "needs PostgreSQL: ASSISTD_TEST_POSTGRES_URL, or a server to start privately (apt-get install postgresql); .ci/run has both"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_behind_a_backlog_reads_each_conversation_once_on_postgres() {
+    let (db, store, pool) = super::postgres_store().await;
+    seed_history(&store, &db.url, 5_000, 0, 10).await;
+    for sql in [
+        "UPDATE agent_task SET status = 'RUNNING', owner = 'w', lease_expire = 9e15 \
+         WHERE id <= 10",
+        "UPDATE agent_task SET conversation_id = 'late' WHERE id = 5000",
+        "ANALYZE agent_task",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let pick = assistd::store::tasks::claim_pick_sql(store.dialect())
+        .replace("$3", "10")
+        .replace("$4", "64");
+    let picked: Vec<i64> = sqlx::query_scalar(&pick).fetch_all(&pool).await.unwrap();
+    assert_eq!(picked, [5000]);
+    let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN (ANALYZE, COSTS OFF) {pick}"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let plan = rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n");
+    let loops = plan
+        .split("loops=")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next()?.parse::<u64>().ok());
+    assert!(loops.max().unwrap_or(0) <= 2 * 64 + 11, "{plan}");
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// Issue 35 part 2 (migration 0031): the default provider's pending tasks have no entry in
 /// `agent_task_pending_provider`, and a claim limited to a named provider still finds that
 /// provider's pending tasks through it on PostgreSQL, past a long history and the default
