@@ -129,11 +129,13 @@ pub fn claim_pick_sql(dialect: Dialect) -> String {
 ///
 /// A pending task is claimable when it is the oldest pending task of its conversation (its
 /// head) and nothing else of the conversation runs. The pick takes the `$4` oldest
-/// claimable tasks: first from the oldest `2 × $4` due pending tasks (`walk`, enough when
-/// most are claimable: one message per conversation); only when fewer than `$4` of those
-/// are claimable and there are more, from the heads of all conversations with pending
-/// tasks (`heads`, a loose scan of `agent_task_pending_conversation`: one index probe per
-/// conversation). Before, the pick walked every pending task until `$4` were found: with
+/// claimable tasks: first from the oldest `2 × $4` due pending tasks (`walk`, probed in id
+/// order until `$4` are found: enough when most are claimable, one message per
+/// conversation); only when fewer than `$4` of those are claimable and there are more, from
+/// the heads of all conversations with pending tasks (`heads`, a loose scan of
+/// `agent_task_pending_conversation`: one index probe per conversation). Either way the
+/// result is the `$4` oldest claimable tasks, as every claimable task is a head.
+/// Before, the pick walked every pending task until `$4` were found: with
 /// fewer claimable (a busy channel's backlog behind its running task, a recovery after an
 /// outage) a claim read the whole backlog, 21.5 ms per claim at 5,000 messages round 64
 /// conversations (docs/benchmarks.md).
@@ -165,7 +167,7 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
     let walk = format!(
         "walk AS (SELECT t.id, t.channel, t.conversation_id FROM agent_task t \
              WHERE {due}{only} ORDER BY t.id LIMIT 2 * $4), \
-         ok AS (SELECT w.id FROM walk w WHERE {})",
+         ok AS (SELECT w.id FROM walk w WHERE {} ORDER BY w.id LIMIT $4)",
         claimable("w")
     );
     // The first head: the loose scan starts only when the walk fell short. The scan says
