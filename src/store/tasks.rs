@@ -129,8 +129,8 @@ pub fn claim_pick_sql(dialect: Dialect) -> String {
 ///
 /// A pending task is claimable when it is the oldest pending task of its conversation (its
 /// head) and nothing else of the conversation runs. The pick takes the `$4` oldest
-/// claimable tasks: first from the oldest `2 × $4` due pending tasks (`walk`, probed in id
-/// order until `$4` are found: enough when most are claimable, one message per
+/// claimable tasks: first from the oldest `2 × $4` due pending tasks (the walk, probed in id
+/// order until `$4` are found on PostgreSQL: enough when most are claimable, one message per
 /// conversation); only when fewer than `$4` of those are claimable and there are more, from
 /// the heads of all conversations with pending tasks (`heads`, a loose scan of
 /// `agent_task_pending_conversation`: one index probe per conversation). Either way the
@@ -164,18 +164,28 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
     };
     let oldest_in_conversation = claimable("t");
     let due = "t.status = 'PENDING' AND t.run_after <= $3";
+    // The walk, a subquery rather than a CTE: on PostgreSQL its order is known to the `ok`
+    // around it, so the probes stop at the `$4`-th claimable task (over a CTE, PostgreSQL
+    // sorted all of it and probed every task). SQLite still sorts it: it probes all
+    // `2 × $4` (in process, each probe one B-tree search).
     let walk = format!(
-        "walk AS (SELECT t.id, t.channel, t.conversation_id FROM agent_task t \
-             WHERE {due}{only} ORDER BY t.id LIMIT 2 * $4), \
-         ok AS (SELECT w.id FROM walk w WHERE {} ORDER BY w.id LIMIT $4)",
+        "SELECT t.id, t.channel, t.conversation_id FROM agent_task t \
+         WHERE {due}{only} ORDER BY t.id LIMIT 2 * $4"
+    );
+    let ok = format!(
+        "ok AS (SELECT w.id FROM ({walk}) w WHERE {} ORDER BY w.id LIMIT $4)",
         claimable("w")
     );
-    // The first head: the loose scan starts only when the walk fell short. The scan says
+    // The first head: the loose scan starts only when the walk fell short (counted in this
+    // order, the walk is read again, in full, only then). The scan says
     // `conversation_id IS NOT NULL`, which its index requires (migration 0042).
-    let first = "SELECT f.channel, f.conversation_id, f.id FROM (SELECT p.channel, \
+    let first = format!(
+        "SELECT f.channel, f.conversation_id, f.id FROM (SELECT p.channel, \
          p.conversation_id, p.id FROM agent_task p WHERE p.status = 'PENDING' \
-         AND p.conversation_id IS NOT NULL AND (SELECT count(*) FROM walk) = 2 * $4 AND (SELECT count(*) FROM ok) < $4 \
-         ORDER BY p.channel, p.conversation_id, p.id LIMIT 1) f";
+         AND p.conversation_id IS NOT NULL AND (SELECT count(*) FROM ok) < $4 \
+         AND (SELECT count(*) FROM ({walk}) x) = 2 * $4 \
+         ORDER BY p.channel, p.conversation_id, p.id LIMIT 1) f"
+    );
     // The next conversation's head (after `h`'s): its first entry in the index.
     let next = |after: &str| {
         format!(
@@ -188,7 +198,7 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
         // SQLite reads a row value inequality on an index by its first column alone: the
         // next conversation of the channel, else the first of the next channel.
         Dialect::Sqlite => format!(
-            "WITH RECURSIVE {walk}, \
+            "WITH RECURSIVE {ok}, \
              heads(channel, conversation_id, id) AS ({first} UNION ALL \
                  SELECT n.channel, n.conversation_id, n.id FROM heads h \
                  JOIN agent_task n ON n.id = COALESCE(\
@@ -213,7 +223,7 @@ pub fn claim_pick_sql_for(dialect: Dialect, providers: &ProviderFilter) -> Strin
         // version of each checked again (a task another instance claimed meanwhile is no
         // longer PENDING), until `$4` are locked.
         Dialect::Postgres => format!(
-            "WITH RECURSIVE {walk}, \
+            "WITH RECURSIVE {ok}, \
              heads(channel, conversation_id, id) AS ({first} UNION ALL \
                  SELECT n.channel, n.conversation_id, n.id FROM heads h, LATERAL ({}) n), \
              due AS (SELECT l.id FROM (SELECT id FROM ok UNION SELECT id FROM heads \
